@@ -1,0 +1,34 @@
+# Crucible: set-up and tests. Everything heavy is cached under ~/.cache/crucible, not in the repo.
+#   make test    install everything, start the local stack, run the whole test suite
+#   make venv    only the Python environment
+#   make stack   only build and start the local stack (e2e/stack.sh up)
+
+SHELL := /bin/bash
+CACHE ?= $(HOME)/.cache/crucible
+VENV ?= $(CACHE)/venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+# The venv is shared between checkouts; the editable install points at one checkout, so the
+# stamp is keyed on the dependency files *and* this checkout's path.
+DEPS_KEY := $(shell cat pyproject.toml setup.py | sha256sum | cut -c1-12)-$(shell echo $(CURDIR) | sha256sum | cut -c1-8)
+STAMP := $(VENV)/.crucible-$(DEPS_KEY)
+PYTEST_ARGS ?=
+
+.PHONY: test venv stack stack-down
+
+test: venv stack
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -e '.[trainer,operator,dev]'
+	rm -f $(VENV)/.crucible-* && touch $@
+
+stack:
+	e2e/stack.sh up
+
+stack-down:
+	e2e/stack.sh down

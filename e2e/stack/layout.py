@@ -1,0 +1,118 @@
+"""Where the local stack keeps things, and which loopback ports it uses.
+
+Binaries are built once into the cache (`~/.cache/crucible/bin`, never into the repository);
+runtime state (certificates, etcd data, logs, pid files, kubeconfig, env file) lives in the
+state folder. Both can be moved with environment variables so that two checkouts, or CI and a
+developer, do not collide:
+
+  CRUCIBLE_CACHE        cache root            (default ~/.cache/crucible)
+  CRUCIBLE_STACK_DIR    runtime state folder  (default $CRUCIBLE_CACHE/stack)
+  CRUCIBLE_PORT_OFFSET  added to every port   (default 0)
+  CRUCIBLE_KWOK_NODES   simulated GPU nodes   (default 4)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+GOBUILD = REPO / "e2e" / "gobuild"
+
+
+class StackError(Exception):
+    """A problem the user can fix; printed as one line by the command, never as a traceback."""
+
+
+def _int_env(name: str, default: int) -> int:
+    raw = os.environ.get(name, str(default))
+    try:
+        return int(raw)
+    except ValueError:
+        raise StackError(f"{name}={raw!r} is not an integer") from None
+
+
+@dataclass(frozen=True)
+class Layout:
+    cache: Path
+    state: Path
+    port_offset: int
+    kwok_nodes: int
+
+    @classmethod
+    def from_env(cls) -> "Layout":
+        cache = Path(os.environ.get("CRUCIBLE_CACHE", Path.home() / ".cache" / "crucible"))
+        state = Path(os.environ.get("CRUCIBLE_STACK_DIR", cache / "stack"))
+        nodes = _int_env("CRUCIBLE_KWOK_NODES", 4)
+        if nodes < 2:
+            # The node controller stops all evictions when every node is NotReady ("master
+            # disruption mode"), so a node-failure test needs at least one healthy node left.
+            raise StackError("CRUCIBLE_KWOK_NODES must be at least 2 (one to kill, one healthy)")
+        return cls(cache, state, _int_env("CRUCIBLE_PORT_OFFSET", 0), nodes)
+
+    @property
+    def bin(self) -> Path:
+        return self.cache / "bin"
+
+    def port(self, name: str) -> int:
+        return PORTS[name] + self.port_offset
+
+    # Runtime files -------------------------------------------------------------------------
+    @property
+    def certs(self) -> Path:
+        return self.state / "certs"
+
+    @property
+    def logs(self) -> Path:
+        return self.state / "logs"
+
+    @property
+    def pids(self) -> Path:
+        return self.state / "pids"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state / "kubeconfig"
+
+    @property
+    def env_file(self) -> Path:
+        return self.state / "env"
+
+    @property
+    def prometheus_targets(self) -> Path:
+        return self.state / "prometheus" / "targets"
+
+    @property
+    def prometheus_rules(self) -> Path:
+        return self.state / "prometheus" / "rules"
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"gpu-node-{i}" for i in range(self.kwok_nodes)]
+
+
+# Uncommon loopback ports, so a developer's own cluster or MinIO on the defaults does not clash.
+PORTS = {
+    "etcd": 32379,
+    "etcd-peer": 32380,
+    "kube-apiserver": 36443,
+    "kube-controller-manager": 30257,
+    "kube-scheduler": 30259,
+    "kwok": 30247,
+    "seaweedfs-master": 39333,
+    "seaweedfs-master-grpc": 49333,
+    "seaweedfs-volume": 38080,
+    "seaweedfs-volume-grpc": 48080,
+    "seaweedfs-filer": 38888,
+    "seaweedfs-filer-grpc": 48888,
+    "s3": 38333,
+    "prometheus": 39090,
+}
+
+# Label the KWOK controller selects its nodes by. A node relabelled away from "managed" gets no
+# more heartbeats or lease renewals, which is how a test makes a node "die" (see `node-down`).
+KWOK_LABEL = "crucible.dev/kwok"
+KWOK_MANAGED = "managed"
+KWOK_DEAD = "dead"
+S3_BUCKET = "crucible"

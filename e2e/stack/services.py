@@ -1,0 +1,333 @@
+"""The stack's services: how each one is configured, started and checked, in start order.
+
+Everything listens on 127.0.0.1. The apiserver serves TLS with a certificate from a local CA and
+authenticates an admin bearer token (group system:masters) with RBAC on, so least-privilege tests
+can use real ServiceAccount tokens. The node lifecycle controller runs with a grace period of a
+few seconds, and KWOK renews node Leases every second, so a node whose heartbeat stops turns
+NotReady (and gets the `unreachable` taint) within about ten seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import procs
+from .layout import KWOK_LABEL, KWOK_MANAGED, S3_BUCKET, Layout, StackError
+
+SERVICE_CIDR = "10.96.0.0/16"
+NODE_MONITOR_GRACE = "8s"          # node lifecycle controller: silence before Ready=Unknown
+KWOK_LEASE_SECONDS = 4             # KWOK renews a node Lease every quarter of this (1 s)
+DEFAULT_TOLERATION_SECONDS = 30    # apiserver default for not-ready/unreachable (upstream: 300)
+
+
+# --- credentials and certificates -----------------------------------------------------------
+def ensure_secrets(layout: Layout) -> dict:
+    """Admin token and S3 keys, generated once per state folder (mode 0600)."""
+    path = layout.state / "secrets.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    values = {
+        "admin_token": secrets.token_hex(24),
+        "s3_access_key": "crucible" + secrets.token_hex(6),
+        "s3_secret_key": secrets.token_hex(20),
+    }
+    layout.state.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(json.dumps(values))
+    return values
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise StackError(f"openssl {args[0]} failed: {proc.stderr.strip().splitlines()[-1:]}")
+
+
+def ensure_certs(layout: Layout, admin_token: str) -> None:
+    certs = layout.certs
+    if (certs / "apiserver.crt").exists():
+        return
+    certs.mkdir(parents=True, exist_ok=True)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+             "ca.crt", "-days", "3650", "-subj", "/CN=crucible-local-ca", cwd=certs)
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out",
+             "apiserver.csr", "-subj", "/CN=kube-apiserver", cwd=certs)
+    sans = ("subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+            "DNS:kubernetes.default.svc,IP:10.96.0.1")
+    (certs / "san.ext").write_text(sans + "\n")
+    _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-out", "apiserver.crt", "-days", "3650", "-extfile", "san.ext",
+             cwd=certs)
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=certs)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=certs)
+    (certs / "tokens.csv").write_text(f'{admin_token},crucible-admin,crucible-admin,"system:masters"\n')
+
+
+def write_kubeconfig(layout: Layout, admin_token: str) -> None:
+    server = f"https://127.0.0.1:{layout.port('kube-apiserver')}"
+    layout.kubeconfig.touch(mode=0o600)
+    layout.kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters:
+- name: crucible-local
+  cluster:
+    server: {server}
+    certificate-authority: {layout.certs / 'ca.crt'}
+users:
+- name: crucible-admin
+  user:
+    token: {admin_token}
+contexts:
+- name: crucible-local
+  context: {{cluster: crucible-local, user: crucible-admin}}
+current-context: crucible-local
+""")
+
+
+# --- a tiny client for the apiserver (the stack script needs no Python packages) -------------
+def kube_request(layout: Layout, token: str, method: str, path: str, body: dict | None = None,
+                 content_type: str = "application/json") -> tuple[int, dict]:
+    url = f"https://127.0.0.1:{layout.port('kube-apiserver')}{path}"
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Authorization", f"Bearer {token}")
+    req.add_header("Content-Type", content_type)
+    ctx = ssl.create_default_context(cafile=str(layout.certs / "ca.crt"))
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def node_manifest(name: str) -> dict:
+    """A GPU node as a cloud GPU pool would register it (labels as NVIDIA's feature discovery)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                KWOK_LABEL: KWOK_MANAGED,
+                "crucible.dev/pool": "gpu",
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.product": "NVIDIA-H200",
+                "nvidia.com/gpu.count": "8",
+                "topology.kubernetes.io/zone": "zone-a",
+            },
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "status": {
+            "capacity": {"cpu": "96", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": "8",
+                         "ephemeral-storage": "1Ti"},
+            "allocatable": {"cpu": "96", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": "8",
+                            "ephemeral-storage": "1Ti"},
+        },
+    }
+
+
+def ensure_nodes(layout: Layout, token: str) -> None:
+    """Create the simulated GPU nodes, or put existing ones back under KWOK's management."""
+    for name in layout.node_names:
+        code, body = kube_request(layout, token, "POST", "/api/v1/nodes", node_manifest(name))
+        if code == 409:
+            patch = {"metadata": {"labels": {KWOK_LABEL: KWOK_MANAGED}},
+                     "spec": {"unschedulable": None}}
+            code, body = kube_request(layout, token, "PATCH", f"/api/v1/nodes/{name}", patch,
+                                      "application/merge-patch+json")
+        if code not in (200, 201):
+            raise StackError(f"could not create node {name}: HTTP {code} {body.get('message')}")
+
+
+def nodes_ready(layout: Layout, token: str) -> bool:
+    code, body = kube_request(layout, token, "GET", "/api/v1/nodes?labelSelector=type%3Dkwok")
+    if code != 200:
+        return False
+    ready = {n["metadata"]["name"] for n in body.get("items", [])
+             if any(c["type"] == "Ready" and c["status"] == "True"
+                    for c in n.get("status", {}).get("conditions", []))}
+    return set(layout.node_names) <= ready
+
+
+def default_service_account(layout: Layout, token: str) -> bool:
+    # Pods are refused until the controller-manager has created the namespace's "default" SA.
+    code, _ = kube_request(layout, token, "GET", "/api/v1/namespaces/default/serviceaccounts/default")
+    return code == 200
+
+
+# --- service table ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Service:
+    name: str
+    binary: str
+    ports: tuple[str, ...]                       # names in layout.PORTS; first is the main one
+    argv: Callable[[Layout], list[str]]
+    healthy: Callable[[Layout, dict], bool]
+    timeout_s: float = 60.0
+
+
+def _etcd(l: Layout) -> list[str]:
+    client, peer = f"http://127.0.0.1:{l.port('etcd')}", f"http://127.0.0.1:{l.port('etcd-peer')}"
+    return ["--name", "crucible", "--data-dir", str(l.state / "etcd"),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"crucible={peer}", "--listen-metrics-urls", "",
+            "--unsafe-no-fsync"]  # a test stack: durability across power loss is not needed
+
+
+def _apiserver(l: Layout) -> list[str]:
+    c = l.certs
+    return [f"--etcd-servers=http://127.0.0.1:{l.port('etcd')}",
+            "--bind-address=127.0.0.1", f"--secure-port={l.port('kube-apiserver')}",
+            f"--tls-cert-file={c / 'apiserver.crt'}", f"--tls-private-key-file={c / 'apiserver.key'}",
+            f"--client-ca-file={c / 'ca.crt'}", f"--token-auth-file={c / 'tokens.csv'}",
+            "--authorization-mode=Node,RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={c / 'sa.pub'}",
+            f"--service-account-signing-key-file={c / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--default-not-ready-toleration-seconds={DEFAULT_TOLERATION_SECONDS}",
+            f"--default-unreachable-toleration-seconds={DEFAULT_TOLERATION_SECONDS}",
+            f"--cert-dir={c / 'apiserver-generated'}"]
+
+
+def _controller_common(l: Layout, port_name: str) -> list[str]:
+    kc = str(l.kubeconfig)
+    return [f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}", "--bind-address=127.0.0.1",
+            f"--secure-port={l.port(port_name)}", "--leader-elect=false",
+            f"--cert-dir={l.certs / (port_name + '-generated')}"]
+
+
+def _controller_manager(l: Layout) -> list[str]:
+    return _controller_common(l, "kube-controller-manager") + [
+        f"--service-account-private-key-file={l.certs / 'sa.key'}",
+        f"--root-ca-file={l.certs / 'ca.crt'}",
+        "--use-service-account-credentials=false",
+        "--node-monitor-period=1s", f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
+        "--node-startup-grace-period=20s",
+        # Taint several dead nodes at once (default 0.1 node/s), and never treat a small
+        # cluster's zone as "partially disrupted", which would stop evictions there.
+        "--node-eviction-rate=10", "--unhealthy-zone-threshold=1"]
+
+
+def _scheduler(l: Layout) -> list[str]:
+    return _controller_common(l, "kube-scheduler")
+
+
+def _kwok(l: Layout) -> list[str]:
+    return [f"--kubeconfig={l.kubeconfig}",
+            f"--manage-nodes-with-label-selector={KWOK_LABEL}={KWOK_MANAGED}",
+            f"--node-lease-duration-seconds={KWOK_LEASE_SECONDS}",
+            f"--config={l.cache / 'kwok' / 'stages.yaml'}",
+            f"--server-address=127.0.0.1:{l.port('kwok')}",
+            "--cidr=10.244.0.0/16"]
+
+
+def _seaweedfs(l: Layout) -> list[str]:
+    p = l.port
+    return ["server", f"-dir={l.state / 'seaweedfs'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            f"-master.port={p('seaweedfs-master')}", f"-master.port.grpc={p('seaweedfs-master-grpc')}",
+            "-master.volumeSizeLimitMB=256",
+            f"-volume.port={p('seaweedfs-volume')}", f"-volume.port.grpc={p('seaweedfs-volume-grpc')}",
+            "-volume.max=64",
+            "-filer", f"-filer.port={p('seaweedfs-filer')}", f"-filer.port.grpc={p('seaweedfs-filer-grpc')}",
+            "-s3", f"-s3.port={p('s3')}", f"-s3.config={l.state / 'seaweedfs-s3.json'}"]
+
+
+def _prometheus(l: Layout) -> list[str]:
+    return [f"--config.file={l.state / 'prometheus' / 'prometheus.yml'}",
+            f"--storage.tsdb.path={l.state / 'prometheus' / 'data'}",
+            f"--web.listen-address=127.0.0.1:{l.port('prometheus')}",
+            "--web.enable-lifecycle", "--storage.tsdb.retention.time=2d"]
+
+
+def _api_ok(l: Layout, s: dict, path: str, port: str, authenticated: bool = False) -> bool:
+    ca = l.certs / "ca.crt" if port == "kube-apiserver" else None
+    return procs.http_ok(f"https://127.0.0.1:{l.port(port)}{path}",
+                         token=s["admin_token"] if authenticated else None, ca=ca)
+
+
+SERVICES = [
+    Service("etcd", "etcd", ("etcd", "etcd-peer"), _etcd,
+            lambda l, s: procs.http_ok(f"http://127.0.0.1:{l.port('etcd')}/health")),
+    Service("seaweedfs", "weed", ("s3", "seaweedfs-master", "seaweedfs-master-grpc",
+                                  "seaweedfs-volume", "seaweedfs-volume-grpc", "seaweedfs-filer",
+                                  "seaweedfs-filer-grpc"), _seaweedfs,
+            # Any S3 answer (403 to an anonymous list) means the gateway is serving.
+            lambda l, s: procs.http_ok(f"http://127.0.0.1:{l.port('s3')}/", accept=(200, 403)),
+            timeout_s=90.0),
+    Service("prometheus", "prometheus", ("prometheus",), _prometheus,
+            lambda l, s: procs.http_ok(f"http://127.0.0.1:{l.port('prometheus')}/-/ready")),
+    Service("kube-apiserver", "kube-apiserver", ("kube-apiserver",), _apiserver,
+            lambda l, s: _api_ok(l, s, "/readyz", "kube-apiserver", authenticated=True),
+            timeout_s=120.0),
+    Service("kube-controller-manager", "kube-controller-manager", ("kube-controller-manager",),
+            _controller_manager, lambda l, s: _api_ok(l, s, "/healthz", "kube-controller-manager")),
+    Service("kube-scheduler", "kube-scheduler", ("kube-scheduler",), _scheduler,
+            lambda l, s: _api_ok(l, s, "/healthz", "kube-scheduler")),
+    Service("kwok", "kwok", ("kwok",), _kwok,
+            lambda l, s: procs.http_ok(f"http://127.0.0.1:{l.port('kwok')}/healthz")),
+]
+
+# Which services must be healthy before a service starts (the rest start at once).
+NEEDS = {
+    "kube-apiserver": ["etcd"],
+    "kube-controller-manager": ["kube-apiserver"],
+    "kube-scheduler": ["kube-apiserver"],
+    "kwok": ["kube-apiserver"],
+}
+
+
+def write_configs(layout: Layout, values: dict) -> None:
+    s3 = {"identities": [{"name": "crucible",
+                          "credentials": [{"accessKey": values["s3_access_key"],
+                                           "secretKey": values["s3_secret_key"]}],
+                          "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
+    s3_path = layout.state / "seaweedfs-s3.json"
+    s3_path.touch(mode=0o600)
+    s3_path.write_text(json.dumps(s3))
+    (layout.state / "seaweedfs").mkdir(parents=True, exist_ok=True)
+    layout.prometheus_targets.mkdir(parents=True, exist_ok=True)
+    layout.prometheus_rules.mkdir(parents=True, exist_ok=True)
+    # Tests add scrape targets by dropping JSON files into targets/ (file_sd, re-read every
+    # second) and rules by writing rules/*.yml then POSTing /-/reload.
+    (layout.state / "prometheus" / "prometheus.yml").write_text(f"""global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+rule_files:
+  - {layout.prometheus_rules}/*.yml
+scrape_configs:
+  - job_name: prometheus
+    static_configs:
+      - targets: ["127.0.0.1:{layout.port('prometheus')}"]
+  - job_name: crucible
+    file_sd_configs:
+      - files: ["{layout.prometheus_targets}/*.json"]
+        refresh_interval: 1s
+""")
+
+
+def ensure_bucket(layout: Layout) -> None:
+    """Create the test bucket through `weed shell` (the stack script has no S3 client)."""
+    master = f"127.0.0.1:{layout.port('seaweedfs-master')}"
+    filer = f"127.0.0.1:{layout.port('seaweedfs-filer')}"
+    script = f"s3.bucket.create -name {S3_BUCKET}\nexit\n"
+    proc = subprocess.run([str(layout.bin / "weed"), "shell", f"-master={master}",
+                           f"-filer={filer}"], input=script, capture_output=True, text=True,
+                          timeout=60)
+    out = proc.stdout + proc.stderr
+    if proc.returncode != 0 and "already exist" not in out:
+        raise StackError(f"could not create bucket {S3_BUCKET}: {out.strip()[-300:]}")

@@ -1,0 +1,142 @@
+"""Thin handles on the real services of the test stack, built from its env file.
+
+Each handle only knows addresses and credentials plus the few helpers tests share (a fresh
+namespace, killing a node's heartbeat, a boto3 client, adding a Prometheus scrape target); the
+tests themselves talk to the services through the official clients.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+def read_env_file(path: Path | None = None, text: str | None = None) -> dict[str, str]:
+    """Parse `export KEY=VALUE` lines as written by `e2e/stack.sh env`."""
+    text = path.read_text() if path is not None else text or ""
+    env = {}
+    for line in text.splitlines():
+        line = line.strip().removeprefix("export ").strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            env[key] = value
+    return env
+
+
+def eventually(check: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.25) -> T:
+    """Poll `check` until it returns something truthy; fail with `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except Exception as err:  # noqa: BLE001 - kept and reported if the deadline passes
+            last_error = err
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}"
+                         + (f" (last error: {last_error!r})" if last_error else ""))
+
+
+@dataclass
+class Kube:
+    kubeconfig: Path
+    nodes: list[str]
+    kwok_label: str
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> "Kube":
+        return cls(Path(env["KUBECONFIG"]), env["CRUCIBLE_KWOK_NODES"].split(","),
+                   env["CRUCIBLE_KWOK_LABEL"])
+
+    def client(self):
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def core(self):
+        from kubernetes import client
+
+        return client.CoreV1Api(self.client())
+
+    def create_namespace(self, hint: str) -> str:
+        from kubernetes import client
+
+        stem = re.sub(r"[^a-z0-9-]+", "-", hint.lower()).strip("-")[:40].strip("-")
+        name = f"t-{stem}-{secrets.token_hex(3)}"
+        self.core().create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        return name
+
+    def delete_namespace(self, name: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.core().delete_namespace(name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+    def set_node_alive(self, node: str, alive: bool) -> None:
+        """Stop (or resume) a node's heartbeat by moving it out of KWOK's label selector."""
+        value = "managed" if alive else "dead"
+        self.core().patch_node(node, {"metadata": {"labels": {self.kwok_label: value}}})
+
+
+@dataclass
+class S3:
+    endpoint: str
+    bucket: str
+    access_key: str
+    secret_key: str
+    region: str
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> "S3":
+        return cls(env["CRUCIBLE_S3_ENDPOINT"], env["CRUCIBLE_S3_BUCKET"],
+                   env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"],
+                   env.get("AWS_DEFAULT_REGION", "us-east-1"))
+
+    def client(self):
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
+                            aws_secret_access_key=self.secret_key, region_name=self.region,
+                            config=Config(s3={"addressing_style": "path"},
+                                          retries={"max_attempts": 3}))
+
+
+@dataclass
+class Prometheus:
+    url: str
+    targets_dir: Path
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> "Prometheus":
+        return cls(env["CRUCIBLE_PROMETHEUS_URL"], Path(env["CRUCIBLE_PROMETHEUS_TARGETS_DIR"]))
+
+    def add_target(self, name: str, address: str, labels: dict[str, str] | None = None) -> Path:
+        """Scrape `address` (host:port) from now on; file_sd picks it up within a second."""
+        path = self.targets_dir / f"{name}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps([{"targets": [address], "labels": labels or {}}]))
+        tmp.rename(path)  # Prometheus must never read a half-written file
+        return path
+
+    def query(self, expr: str) -> list[dict]:
+        url = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            body = json.loads(resp.read())
+        if body.get("status") != "success":
+            raise RuntimeError(f"PromQL {expr!r} failed: {body}")
+        return body["data"]["result"]

@@ -1,0 +1,66 @@
+"""The `crucible` command: one entry point for what people and workload pods run.
+
+Each subcommand lives in its own module and is registered in COMMANDS as (name, module path).
+Those modules expose `add_arguments(parser)` and `run(args) -> int` and must not import torch at
+import time, so `crucible --help` stays fast and works where torch is not installed.
+
+User errors (bad config, missing file, missing credentials) are raised as `UserError` and printed
+as one line with a hint, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from crucible.trainer import __version__
+
+# (subcommand, module under crucible.trainer, one-line help). Grows as capabilities land.
+COMMANDS: list[tuple[str, str, str]] = []
+
+
+class UserError(Exception):
+    """An error the user can fix; printed as one line (plus a hint) without a traceback."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="crucible",
+        description="Pretrain language models from random initialization: corpus, tokenizer, "
+        "planning, fault-tolerant FSDP training and its diagnosis.",
+    )
+    parser.add_argument("--version", action="version", version=f"crucible {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_path, help_text in COMMANDS:
+        module = importlib.import_module(f"crucible.trainer.{module_path}")
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(command)
+        command.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except UserError as err:
+        print(f"crucible {args.command}: error: {err}", file=sys.stderr)
+        if err.hint:
+            print(f"  hint: {err.hint}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"crucible {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
