@@ -233,7 +233,8 @@ def _kwok(l: Layout) -> list[str]:
             f"--node-lease-duration-seconds={KWOK_LEASE_SECONDS}",
             f"--config={l.cache / 'kwok' / 'stages.yaml'}",
             f"--server-address=127.0.0.1:{l.port('kwok')}",
-            "--cidr=10.244.0.0/16"]
+            "--cidr=10.244.0.0/16",
+            "--v=WARN"]  # INFO logs every lease renewal: ~4 lines a second for 4 nodes
 
 
 def _seaweedfs(l: Layout) -> list[str]:

@@ -1,0 +1,118 @@
+"""GPT architecture as data: presets, parameter count and training FLOPs per token.
+
+Torch-free on purpose: the planner, the config reviewer and the operator size models with these
+numbers without importing torch, and `model.py` builds exactly this architecture (a test checks
+that the real module's parameter count equals `param_count`).
+
+Shapes follow GPT-2 (Radford et al. 2019, nanoGPT's `model.py` naming) and the GPT-3 paper's
+Table 2.1 for the larger sizes; the default block is pre-norm with rotary position embeddings
+(Su et al. 2021) and no biases, as in most current LLMs. A `gpt2-exact` style config (learned
+positions, biases, LayerNorm with bias, vocab 50257) reproduces GPT-2 124M's 124,439,808 params.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Literal
+
+Position = Literal["rope", "learned"]
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Architecture fields only; training settings live in the job config."""
+
+    n_layer: int
+    n_head: int
+    d_model: int
+    seq_len: int
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 (nanoGPT): faster matmuls
+    d_ff: int = 0  # 0 means 4 * d_model, GPT-2's MLP width
+    tied_embeddings: bool = True  # GPT-2 ties the input embedding and the output layer
+    position: Position = "rope"
+    bias: bool = False  # biases in linear layers and LayerNorms (GPT-2 had them; few LLMs do now)
+    rope_theta: float = 10000.0  # RoFormer's base
+    qk_norm: bool = False  # normalise queries and keys per head (Wortsman et al. 2023, §3.1)
+
+    def __post_init__(self):
+        for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_head "
+                             f"({self.n_head})")
+        if self.position == "rope" and self.head_dim % 2:
+            raise ValueError(f"RoPE needs an even head dimension; d_model/n_head = {self.head_dim}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def ffn_dim(self) -> int:
+        return self.d_ff or 4 * self.d_model
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS: dict[str, GPTConfig] = {
+    # A few hundred thousand parameters: trains in seconds on CPU, for tests and the demo.
+    "tiny": GPTConfig(n_layer=2, n_head=4, d_model=128, seq_len=128, vocab_size=4096),
+    # GPT-2 small/medium (Radford et al. 2019, Table 2).
+    "gpt2-124m": GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=1024),
+    "gpt2-350m": GPTConfig(n_layer=24, n_head=16, d_model=1024, seq_len=1024),
+    # GPT-3 paper Table 2.1 "Large" (760M) and "XL" (1.3B), at GPT-2's vocabulary.
+    "gpt2-760m": GPTConfig(n_layer=24, n_head=16, d_model=1536, seq_len=1024),
+    "1.3b": GPTConfig(n_layer=24, n_head=16, d_model=2048, seq_len=2048),
+}
+
+
+def preset(name: str, **overrides) -> GPTConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+    return replace(PRESETS[name], **overrides)
+
+
+# --- counting -----------------------------------------------------------------------------------
+def _norm_params(cfg: GPTConfig) -> int:
+    return 2 * cfg.d_model if cfg.bias else cfg.d_model  # LayerNorm weight (+ bias)
+
+
+def block_params(cfg: GPTConfig) -> int:
+    """Parameters of one transformer block: two norms, attention, MLP."""
+    d, f = cfg.d_model, cfg.ffn_dim
+    attn = 3 * d * d + d * d + (3 * d + d if cfg.bias else 0)  # c_attn (q,k,v) + c_proj
+    mlp = d * f + f * d + (f + d if cfg.bias else 0)  # c_fc + c_proj
+    qk = 2 * cfg.head_dim if cfg.qk_norm else 0  # one weight vector for q, one for k (no bias)
+    return 2 * _norm_params(cfg) + attn + mlp + qk
+
+
+def embedding_params(cfg: GPTConfig) -> int:
+    """Token embedding (+ learned positions); the output layer when it is not tied."""
+    wpe = cfg.seq_len * cfg.d_model if cfg.position == "learned" else 0
+    lm_head = 0 if cfg.tied_embeddings else cfg.vocab_size * cfg.d_model
+    return cfg.vocab_size * cfg.d_model + wpe + lm_head
+
+
+def param_count(cfg: GPTConfig) -> int:
+    return embedding_params(cfg) + cfg.n_layer * block_params(cfg) + _norm_params(cfg)
+
+
+def non_embedding_params(cfg: GPTConfig) -> int:
+    """Kaplan et al. 2020's N: everything but the embedding tables (and an untied output layer)."""
+    return param_count(cfg) - embedding_params(cfg)
+
+
+def flops_per_token(cfg: GPTConfig, seq_len: int | None = None) -> float:
+    """Training FLOPs per token: 6·N_matmul + 12·L·d·T (PaLM, Chowdhery et al. 2022, App. B).
+
+    N_matmul counts the weights that take part in matrix multiplies: every block weight plus the
+    output layer (V·d, tied or not); the embedding lookup is not a matmul. The 6 is 2 FLOPs per
+    multiply-add times 3 (forward, and twice that for backward). The attention term counts
+    QK^T and attention·V for the full T×T square, as PaLM and torchtitan do, not half of it
+    for the causal mask, so MFU figures are comparable with theirs.
+    """
+    t = seq_len or cfg.seq_len
+    n_matmul = cfg.n_layer * block_params(cfg) + cfg.vocab_size * cfg.d_model
+    return 6.0 * n_matmul + 12.0 * cfg.n_layer * cfg.d_model * t
