@@ -37,10 +37,9 @@ class GPTConfig:
     def __post_init__(self):
         for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.d_model % self.n_head:
-            raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_head "
-                             f"({self.n_head})")
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
         if self.position == "rope" and self.head_dim % 2:
             raise ValueError(f"RoPE needs an even head dimension; d_model/n_head = {self.head_dim}")
 
