@@ -17,7 +17,10 @@ import sys
 from crucible.trainer import __version__
 
 # (subcommand, module under crucible.trainer, one-line help). Grows as capabilities land.
-COMMANDS: list[tuple[str, str, str]] = []
+COMMANDS: list[tuple[str, str, str]] = [
+    ("plan", "plan.cli_plan", "Compute-optimal budget, memory, parallelism, checkpoint interval "
+     "and cost; --emit-job prints a PretrainJob."),
+]
 
 
 class UserError(Exception):

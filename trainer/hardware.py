@@ -5,6 +5,12 @@ is corrected in one place. Peaks are dense (no 2:4 sparsity) from NVIDIA's datas
 - A100 SXM 80GB: 312 TFLOP/s bf16, 80 GB HBM2e, NVLink 600 GB/s (A100 datasheet, 2021);
 - H100 SXM: 989 TFLOP/s bf16, 80 GB HBM3, NVLink 900 GB/s (H100 datasheet, 2023);
 - H200 SXM: same compute die as H100, 141 GB HBM3e, NVLink 900 GB/s (H200 datasheet, 2024).
+Inter-node bandwidth is per GPU, one direction, for the reference 8-GPU servers: DGX A100 has one
+200 Gb/s HDR InfiniBand port per GPU (25 GB/s), DGX H100/H200 one 400 Gb/s NDR ConnectX-7 port per
+GPU (50 GB/s) (DGX A100 and DGX H100 datasheets). NVLink figures above are bidirectional; one
+direction is half. Prices are NOT vendor figures: they are a stated assumption (typical 2025
+on-demand cloud list prices per GPU-hour, order of magnitude only) for `crucible plan`'s cost line;
+pass `--price` for your own.
 Torch-free; the trainer matches `torch.cuda.get_device_name()` against `match`.
 """
 
@@ -21,14 +27,23 @@ class Accelerator:
     memory_bytes: int
     nvlink_bytes_per_s: float  # per-GPU bidirectional NVLink bandwidth within a node
     gpus_per_node: int = 8
+    internode_bytes_per_s: float = 0.0  # per-GPU network bandwidth, one direction (see docstring)
+    usd_per_gpu_hour: float = 0.0  # assumption, not a quote (see docstring)
+
+    @property
+    def nvlink_one_way_bytes_per_s(self) -> float:
+        return self.nvlink_bytes_per_s / 2
 
 
 GB = 10**9
 
 ACCELERATORS: dict[str, Accelerator] = {
-    "a100-80g": Accelerator("a100-80g", "A100", 312e12, 80 * GB, 600 * GB),
-    "h100": Accelerator("h100", "H100", 989e12, 80 * GB, 900 * GB),
-    "h200": Accelerator("h200", "H200", 989e12, 141 * GB, 900 * GB),
+    "a100-80g": Accelerator("a100-80g", "A100", 312e12, 80 * GB, 600 * GB,
+                            internode_bytes_per_s=25 * GB, usd_per_gpu_hour=1.8),
+    "h100": Accelerator("h100", "H100", 989e12, 80 * GB, 900 * GB,
+                        internode_bytes_per_s=50 * GB, usd_per_gpu_hour=2.5),
+    "h200": Accelerator("h200", "H200", 989e12, 141 * GB, 900 * GB,
+                        internode_bytes_per_s=50 * GB, usd_per_gpu_hour=3.5),
 }
 
 

@@ -1,0 +1,21 @@
+"""Planning: compute-optimal budgets, memory and parallelism, checkpoint interval, cost, a review
+of a training config, and the pretrain / continue / fine-tune decision.
+
+Pure functions with dataclass results, one concept per module:
+- `quantities`  parse `1.3B`, `20T`, `6e23` and print SI figures;
+- `scaling`     Chinchilla (Hoffmann et al. 2022) with the Besiroglu et al. 2024 refit, the
+                20 tokens/parameter rule, Kaplan et al. 2020, inference-aware sizing (Sardana);
+- `memory`      per-GPU bytes for DDP and ZeRO-1/2/3 (Rajbhandari et al. 2020) and activations
+                (Korthikanti et al. 2022);
+- `parallelism` layouts, pipeline bubble and communication volumes (Narayanan et al. 2021);
+- `reliability` checkpoint interval from MTBF (Young 1974, Daly 2006), lost work, goodput;
+- `cost`        wall-clock, GPU-hours and money at an assumed MFU;
+- `recipes`     published training recipes (GPT-3 Table 2.1, torchtitan Llama 3 flavours);
+- `planner`     puts the above together for `crucible plan`; `manifest` emits a PretrainJob;
+- `configs`     reads a PretrainJob, torchtitan TOML or nanoGPT config; `review` judges it;
+- `decision`    pretrain vs continued pretraining vs fine-tuning;
+- `report`      figures with unit, formula and source, rendered as a table or JSON.
+
+Torch-free and I/O-free except `configs` (reads a file) and the `cli_*` modules: the operator
+imports this package to warn about a spec.
+"""

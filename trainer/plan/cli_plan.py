@@ -1,0 +1,137 @@
+"""`crucible plan`: flags in, a plan out (table, --json, or a PretrainJob with --emit-job).
+
+Thin adapter: parses quantities, calls `planner.make_plan`, prints. Errors become
+`cli.UserError` (one line and a hint, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import yaml
+
+from crucible.trainer.arch import PRESETS, preset
+from crucible.trainer.hardware import ACCELERATORS
+from crucible.trainer.plan import cost as costs
+from crucible.trainer.plan import manifest, planner, scaling
+from crucible.trainer.plan.quantities import QuantityError, parse_fraction, parse_quantity
+from crucible.trainer.plan.report import render, to_json
+
+EPILOG = f"""\
+Numbers accept 1.3e9, 1.3B, 20T, 6e23 (suffixes k M B T P).
+Give any two of --params/--model, --tokens, --compute/--gpu-hours; with one, the other two follow
+from the compute-optimal split.
+
+Why not the Chinchilla paper's printed constants? {scaling.ROUNDING_NOTE}
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    parser.add_argument("--params", help="parameters N (e.g. 1.3B)")
+    parser.add_argument("--tokens", help="training tokens D (e.g. 26B)")
+    parser.add_argument("--compute", help="training compute C in FLOPs (e.g. 6e23)")
+    parser.add_argument("--gpu-hours", help="compute budget as GPU-hours (× --gpu peak × --mfu)")
+    parser.add_argument("--model", choices=sorted(PRESETS), help="model preset (exact shape)")
+    parser.add_argument("--gpu", default="h100", help=f"accelerator: {', '.join(sorted(ACCELERATORS))}")
+    parser.add_argument("--gpus", default="8", help="number of GPUs (default 8)")
+    parser.add_argument("--mfu", default=str(costs.DEFAULT_MFU),
+                        help="expected model FLOPs utilisation, 0.4 or 40%% (default 0.4)")
+    parser.add_argument("--seq-len", help="sequence length (default: the preset's, else 2048)")
+    parser.add_argument("--micro-batch", default="4", help="sequences per GPU per micro-step")
+    parser.add_argument("--batch-tokens", help="global batch in tokens (default: GPT-3 Table 2.1)")
+    parser.add_argument("--mtbf-hours", help="job mean time between failures in hours "
+                        "(default: Llama 3's rate, 50,700 GPU-hours per failure / GPUs)")
+    parser.add_argument("--save-seconds", help="measured blocking checkpoint save time")
+    parser.add_argument("--restart-seconds", help="time from failure to training again (default 300)")
+    parser.add_argument("--price", help="USD per GPU-hour (default: the table's assumption)")
+    parser.add_argument("--inference-tokens", help="tokens to be served over the model's life "
+                        "(inference-aware sizing, Sardana et al. 2024)")
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--json", action="store_true", help="all figures as JSON (SI units)")
+    parser.add_argument("--emit-job", action="store_true", help="print a PretrainJob manifest")
+    parser.add_argument("--name", default=None, help="job name for --emit-job")
+    parser.add_argument("--image", default="registry.example/crucible-trainer:0.1")
+    parser.add_argument("--data", default="s3://CHANGE-ME/tokens/train", help="training shards")
+    parser.add_argument("--val", default="s3://CHANGE-ME/tokens/val", help="held-out shards")
+    parser.add_argument("--checkpoint-uri", default=None, help="default s3://CHANGE-ME/runs/<name>")
+
+
+def _num(args, name: str, **kw):
+    value = getattr(args, name)
+    if value is None:
+        return None
+    return parse_quantity(value, name="--" + name.replace("_", "-"), **kw)
+
+
+def _int(args, name: str) -> int | None:
+    value = _num(args, name)
+    if value is None:
+        return None
+    if value != int(value):
+        raise QuantityError(f"--{name.replace('_', '-')} must be a whole number, got {value:g}")
+    return int(value)
+
+
+def inputs_from_args(args) -> planner.PlanInputs:
+    from crucible.trainer.cli import UserError
+
+    try:
+        cfg = None
+        if args.model:
+            seq = _int(args, "seq_len")
+            cfg = preset(args.model, **({"seq_len": seq} if seq else {}))
+        return planner.PlanInputs(
+            params=_num(args, "params"), tokens=_num(args, "tokens"),
+            compute_flops=_num(args, "compute"), gpu_hours=_num(args, "gpu_hours"),
+            model=cfg, preset=args.model, gpu=args.gpu, gpus=_int(args, "gpus"),
+            mfu=parse_fraction(args.mfu, name="--mfu"),
+            seq_len=cfg.seq_len if cfg else (_int(args, "seq_len") or 2048),
+            micro_batch=_int(args, "micro_batch"), global_batch_tokens=_num(args, "batch_tokens"),
+            mtbf_hours=_num(args, "mtbf_hours"), save_seconds=_num(args, "save_seconds"),
+            restart_seconds=_num(args, "restart_seconds", allow_zero=True),
+            price_usd_per_gpu_hour=_num(args, "price", allow_zero=True),
+            inference_tokens=_num(args, "inference_tokens", allow_zero=True) or 0.0,
+            precision=args.precision)
+    except (QuantityError, ValueError) as err:
+        raise UserError(str(err), "see `crucible plan --help`") from None
+
+
+def run(args) -> int:
+    from crucible.trainer.cli import UserError
+
+    inp = inputs_from_args(args)
+    try:
+        plan = planner.make_plan(inp)
+    except ValueError as err:
+        hint = ("known GPUs: " + ", ".join(sorted(ACCELERATORS))) if "GPU" in str(err) else \
+            "see `crucible plan --help`"
+        raise UserError(str(err), hint) from None
+    if args.emit_job:
+        print(yaml.safe_dump(emit(plan, inp, args), sort_keys=False), end="")
+        return 0
+    if args.json:
+        extra = {"recommendation": plan.recommendation.best.layout.describe()
+                 if plan.recommendation.best else None}
+        print(to_json(plan.sections, extra))
+        return 0
+    print(render(plan.sections), end="")
+    return 0
+
+
+def emit(plan: planner.Plan, inp: planner.PlanInputs, args) -> dict:
+    from crucible.trainer.cli import UserError
+
+    name = args.name or (args.model or "plan").replace(".", "-").lower()
+    fsdp = plan.fsdp
+    try:
+        return manifest.pretrain_job(
+            name=name, image=args.image, cfg=plan.model, preset=inp.preset, params=plan.params,
+            tokens=plan.tokens, gpus=inp.gpus, gpus_per_node=plan.gpu.gpus_per_node,
+            micro_batch=inp.micro_batch, checkpoint_minutes=plan.checkpoint.daly_s / 60,
+            activation_checkpointing=bool(fsdp and fsdp.layout.recompute == "full"),
+            global_batch_tokens=inp.global_batch_tokens, data_train=args.data, data_val=args.val,
+            checkpoint_uri=args.checkpoint_uri or f"s3://CHANGE-ME/runs/{name}")
+    except ValueError as err:
+        raise UserError(str(err), "pick another --name or fix the flags above") from None

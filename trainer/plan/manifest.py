@@ -1,0 +1,86 @@
+"""A ready PretrainJob manifest (crucible.dev/v1alpha1) from a plan.
+
+Owns the mapping from planned numbers to spec fields; it validates the result against
+`PretrainJobSpec` so what it prints is what the CRD accepts. Recipe defaults come from GPT-3
+(Brown et al. 2020, Table 2.1 and App. B) via `recipes`; the checkpoint interval from
+`reliability` (Daly 2006). Pure: returns a dict; the CLI prints it as YAML.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import replace
+
+from pydantic import ValidationError
+
+from crucible.trainer.arch import PRESETS, GPTConfig
+from crucible.trainer.jobspec import PretrainJobSpec, explain
+from crucible.trainer.plan import recipes
+
+API_VERSION = "crucible.dev/v1alpha1"
+KIND = "PretrainJob"
+
+
+def model_fields(cfg: GPTConfig, preset: str | None) -> dict:
+    """`{preset: name}` (plus seqLen if changed) when the shape is a preset, else all sizes."""
+    if preset in PRESETS and cfg == replace(PRESETS[preset], seq_len=cfg.seq_len):
+        out: dict = {"preset": preset}
+        if cfg.seq_len != PRESETS[preset].seq_len:
+            out["seqLen"] = cfg.seq_len
+        return out
+    out = {"layers": cfg.n_layer, "heads": cfg.n_head, "dim": cfg.d_model, "seqLen": cfg.seq_len,
+           "vocabSize": cfg.vocab_size}
+    if not cfg.tied_embeddings:
+        out["tiedEmbeddings"] = False
+    return out
+
+
+def pretrain_job(*, name: str, image: str, cfg: GPTConfig, preset: str | None, params: float,
+                 tokens: float, gpus: int, gpus_per_node: int, micro_batch: int,
+                 checkpoint_minutes: float, activation_checkpointing: bool,
+                 global_batch_tokens: float | None = None, data_train: str, data_val: str | None,
+                 checkpoint_uri: str, lr: float | None = None) -> dict:
+    """The manifest as a dict; raises ValueError (with the spec's own words) if it is invalid."""
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) or len(name) > 63:
+        raise ValueError(f"job name {name!r} must be a lowercase DNS label (a-z, 0-9, '-')")
+    row = recipes.gpt3_row(params)
+    per_node = min(gpus, gpus_per_node)
+    nodes = math.ceil(gpus / per_node)
+    batch = global_batch_tokens or row.batch_tokens
+    # Whole micro-batches on every rank: round the batch to a multiple of seq·micro·world.
+    unit = cfg.seq_len * micro_batch * nodes * per_node
+    batch_tokens = max(unit, round(batch / unit) * unit)
+    steps = max(1, math.ceil(tokens / batch_tokens))
+    warmup = min(math.ceil(recipes.GPT3_WARMUP_TOKENS / batch_tokens), max(1, steps // 10))
+    spec = {
+        "image": image,
+        "nodes": {"min": nodes, "max": nodes},
+        "procsPerNode": per_node,
+        "resources": {"limits": {"nvidia.com/gpu": per_node}},
+        "model": model_fields(cfg, preset),
+        "data": {"train": data_train, **({"val": data_val} if data_val else {})},
+        "training": {
+            "tokens": float(f"{tokens:.6g}"),
+            "globalBatchTokens": int(batch_tokens),
+            "microBatch": micro_batch,
+            "lr": lr if lr is not None else row.lr,  # GPT-3 Table 2.1, nearest size
+            "minLrRatio": recipes.GPT3_MIN_LR_RATIO,  # GPT-3 App. B: cosine to 10%
+            "warmupSteps": warmup,  # GPT-3 App. B: 375M tokens, capped at 10% of the steps
+            "schedule": "cosine",
+            "weightDecay": 0.1,
+            "beta2": 0.95,
+            "gradClip": 1.0,
+            "precision": "bf16",
+            "evalEvery": max(1, steps // 50),
+            "activationCheckpointing": activation_checkpointing,
+        },
+        "checkpoint": {"uri": checkpoint_uri, "everyMinutes": round(checkpoint_minutes, 1),
+                       "keep": 3, "async": True},
+        "faultTolerance": {"maxRestarts": 20, "cordonFailedNodes": True},
+    }
+    try:
+        PretrainJobSpec.model_validate(spec)
+    except ValidationError as err:
+        raise ValueError(f"the planned job does not validate:\n{explain(err)}") from None
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": spec}

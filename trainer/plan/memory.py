@@ -1,0 +1,163 @@
+"""Memory per GPU: model states under DDP and ZeRO-1/2/3 (FSDP), plus activations and logits.
+
+Owns byte arithmetic only; which layout to pick is `parallelism`'s job. Sources:
+- Rajbhandari et al. 2020, "ZeRO" (arXiv 1910.02054), §3.1 and Fig. 1: mixed-precision Adam holds
+  2Ψ (fp16/bf16 parameters) + 2Ψ (gradients) + KΨ optimizer states with K = 12 (fp32 master
+  copy, momentum, variance); per GPU with N_d data-parallel ranks: DDP (4+K)Ψ, ZeRO-1
+  4Ψ + KΨ/N_d, ZeRO-2 2Ψ + (2+K)Ψ/N_d, ZeRO-3 (4+K)Ψ/N_d. Fig. 1's example: Ψ = 7.5B,
+  N_d = 64 → 120 GB, 31.4 GB, 16.6 GB, 1.9 GB. FSDP FULL_SHARD = ZeRO-3, SHARD_GRAD_OP ≈ ZeRO-2.
+- Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
+  (arXiv 2205.05198), §4 and Table 2: activation bytes per layer with 16-bit activations,
+  s = sequence, b = micro-batch, h = hidden, a = heads, t = tensor-parallel degree:
+  no parallelism sbh(34 + 5as/h); TP sbh(10 + 24/t + 5as/(ht)); TP+SP sbh(34/t + 5as/(ht));
+  selective recomputation drops the 5as/h term; full recomputation keeps the layer input, 2sbh
+  (/t with SP). With 1F1B pipelining the first stage holds p micro-batches of its L/p layers,
+  i.e. L layers' worth (§4.2.3), so the total is L × per-layer either way.
+  The 34 counts a 4h MLP (19sbh of it: 2 input + 8 GeLU input + 8 GeLU output + 1 dropout mask);
+  for other MLP widths f it is generalised here to 18 + 4f/h (exactly 34 at f = 4h).
+- Logits: s·b·V values kept in fp32 for the loss, 4 bytes each, divided by t (vocab-parallel
+  output layer) — the term Megatron's theoretical_memory_usage.py adds for the output layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from crucible.trainer.arch import GPTConfig, param_count
+
+ZeroStage = Literal[0, 1, 2, 3]
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
+STAGE_NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3/FSDP"}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per parameter for weights, gradients and optimizer states (Adam)."""
+
+    name: str
+    param_bytes: float
+    grad_bytes: float
+    optimizer_bytes: float  # K in the ZeRO paper
+    activation_bytes: int  # bytes per activation value; Korthikanti's formulas assume 2
+
+    @property
+    def state_bytes(self) -> float:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+
+PRECISIONS = {
+    # ZeRO §3.1: fp16/bf16 weights and grads, fp32 master + m + v (K = 12): 16 bytes/param.
+    "bf16": Precision("bf16", 2, 2, 12, 2),
+    # Pure fp32 Adam: weights 4, grads 4, m and v 4 each (no separate master copy).
+    "fp32": Precision("fp32", 4, 4, 8, 4),
+}
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Parameters, gradients and optimizer states held by one GPU, in bytes."""
+
+    stage: int
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+def model_states(params: float, stage: int, dp: int, precision: Precision = PRECISIONS["bf16"],
+                 model_parallel: int = 1) -> ModelStates:
+    """ZeRO §3.1 / Fig. 1: bytes per GPU at `stage` over `dp` data-parallel ranks.
+
+    `model_parallel` = t·p divides everything first (each GPU owns 1/(t·p) of the layers'
+    weights; embeddings are spread the same way as an approximation).
+    """
+    if stage not in STAGE_NAMES:
+        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage}")
+    if params <= 0 or dp < 1 or model_parallel < 1:
+        raise ValueError("params must be > 0 and dp, model_parallel >= 1")
+    psi = params / model_parallel
+    p, g, k = precision.param_bytes * psi, precision.grad_bytes * psi, precision.optimizer_bytes * psi
+    if stage >= 1:
+        k /= dp
+    if stage >= 2:
+        g /= dp
+    if stage >= 3:
+        p /= dp
+    return ModelStates(stage, p, g, k)
+
+
+def layer_activation_bytes(seq_len: int, micro_batch: int, hidden: int, heads: int,
+                           ffn: int | None = None, tp: int = 1, sequence_parallel: bool = True,
+                           recompute: Recompute = "none", bytes_per_value: int = 2) -> float:
+    """Korthikanti et al. 2022 Table 2: activation bytes of one transformer layer on one GPU."""
+    s, b, h, a, t = seq_len, micro_batch, hidden, heads, tp
+    if min(s, b, h, a, t) < 1:
+        raise ValueError("seq_len, micro_batch, hidden, heads and tp must be >= 1")
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+    f = ffn or 4 * h
+    scale = bytes_per_value / 2  # the paper's constants count 2-byte activations
+    if recompute == "full":
+        return scale * 2 * s * b * h / (t if sequence_parallel else 1)
+    per_token = 18 + 4 * f / h  # = 34 for f = 4h (§4.1: attention 11, MLP 19 → 3 + 4f/h, norms 4)
+    split = per_token - 10  # the part tensor parallelism splits (24 at f = 4h)
+    scores = 0.0 if recompute == "selective" else 5 * a * s / h
+    if t == 1 or sequence_parallel:
+        per_layer = per_token / t + scores / t
+    else:
+        per_layer = 10 + split / t + scores / t
+    return scale * s * b * h * per_layer
+
+
+def logits_bytes(seq_len: int, micro_batch: int, vocab: int, tp: int = 1) -> float:
+    """fp32 logits for the loss: 4·s·b·V/t bytes."""
+    return 4.0 * seq_len * micro_batch * vocab / tp
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """What one GPU holds, in bytes, against its capacity."""
+
+    states: ModelStates
+    activations_bytes: float
+    logits_bytes: float
+    capacity_bytes: float
+    usable_fraction: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.states.total_bytes + self.activations_bytes + self.logits_bytes
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.capacity_bytes * self.usable_fraction
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.usable_bytes
+
+
+# Keep 10% for the CUDA context, NCCL buffers and allocator fragmentation: the research note's
+# "add 10–20% and a few GiB" (shared/research/data-and-planning.md §8), low end, because the
+# estimate already counts logits.
+USABLE_FRACTION = 0.90
+
+
+def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: int, dp: int,
+             tp: int = 1, pp: int = 1, recompute: Recompute = "none",
+             precision: Precision = PRECISIONS["bf16"], sequence_parallel: bool = True,
+             params: float | None = None) -> MemoryEstimate:
+    """Per-GPU memory of `cfg` trained with this layout (first pipeline stage, the fullest)."""
+    n = params if params is not None else param_count(cfg)
+    states = model_states(n, stage, dp, precision, model_parallel=tp * pp)
+    per_layer = layer_activation_bytes(cfg.seq_len, micro_batch, cfg.d_model, cfg.n_head,
+                                       cfg.ffn_dim, tp, sequence_parallel, recompute,
+                                       precision.activation_bytes)
+    acts = cfg.n_layer * per_layer  # 1F1B: p micro-batches × L/p layers (Korthikanti §4.2.3)
+    logits = logits_bytes(cfg.seq_len, micro_batch, cfg.vocab_size, tp) if pp == 1 else 0.0
+    return MemoryEstimate(states, acts, logits, capacity_bytes, USABLE_FRACTION)
