@@ -38,6 +38,7 @@ def cmd_up(layout: Layout, args) -> None:
 
     by_name = {svc.name: svc for svc in services.SERVICES}
     pending = [svc.name for svc in services.SERVICES]
+    started_now = {}  # name -> Popen of what this `up` started (its exit is seen via poll)
     while pending:
         # Start every service whose prerequisites are healthy, then wait for that wave.
         wave = [n for n in pending if all(dep not in pending for dep in services.NEEDS.get(n, []))]
@@ -45,12 +46,14 @@ def cmd_up(layout: Layout, args) -> None:
             svc = by_name[name]
             if procs.running_pid(layout, name) is None:
                 argv = [_binary(layout, svc), *svc.argv(layout)]
-                procs.start(layout, name, argv, [layout.port(p) for p in svc.ports])
+                started_now[name] = procs.start(layout, name, argv,
+                                                [layout.port(p) for p in svc.ports])
         for name in wave:
-            svc = by_name[name]
-            procs.wait_until(name, lambda: svc.healthy(layout, values) or _died(layout, name),
+            svc, proc = by_name[name], started_now.get(name)
+            exited = (lambda: proc.poll() is not None) if proc else (lambda: False)
+            procs.wait_until(name, lambda: svc.healthy(layout, values) or exited(),
                              svc.timeout_s, layout.logs / f"{name}.log")
-            if procs.running_pid(layout, name) is None:
+            if exited():
                 tail = (layout.logs / f"{name}.log").read_text(errors="replace").splitlines()[-10:]
                 raise StackError(f"{name} exited during start-up; last lines of its log:\n"
                                  + "\n".join("    " + line for line in tail))
@@ -64,10 +67,6 @@ def cmd_up(layout: Layout, args) -> None:
     services.ensure_bucket(layout)
     write_env(layout, values)
     print(f"stack up in {time.monotonic() - started:.1f}s; env: {layout.env_file}")
-
-
-def _died(layout: Layout, name: str) -> bool:
-    return procs.running_pid(layout, name) is None
 
 
 def write_env(layout: Layout, values: dict) -> None:

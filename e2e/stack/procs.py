@@ -51,7 +51,8 @@ def port_free(port: int) -> bool:
     return True
 
 
-def start(layout: Layout, name: str, argv: list[str], ports: list[int], env: dict | None = None) -> int:
+def start(layout: Layout, name: str, argv: list[str], ports: list[int],
+          env: dict | None = None) -> subprocess.Popen:
     for port in ports:
         if not port_free(port):
             raise StackError(f"port {port} (needed by {name}) is in use by another process; stop "
@@ -65,7 +66,7 @@ def start(layout: Layout, name: str, argv: list[str], ports: list[int], env: dic
                             cwd=layout.state, env=env, start_new_session=True)
     log.close()
     _pid_file(layout, name).write_text(f"{proc.pid}\n{argv[0]}\n")
-    return proc.pid
+    return proc
 
 
 def stop(layout: Layout, name: str, grace_s: float = 10.0) -> bool:

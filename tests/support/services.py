@@ -74,7 +74,11 @@ class Kube:
 
         stem = re.sub(r"[^a-z0-9-]+", "-", hint.lower()).strip("-")[:40].strip("-")
         name = f"t-{stem}-{secrets.token_hex(3)}"
-        self.core().create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        core = self.core()
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        # Pods are refused until the controller-manager has created the "default" SA.
+        eventually(lambda: core.read_namespaced_service_account("default", name), 30,
+                   f"ServiceAccount default in {name}")
         return name
 
     def delete_namespace(self, name: str) -> None:

@@ -1,0 +1,70 @@
+"""`e2e/stack.sh down` stops exactly what `up` started: pid files never signal a stranger."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "e2e"))
+
+from stack import procs  # noqa: E402
+from stack.layout import Layout, StackError  # noqa: E402
+
+
+@pytest.fixture
+def layout(tmp_path) -> Layout:
+    layout = Layout(cache=tmp_path / "cache", state=tmp_path / "state", port_offset=0, kwok_nodes=2)
+    layout.state.mkdir(parents=True)
+    return layout
+
+
+def test_start_then_stop_by_pid_file(layout):
+    proc = procs.start(layout, "sleeper", ["/bin/sleep", "300"], ports=[])
+    assert procs.running_pid(layout, "sleeper") == proc.pid
+    assert procs.stop(layout, "sleeper") is True
+    proc.wait(timeout=10)
+    assert proc.returncode == -15  # SIGTERM
+    assert procs.running_pid(layout, "sleeper") is None
+    assert procs.stop(layout, "sleeper") is False  # idempotent
+
+
+def test_recycled_pid_is_never_signalled(layout):
+    # A stale pid file whose pid now belongs to an unrelated process (here: a process running a
+    # different binary) must be treated as "not running" and left alone.
+    stranger = subprocess.Popen(["/bin/cat"], stdin=subprocess.PIPE)
+    try:
+        layout.pids.mkdir(parents=True, exist_ok=True)
+        (layout.pids / "etcd.pid").write_text(f"{stranger.pid}\n/some/where/etcd\n")
+        assert procs.running_pid(layout, "etcd") is None
+        assert procs.stop(layout, "etcd") is False
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_port_in_use_is_one_clear_error(layout):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(StackError, match=rf"port {port} \(needed by web\) is in use"):
+            procs.start(layout, "web", ["/bin/sleep", "1"], ports=[port])
+
+
+def test_stack_script_reports_missing_toolchain_in_one_line(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CRUCIBLE_CACHE": str(tmp_path / "c")}
+    if os.path.exists("/usr/bin/go"):
+        pytest.fail("this test assumes go is not in /usr/bin; adjust the PATH it uses")
+    out = subprocess.run([str(REPO / "e2e" / "stack.sh"), "build", "kwok"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().endswith("Go module proxy)")
+    assert "Traceback" not in out.stderr
