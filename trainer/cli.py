@@ -20,6 +20,8 @@ from crucible.trainer import __version__
 COMMANDS: list[tuple[str, str, str]] = [
     ("plan", "plan.cli_plan", "Compute-optimal budget, memory, parallelism, checkpoint interval "
      "and cost; --emit-job prints a PretrainJob."),
+    ("review", "plan.cli_review", "Review a PretrainJob, torchtitan or nanoGPT config stage by "
+     "stage; exits 1 on errors."),
 ]
 
 

@@ -55,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image", default="registry.example/crucible-trainer:0.1")
     parser.add_argument("--data", default="s3://CHANGE-ME/tokens/train", help="training shards")
     parser.add_argument("--val", default="s3://CHANGE-ME/tokens/val", help="held-out shards")
+    parser.add_argument("--tokenizer", default="s3://CHANGE-ME/tokenizer.json",
+                        help="tokenizer.json the shards were encoded with")
     parser.add_argument("--checkpoint-uri", default=None, help="default s3://CHANGE-ME/runs/<name>")
 
 
@@ -131,7 +133,7 @@ def emit(plan: planner.Plan, inp: planner.PlanInputs, args) -> dict:
             tokens=plan.tokens, gpus=inp.gpus, gpus_per_node=plan.gpu.gpus_per_node,
             micro_batch=inp.micro_batch, checkpoint_minutes=plan.checkpoint.daly_s / 60,
             activation_checkpointing=bool(fsdp and fsdp.layout.recompute == "full"),
-            global_batch_tokens=inp.global_batch_tokens, data_train=args.data, data_val=args.val,
+            global_batch_tokens=inp.global_batch_tokens, data_train=args.data, data_val=args.val, tokenizer=args.tokenizer,
             checkpoint_uri=args.checkpoint_uri or f"s3://CHANGE-ME/runs/{name}")
     except ValueError as err:
         raise UserError(str(err), "pick another --name or fix the flags above") from None

@@ -40,7 +40,8 @@ def pretrain_job(*, name: str, image: str, cfg: GPTConfig, preset: str | None, p
                  tokens: float, gpus: int, gpus_per_node: int, micro_batch: int,
                  checkpoint_minutes: float, activation_checkpointing: bool,
                  global_batch_tokens: float | None = None, data_train: str, data_val: str | None,
-                 checkpoint_uri: str, lr: float | None = None) -> dict:
+                 checkpoint_uri: str, lr: float | None = None,
+                 tokenizer: str | None = None) -> dict:
     """The manifest as a dict; raises ValueError (with the spec's own words) if it is invalid."""
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) or len(name) > 63:
         raise ValueError(f"job name {name!r} must be a lowercase DNS label (a-z, 0-9, '-')")
@@ -59,7 +60,8 @@ def pretrain_job(*, name: str, image: str, cfg: GPTConfig, preset: str | None, p
         "procsPerNode": per_node,
         "resources": {"limits": {"nvidia.com/gpu": per_node}},
         "model": model_fields(cfg, preset),
-        "data": {"train": data_train, **({"val": data_val} if data_val else {})},
+        "data": {"train": data_train, **({"val": data_val} if data_val else {}),
+                 **({"tokenizer": tokenizer} if tokenizer else {})},
         "training": {
             "tokens": float(f"{tokens:.6g}"),
             "globalBatchTokens": int(batch_tokens),

@@ -1,0 +1,263 @@
+"""Read someone else's training config into one `Setup` the reviewer can judge.
+
+Owns parsing of four formats, and nothing about what is good or bad (that is `review`):
+- a PretrainJob manifest (crucible.dev/v1alpha1), validated by `jobspec.PretrainJobSpec`;
+- Crucible's job config (`jobspec.TrainJobConfig`, what `crucible train --config` reads);
+- a torchtitan TOML job config (sections job/model/optimizer/lr_scheduler/training/parallelism/
+  checkpoint/activation_checkpoint, as in torchtitan/models/llama3/train_configs/llama3_8b.toml);
+- a nanoGPT config (`config/train_gpt2.py` style: plain assignments over train.py's defaults).
+  It is parsed with `ast`, never executed; only literals and arithmetic are evaluated.
+Unknown values stay None and the reviewer says what it could not check.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator as op
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from crucible.trainer.arch import GPTConfig, param_count
+from crucible.trainer.jobspec import PretrainJobSpec, TrainJobConfig, explain
+from crucible.trainer.plan import recipes
+
+
+class ConfigReadError(ValueError):
+    """The file cannot be read as any supported config; the message says which part failed."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    source: str
+    path: str
+    model: GPTConfig | None = None
+    tokens: float | None = None
+    global_batch_tokens: float | None = None
+    micro_batch: int | None = None
+    lr: float | None = None
+    warmup_steps: int | None = None
+    total_steps: int | None = None
+    schedule: str | None = None
+    min_lr_ratio: float | None = None
+    weight_decay: float | None = None
+    beta2: float | None = None
+    grad_clip: float | None = None
+    precision: str | None = None  # bf16, fp16 or fp32
+    gpus: int | None = None
+    nodes_min: int | None = None
+    nodes_max: int | None = None
+    procs_per_node: int | None = None
+    gpu_limit: int | None = None  # nvidia.com/gpu per pod
+    dp: int | None = None
+    tp: int = 1
+    pp: int = 1
+    zero_stage: int | None = None
+    recompute: str | None = None  # none, selective, full
+    checkpoint_enabled: bool = True
+    checkpoint_uri: str | None = None
+    checkpoint_every_s: float | None = None
+    checkpoint_every_steps: int | None = None
+    checkpoint_async: bool | None = None
+    eval_every_steps: int | None = None
+    eval_tokens: float | None = None
+    data_train: str | None = None
+    data_val: str | None = None
+    tokenizer: str | None = None
+    max_restarts: int | None = None
+    hang_timeout_s: float | None = None
+    spike_guard: bool | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def params(self) -> float | None:
+        return float(param_count(self.model)) if self.model else None
+
+
+def load(path: str | Path, *, gpus: int | None = None) -> Setup:
+    """Read `path` in whichever supported format it is; `gpus` fills in a world size the file
+    leaves open (torchtitan's data_parallel_shard_degree = -1, nanoGPT's torchrun launch)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigReadError(f"{path} does not exist") from None
+    except (IsADirectoryError, UnicodeDecodeError) as err:
+        raise ConfigReadError(f"{path} cannot be read as text: {err}") from None
+    if path.suffix == ".toml":
+        return _torchtitan(path, text, gpus)
+    if path.suffix == ".py":
+        return _nanogpt(path, text, gpus)
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigReadError(f"{path} is not valid YAML: {err}") from None
+    if not isinstance(doc, dict):
+        raise ConfigReadError(f"{path} must hold a mapping (a PretrainJob or a job config)")
+    if doc.get("kind") == "PretrainJob":
+        return _pretrain_job(path, doc.get("spec") or {})
+    if {"model", "training"} <= doc.keys():
+        return _job_config(path, doc, gpus)
+    raise ConfigReadError(f"{path}: not a PretrainJob (kind: PretrainJob), a Crucible job config "
+                          "(model/data/training), a torchtitan .toml or a nanoGPT .py config")
+
+
+def _common(path: Path, spec, source: str) -> Setup:
+    t, ck, ft = spec.training, spec.checkpoint, spec.fault_tolerance
+    return Setup(
+        source=source, path=str(path), model=spec.model.to_arch(), tokens=t.tokens,
+        global_batch_tokens=t.global_batch_tokens, micro_batch=t.micro_batch, lr=t.lr,
+        warmup_steps=t.warmup_steps, total_steps=t.total_steps_hint, schedule=t.schedule,
+        min_lr_ratio=t.min_lr_ratio, weight_decay=t.weight_decay, beta2=t.beta2,
+        grad_clip=t.grad_clip, precision=t.precision, zero_stage=3,
+        recompute="full" if t.activation_checkpointing else "none",
+        checkpoint_enabled=ck.uri is not None, checkpoint_uri=ck.uri,
+        checkpoint_every_s=ck.every_minutes * 60 if ck.every_minutes else None,
+        checkpoint_every_steps=ck.every_steps or None, checkpoint_async=ck.async_,
+        eval_every_steps=t.eval_every, eval_tokens=t.eval_tokens, data_train=spec.data.train,
+        data_val=spec.data.val, tokenizer=spec.data.tokenizer, max_restarts=ft.max_restarts,
+        hang_timeout_s=ft.hang_timeout_seconds, spike_guard=ft.spike_guard.enabled)
+
+
+def _pretrain_job(path: Path, spec_doc: dict) -> Setup:
+    try:
+        spec = PretrainJobSpec.model_validate(spec_doc)
+    except ValidationError as err:
+        raise ConfigReadError(f"{path}: spec has {err.error_count()} problem(s):\n{explain(err)}") \
+            from None
+    limit = (spec.resources.get("limits") or {}).get("nvidia.com/gpu")
+    setup = _common(path, spec, "PretrainJob")
+    world = spec.nodes.max * spec.procs_per_node
+    return replace(setup, gpus=world, dp=world, nodes_min=spec.nodes.min, nodes_max=spec.nodes.max,
+                   procs_per_node=spec.procs_per_node,
+                   gpu_limit=int(limit) if limit is not None else None)
+
+
+def _job_config(path: Path, doc: dict, gpus: int | None) -> Setup:
+    try:
+        cfg = TrainJobConfig.model_validate(doc)
+    except ValidationError as err:
+        raise ConfigReadError(f"{path}: {err.error_count()} problem(s):\n{explain(err)}") from None
+    notes = () if gpus else ("world size is not in a job config; pass --gpus",)
+    return replace(_common(path, cfg, "Crucible job config"), gpus=gpus, dp=gpus, notes=notes)
+
+
+_DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16",
+           "float32": "fp32", "fp32": "fp32"}
+
+
+def _torchtitan(path: Path, text: str, gpus: int | None) -> Setup:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigReadError(f"{path} is not valid TOML: {err}") from None
+    model, opt = doc.get("model", {}), doc.get("optimizer", {})
+    sched, train = doc.get("lr_scheduler", {}), doc.get("training", {})
+    par, ck = doc.get("parallelism", {}), doc.get("checkpoint", {})
+    ac, val = doc.get("activation_checkpoint", {}), doc.get("validation", {})
+    notes = []
+    seq = int(train.get("seq_len", 2048))
+    flavor = recipes.LLAMA3_FLAVORS.get(str(model.get("flavor", "")))
+    cfg = flavor.to_gpt(seq) if flavor and model.get("name", "llama3").startswith("llama3") else None
+    if cfg is None:
+        notes.append(f"model {model.get('name')}/{model.get('flavor')} is not a known Llama 3 "
+                     "flavour (8B, 70B, 405B): model-size checks skipped")
+    tp, pp = int(par.get("tensor_parallel_degree", 1)), int(par.get("pipeline_parallel_degree", 1))
+    shard = int(par.get("data_parallel_shard_degree", -1))
+    replicate = int(par.get("data_parallel_replicate_degree", 1))
+    cp = int(par.get("context_parallel_degree", 1))
+    if shard == -1:
+        dp = gpus // (tp * pp * cp * replicate) * replicate if gpus else None
+        if not gpus:
+            notes.append("data_parallel_shard_degree = -1 (all GPUs): pass --gpus for the world size")
+    else:
+        dp = shard * replicate
+    world = dp * tp * pp * cp if dp else gpus
+    local = int(train.get("local_batch_size", train.get("batch_size", 8)))
+    global_seqs = int(train.get("global_batch_size", -1))
+    batch = (global_seqs if global_seqs > 0 else local * dp) * seq if dp else None
+    steps = int(train.get("steps", 10000))
+    floor = sched.get("min_lr_factor", sched.get("lr_min", 0.0))
+    return Setup(
+        source="torchtitan", path=str(path), model=cfg, tokens=batch * steps if batch else None,
+        global_batch_tokens=batch, micro_batch=local, lr=float(opt.get("lr", 8e-4)),
+        warmup_steps=int(sched.get("warmup_steps", 200)), total_steps=steps,
+        schedule=str(sched.get("decay_type", "linear")), min_lr_ratio=float(floor),
+        weight_decay=float(opt.get("weight_decay", 0.1)), beta2=opt.get("beta2"),
+        grad_clip=float(train.get("max_norm", 1.0)),
+        precision=_DTYPES.get(str(train.get("mixed_precision_param", "bfloat16")), "bf16"),
+        gpus=world, dp=dp, tp=tp, pp=pp, zero_stage=3 if dp and shard != 1 else 0,
+        recompute=str(ac.get("mode", "selective")),
+        checkpoint_enabled=bool(ck.get("enable_checkpoint", ck.get("enable", False))),
+        checkpoint_uri=ck.get("folder"), checkpoint_every_steps=int(ck.get("interval", 500)),
+        checkpoint_async=str(ck.get("async_mode", "disabled")) != "disabled",
+        eval_every_steps=int(val.get("freq", 0)) if val.get("enabled", val.get("enable")) else 0,
+        data_train=train.get("dataset"), data_val=val.get("dataset"),
+        tokenizer=model.get("tokenizer_path") or model.get("hf_assets_path"), notes=tuple(notes))
+
+
+# nanoGPT's train.py defaults (karpathy/nanoGPT train.py), which its config files override.
+NANOGPT_DEFAULTS = {
+    "batch_size": 12, "block_size": 1024, "gradient_accumulation_steps": 40, "max_iters": 600000,
+    "learning_rate": 6e-4, "warmup_iters": 2000, "lr_decay_iters": 600000, "min_lr": 6e-5,
+    "decay_lr": True, "weight_decay": 0.1, "beta2": 0.95, "grad_clip": 1.0, "n_layer": 12,
+    "n_head": 12, "n_embd": 768, "bias": False, "dtype": "bfloat16", "eval_interval": 2000,
+    "eval_iters": 200, "always_save_checkpoint": True, "vocab_size": 50304, "out_dir": "out",
+    "dataset": "openwebtext",
+}
+_OPS = {ast.Add: op.add, ast.Sub: op.sub, ast.Mult: op.mul, ast.Div: op.truediv,
+        ast.FloorDiv: op.floordiv, ast.Pow: op.pow, ast.Mod: op.mod}
+
+
+def _literal(node: ast.AST):
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str, bool)):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _literal(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_literal(node.left), _literal(node.right))
+    raise ValueError("not a literal")
+
+
+def _nanogpt(path: Path, text: str, gpus: int | None) -> Setup:
+    try:
+        tree = ast.parse(text, filename=str(path))
+    except SyntaxError as err:
+        raise ConfigReadError(f"{path} is not valid Python: {err}") from None
+    values, skipped = dict(NANOGPT_DEFAULTS), []
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            try:
+                values[stmt.targets[0].id] = _literal(stmt.value)
+            except (ValueError, TypeError, ZeroDivisionError):
+                skipped.append(stmt.targets[0].id)
+    notes = [f"not literal, ignored: {', '.join(skipped)}"] if skipped else []
+    v = values
+    cfg = GPTConfig(n_layer=int(v["n_layer"]), n_head=int(v["n_head"]), d_model=int(v["n_embd"]),
+                    seq_len=int(v["block_size"]), vocab_size=int(v["vocab_size"]),
+                    position="learned", bias=bool(v["bias"]))
+    # train.py divides gradient_accumulation_steps by the world size, so tokens per iteration
+    # are gradient_accumulation_steps × batch_size × block_size whatever the GPU count.
+    batch = int(v["gradient_accumulation_steps"]) * int(v["batch_size"]) * int(v["block_size"])
+    steps = int(v["max_iters"])
+    lr = float(v["learning_rate"])
+    if not gpus:
+        notes.append("GPU count is set by the torchrun launch, not the config: pass --gpus")
+    return Setup(
+        source="nanoGPT", path=str(path), model=cfg, tokens=float(batch * steps),
+        global_batch_tokens=batch, micro_batch=int(v["batch_size"]), lr=lr,
+        warmup_steps=int(v["warmup_iters"]), total_steps=steps,
+        schedule="cosine" if v["decay_lr"] else "constant",
+        min_lr_ratio=float(v["min_lr"]) / lr if lr else None,
+        weight_decay=float(v["weight_decay"]), beta2=float(v["beta2"]),
+        grad_clip=float(v["grad_clip"]), precision=_DTYPES.get(str(v["dtype"]), "fp32"),
+        gpus=gpus, dp=gpus, zero_stage=0, recompute="none",
+        checkpoint_enabled=True, checkpoint_uri=str(v["out_dir"]),
+        checkpoint_every_steps=int(v["eval_interval"]), checkpoint_async=False,
+        eval_every_steps=int(v["eval_interval"]),
+        eval_tokens=float(v["eval_iters"]) * int(v["batch_size"]) * int(v["block_size"]),
+        data_train=str(v["dataset"]), data_val=str(v["dataset"]), notes=tuple(notes))
