@@ -1,0 +1,74 @@
+"""Real text from Debian packages for the corpus tests; nothing here is written by us.
+
+Sources (installed by `make test-data`, see the Makefile):
+  fortunes (en), fortunes-de, fortunes-it, fortunes-es: /usr/share/games/fortunes, one text per
+      "%"-separated cookie;
+  man-db and other packages' translated man pages: /usr/share/man/<lang>, rendered with `man -l`;
+  HTML manuals under /usr/share/doc (e.g. libffi's), package copyright files (many carry the same
+      licence text: natural exact and near duplicates), Python's own pydoc topics (pydoc_data).
+A missing package fails the test that needs it with the install hint; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+from pathlib import Path
+
+FORTUNES = Path("/usr/share/games/fortunes")
+FORTUNE_DIRS = {"en": FORTUNES, "de": FORTUNES / "de", "it": FORTUNES / "it", "es": FORTUNES / "es"}
+MAN = Path("/usr/share/man")
+DOC = Path("/usr/share/doc")
+HINT = "run `make test-data` (apt-get install fortunes fortunes-de fortunes-it fortunes-es man-db)"
+
+
+def _require(path: Path) -> Path:
+    if not path.exists():
+        raise AssertionError(f"{path} is missing: {HINT}")
+    return path
+
+
+@functools.cache
+def fortunes(lang: str) -> tuple[str, ...]:
+    """Every cookie of the language's fortune files (not the .dat indexes), in file order."""
+    folder = _require(FORTUNE_DIRS[lang])
+    texts = []
+    for path in sorted(folder.iterdir()):
+        if not path.is_file() or path.suffix in (".dat", ".u8") or path.is_symlink():
+            continue
+        raw = path.read_bytes().decode("utf-8", "replace")
+        texts += [t.strip() for t in raw.split("\n%\n") if t.strip()]
+    return tuple(texts)
+
+
+def man_page(path: Path, width: int = 100) -> str:
+    """A man page rendered to plain text, as a person reads it."""
+    env = {**os.environ, "MANWIDTH": str(width), "MAN_KEEP_FORMATTING": "0", "LC_ALL": "C.UTF-8"}
+    out = subprocess.run(["man", "-l", "-E", "UTF-8", str(path)], capture_output=True, env=env,
+                         timeout=60, check=True).stdout
+    plain = subprocess.run(["col", "-bx"], input=out, capture_output=True, timeout=60,
+                           check=True).stdout
+    return plain.decode("utf-8", "replace")
+
+
+def man_pages(lang: str, count: int) -> list[str]:
+    """The first `count` section-1/8 man pages of a language, rendered (sorted by path)."""
+    folder = _require(MAN / lang)
+    paths = sorted(p for section in ("man1", "man8") for p in (folder / section).glob("*")
+                   if p.is_file())[:count]
+    return [man_page(p) for p in paths]
+
+
+def html_manuals() -> list[Path]:
+    return sorted(p for p in _require(DOC).rglob("*.html") if p.is_file())
+
+
+def copyright_files() -> list[Path]:
+    return sorted(p for p in _require(DOC).glob("*/copyright") if p.is_file())
+
+
+def pydoc_topics() -> dict[str, str]:
+    from pydoc_data.topics import topics
+
+    return dict(sorted(topics.items()))

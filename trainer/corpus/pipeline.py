@@ -1,0 +1,316 @@
+"""Running a corpus job: stages, tasks, shard files, completion markers and stats on storage.
+
+Owns: the stage list (filter -> signatures -> buckets -> clusters -> dedup -> mix -> report), what
+each task reads and writes under the output folder, skipping tasks whose completion marker exists
+(resume), barriers between stages for N workers, and the local runner (all tasks, a process pool).
+Must not: contain rules (steps), dedup math (dedup, clusters) or rendering (report).
+
+Follows datatrove's executor (src/datatrove/executor/base.py::_run_for_rank): a task writes its
+outputs, then `stats/<stage>/<task>.json`, then its marker `done/<stage>/<task>` last, so a marker
+means the outputs are whole and a rerun skips exactly the finished tasks. `run.json` pins the config
+fingerprint and shard count: resuming under different ones would mix two corpora, so it is refused.
+
+Layout under `output`:
+    run.json                          config fingerprint, shard count, config
+    filtered/shard-NNNNN.jsonl.zst    documents that passed the per-document steps
+    dedup/...                         see dedup.py
+    deduped/shard-NNNNN.jsonl.zst     after exact/near dedup and PII scrubbing
+    mixed/shard-NNNNN.jsonl.zst       after the mixture (when configured)
+    stats/<stage>/<task>.json         per-task step stats, merged by the report
+    done/<stage>/<task>               completion markers
+    report.json, report.html
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import Callable, Iterable, Iterator
+
+from crucible.trainer.corpus import dedup, storage
+from crucible.trainer.corpus.config import CorpusConfig, describe
+from crucible.trainer.corpus.document import Document, Malformed
+from crucible.trainer.corpus.mixture import copies, repeat_factors
+from crucible.trainer.corpus.readers import Reader
+from crucible.trainer.corpus.shards import Shard, files_of, list_inputs
+from crucible.trainer.corpus.stats import StepStats, merge_step_lists
+from crucible.trainer.corpus.step import run_steps
+
+
+class RunMismatch(ValueError):
+    """The output folder holds a run with another config or shard count."""
+
+
+class BarrierTimeout(TimeoutError):
+    """Other workers did not finish a stage before the deadline."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    tasks: int               # how many tasks (shards, bands, or 1)
+    body: Callable[["Job", int], None]
+
+
+def shard_uri(output: str, folder: str, shard: int) -> str:
+    return storage.join(output, folder, f"shard-{shard:05d}.jsonl.zst")
+
+
+def write_docs(uri: str, docs: Iterable[Document]) -> int:
+    import zstandard
+
+    count = 0
+    with storage.open_write(uri) as raw:
+        with zstandard.ZstdCompressor(level=3).stream_writer(raw, closefd=False) as out:
+            for doc in docs:
+                out.write(json.dumps(doc.to_record(), ensure_ascii=False).encode() + b"\n")
+                count += 1
+    return count
+
+
+def read_docs(uri: str) -> Iterator[Document]:
+    import zstandard
+
+    with contextlib.closing(storage.open_read(uri)) as raw:
+        with zstandard.ZstdDecompressor().stream_reader(raw) as stream:
+            for line in storage.buffered(stream):
+                yield Document.from_record(json.loads(line))
+
+
+def _progress(docs: Iterable, label: str, enabled: bool) -> Iterable:
+    if not enabled:
+        return docs
+    from tqdm import tqdm
+
+    return tqdm(docs, desc=label, unit="doc", mininterval=1.0, smoothing=0.1)
+
+
+class Job:
+    """One corpus run: its config, shard count and the stage bodies that read and write it."""
+
+    def __init__(self, config: CorpusConfig, shard_count: int, progress: bool = False):
+        self.config = config
+        self.shard_count = shard_count
+        self.progress = progress
+        self.output = config.output
+        self.dedup_on = config.dedup.exact or config.dedup.near is not None
+        self._files = None
+
+    # ---- bookkeeping -------------------------------------------------------------------------
+    def marker(self, stage: str, task: int) -> str:
+        return storage.join(self.output, "done", stage, f"{task:05d}")
+
+    def stats_uri(self, stage: str, task: int) -> str:
+        return storage.join(self.output, "stats", stage, f"{task:05d}.json")
+
+    def files(self):
+        if self._files is None:
+            self._files = list_inputs(self.config.sources)
+        return self._files
+
+    def check_run_file(self) -> None:
+        """Write run.json, or refuse if it describes another run."""
+        uri = storage.join(self.output, "run.json")
+        mine = {"fingerprint": self.config.fingerprint(), "shards": self.shard_count}
+        if storage.exists(uri):
+            theirs = json.loads(storage.read_bytes(uri))
+            if {k: theirs.get(k) for k in mine} != mine:
+                raise RunMismatch(
+                    f"{self.output} holds a run with fingerprint {theirs.get('fingerprint')} and "
+                    f"{theirs.get('shards')} shards; this one is {mine['fingerprint']} with "
+                    f"{self.shard_count}. Use a new output folder, or the same config and shards.")
+            return
+        storage.write_bytes(uri, json.dumps({**mine, "config": describe(self.config)},
+                                            indent=1).encode())
+
+    def _finish(self, stage: str, task: int, stats: list[StepStats]) -> None:
+        storage.write_bytes(self.stats_uri(stage, task),
+                            json.dumps([s.to_json() for s in stats]).encode())
+        storage.write_bytes(self.marker(stage, task), b"")
+
+    def merged_stats(self, stage: str, tasks: int) -> list[StepStats]:
+        shards = [[StepStats.from_json(s) for s in json.loads(storage.read_bytes(
+            self.stats_uri(stage, t)))] for t in range(tasks)]
+        return merge_step_lists(shards)
+
+    # ---- stages -----------------------------------------------------------------------------
+    def stages(self) -> list[Stage]:
+        n = self.shard_count
+        stages = [Stage("filter", n, Job.filter_task)]
+        if self.dedup_on:
+            stages.append(Stage("signatures", n, Job.signatures_task))
+            if self.config.dedup.near is not None:
+                stages.append(Stage("buckets", self.config.dedup.near.bands, Job.buckets_task))
+            stages.append(Stage("clusters", 1, Job.clusters_task))
+        if self.dedup_on or self.config.pii is not None:
+            stages.append(Stage("dedup", n, Job.dedup_task))
+        if self.config.mixture is not None:
+            stages.append(Stage("mix", n, Job.mix_task))
+        stages.append(Stage("report", 1, Job.report_task))
+        return stages
+
+    def final_folder(self) -> str:
+        if self.config.mixture is not None:
+            return "mixed"
+        return "deduped" if self.dedup_on or self.config.pii is not None else "filtered"
+
+    def filter_task(self, shard: int) -> None:
+        reader_for = {s.name: Reader(s.text_field, s.id_field) for s in self.config.sources}
+        steps = self.config.build_steps()
+        read_stats = StepStats(step="read", why="parse records; malformed ones are counted, not lost")
+        stats = [read_stats] + [step.new_stats() for step in steps]
+
+        def documents() -> Iterator[Document]:
+            for file in files_of(self.files(), Shard(shard, self.shard_count)):
+                for record in reader_for[file.source].read(file):
+                    if isinstance(record, Malformed):
+                        read_stats.record_in(record.source, record.size_bytes)
+                        read_stats.record_drop(record.source, record.size_bytes, record.reason,
+                                               record.key, record.id, record.raw)
+                        continue
+                    size_bytes = record.size_bytes
+                    read_stats.record_in(record.source, size_bytes)
+                    read_stats.record_out(record.source, size_bytes)
+                    yield record
+
+        kept = run_steps(_progress(documents(), f"filter {shard}/{self.shard_count}",
+                                   self.progress), steps, stats[1:])
+        write_docs(shard_uri(self.output, "filtered", shard), kept)
+        self._finish("filter", shard, stats)
+
+    def signatures_task(self, shard: int) -> None:
+        docs = read_docs(shard_uri(self.output, "filtered", shard))
+        arrays = dedup.signatures(_progress(docs, f"signatures {shard}", self.progress),
+                                  self.config.dedup.near)
+        dedup.write_signatures(self.output, shard, arrays)
+        self._finish("signatures", shard, [])
+
+    def buckets_task(self, band: int) -> None:
+        dedup.run_buckets(self.output, band, self.shard_count)
+        self._finish("buckets", band, [])
+
+    def clusters_task(self, _task: int) -> None:
+        dedup.run_clusters(self.output, self.shard_count, self.config.dedup.exact,
+                           self.config.dedup.near)
+        self._finish("clusters", 0, [])
+
+    def dedup_task(self, shard: int) -> None:
+        steps = []
+        if self.dedup_on:
+            removal = dedup.load_removal(self.output)
+            if self.config.dedup.exact:
+                steps.append(dedup.ExactDuplicate(removed=removal.exact))
+            if self.config.dedup.near is not None:
+                steps.append(dedup.NearDuplicate(removed=removal.near, config=self.config.dedup.near))
+        pii = self.config.build_pii()
+        if pii is not None:
+            steps.append(pii)
+        stats = [step.new_stats() for step in steps]
+        docs = read_docs(shard_uri(self.output, "filtered", shard))
+        kept = run_steps(_progress(docs, f"dedup {shard}", self.progress), steps, stats)
+        write_docs(shard_uri(self.output, "deduped", shard), kept)
+        self._finish("dedup", shard, stats)
+
+    def mix_task(self, shard: int) -> None:
+        mixture = self.config.mixture
+        before = "dedup" if self.dedup_on or self.config.pii is not None else "filter"
+        last_step = self.merged_stats(before, self.shard_count)[-1]
+        source_bytes = {name: c.bytes_out for name, c in last_step.sources.items()}
+        factors = repeat_factors(source_bytes, mixture)
+        stats = StepStats(step="mixture", why="sample sources to target weights (epochs per source)",
+                          params={"weights": mixture.weights, "total_bytes": mixture.total_bytes,
+                                  "seed": mixture.seed,
+                                  "epochs": {s: round(f, 6) for s, f in factors.items()}})
+
+        def emitted() -> Iterator[Document]:
+            folder = "deduped" if before == "dedup" else "filtered"
+            for doc in read_docs(shard_uri(self.output, folder, shard)):
+                size_bytes = doc.size_bytes
+                stats.record_in(doc.source, size_bytes)
+                if doc.source not in factors:
+                    stats.record_drop(doc.source, size_bytes, "source_not_in_mixture", doc.key,
+                                      doc.id, doc.text)
+                    continue
+                n = copies(doc.key, factors[doc.source], mixture.seed)
+                if n == 0:
+                    stats.record_drop(doc.source, size_bytes, "downsampled", doc.key, doc.id,
+                                      doc.text)
+                    continue
+                stats.record_out(doc.source, size_bytes, copies=n)
+                if n > 1:   # the report's in - removed = out check adds these back
+                    stats.count(f"extra_copies.{doc.source}", n - 1)
+                for copy in range(n):
+                    yield Document(doc.text, doc.id, doc.source, doc.key,
+                                   {**doc.metadata, "copy": copy})
+
+        write_docs(shard_uri(self.output, "mixed", shard), emitted())
+        self._finish("mix", shard, [stats])
+
+    def report_task(self, _task: int) -> None:
+        from crucible.trainer.corpus.report import build_report, write_report
+
+        write_report(self.output, build_report(self))
+        storage.write_bytes(self.marker("report", 0), b"")
+
+
+# ---- executors ------------------------------------------------------------------------------
+def _run_task(config: CorpusConfig, shard_count: int, progress: bool, stage_name: str,
+              task: int) -> float:
+    job = Job(config, shard_count, progress)
+    stage = next(s for s in job.stages() if s.name == stage_name)
+    started = time.perf_counter()
+    stage.body(job, task)
+    return time.perf_counter() - started
+
+
+def run_local(config: CorpusConfig, shard_count: int, workers: int = 1,
+              progress: bool = False) -> dict[str, float]:
+    """Every task of every stage on this machine, `workers` processes at a time. Finished tasks
+    (marker present) are skipped. Returns wall seconds per stage."""
+    job = Job(config, shard_count, progress)
+    job.check_run_file()
+    wall_s: dict[str, float] = {}
+    pool = ProcessPoolExecutor(workers, mp_context=get_context("fork")) if workers > 1 else None
+    try:
+        for stage in job.stages():
+            todo = [t for t in range(stage.tasks) if not storage.exists(job.marker(stage.name, t))]
+            started = time.perf_counter()
+            if pool is None:
+                for task in todo:
+                    _run_task(config, shard_count, progress, stage.name, task)
+            else:
+                for future in [pool.submit(_run_task, config, shard_count, progress, stage.name, t)
+                               for t in todo]:
+                    future.result()
+            wall_s[stage.name] = time.perf_counter() - started
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return wall_s
+
+
+def run_worker(config: CorpusConfig, worker: Shard, progress: bool = False,
+               wait_timeout_s: float = 24 * 3600, poll_s: float = 5.0,
+               clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> None:
+    """Worker `worker.index` of `worker.count` (an Indexed Job pod): run the tasks it owns in each
+    stage (task t belongs to worker t mod N), then wait until every task of the stage is done.
+    Restarted pods skip what they finished; a task done by a predecessor pod is not redone."""
+    job = Job(config, worker.count, progress)
+    job.check_run_file()
+    for stage in job.stages():
+        for task in range(stage.tasks):
+            if task % worker.count == worker.index and \
+                    not storage.exists(job.marker(stage.name, task)):
+                stage.body(job, task)
+        deadline = clock() + wait_timeout_s
+        for task in range(stage.tasks):
+            while not storage.exists(job.marker(stage.name, task)):
+                if clock() > deadline:
+                    raise BarrierTimeout(f"stage {stage.name}: task {task} not done after "
+                                         f"{wait_timeout_s:.0f}s (worker {task % worker.count})")
+                sleep(poll_s)

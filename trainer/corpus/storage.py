@@ -1,0 +1,175 @@
+"""Files on local disk or in an S3-compatible store, behind the same five functions.
+
+Owns: listing, reading, atomic writing, existence checks and path joining for local paths and
+`s3://bucket/key` URIs. Must not: know file formats (readers, pipeline) or hold state besides one
+cached S3 client per process.
+
+S3 access uses boto3's standard configuration: credentials from the usual AWS variables or files,
+and the endpoint of an S3-compatible server from AWS_ENDPOINT_URL (boto3 reads it itself since
+1.28; "Configuring endpoints", AWS SDKs and Tools Reference Guide). Path-style addressing is used
+because self-hosted servers (SeaweedFS, Ceph RGW) rarely have wildcard DNS for bucket hostnames.
+Writes are atomic in both places: a local file is written beside its target and renamed; an S3
+object appears whole when its upload completes. That is what makes a shard's outputs safe to find
+half-way through a crash: the completion marker is written last (pipeline.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import io
+import os
+import tempfile
+from functools import cache
+from pathlib import Path
+from typing import IO, Iterator
+
+
+def is_s3(uri: str) -> bool:
+    return uri.startswith("s3://")
+
+
+def join(base: str, *parts: str) -> str:
+    if is_s3(base):
+        return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+    return str(Path(base, *parts))
+
+
+def _split_s3(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    return bucket, key
+
+
+@cache
+def s3_client():
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", config=Config(s3={"addressing_style": "path"},
+                                            retries={"max_attempts": 5, "mode": "standard"}))
+
+
+def list_files(uri: str) -> list[str]:
+    """Files under `uri` (a file, a folder, or a pattern with * ? [ in its last part), sorted.
+    Hidden files (a part starting with ".") are skipped."""
+    base, pattern = uri, None
+    if any(c in uri.rsplit("/", 1)[-1] for c in "*?["):
+        base, pattern = uri.rsplit("/", 1)
+    found = _list_s3(base) if is_s3(base) else _list_local(base)
+    if pattern is not None:
+        found = [f for f in found if fnmatch.fnmatch(f.rsplit("/", 1)[-1], pattern)]
+    return sorted(found)
+
+
+def _list_local(path: str) -> list[str]:
+    root = Path(path)
+    if root.is_file():
+        return [str(root)]
+    if not root.is_dir():
+        return []
+    return [str(p) for p in root.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)]
+
+
+def _list_s3(uri: str) -> list[str]:
+    bucket, key_prefix = _split_s3(uri)
+    folder = key_prefix.rstrip("/") + "/" if key_prefix else ""
+    found = []
+    for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket,
+                                                                        Prefix=key_prefix):
+        for obj in page.get("Contents", []):
+            key = obj["Key"]
+            # The URI names one object, or a folder: "a/b" must not match "a/bc".
+            if key != key_prefix and not key.startswith(folder):
+                continue
+            rest = key[len(folder):] if key.startswith(folder) else key.rsplit("/", 1)[-1]
+            if not any(part.startswith(".") for part in rest.split("/")):
+                found.append(f"s3://{bucket}/{key}")
+    return found
+
+
+class _RawStream(io.RawIOBase):
+    """Any object with read(n) as a raw stream, so io.BufferedReader gives it readline and line
+    iteration (botocore's StreamingBody iterates in 1 KiB chunks, not lines)."""
+
+    def __init__(self, body):
+        self._body = body
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self._body.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._body.close()
+        super().close()
+
+
+def buffered(body) -> IO[bytes]:
+    """A line-iterable buffered stream over an object with read(n)."""
+    return io.BufferedReader(_RawStream(body), buffer_size=1 << 20)
+
+
+def open_read(uri: str) -> IO[bytes]:
+    """A buffered binary stream of the file's bytes (S3 objects stream; not seekable)."""
+    if is_s3(uri):
+        bucket, key = _split_s3(uri)
+        return buffered(s3_client().get_object(Bucket=bucket, Key=key)["Body"])
+    return open(uri, "rb")
+
+
+def read_bytes(uri: str) -> bytes:
+    with contextlib.closing(open_read(uri)) as stream:
+        return stream.read()
+
+
+def exists(uri: str) -> bool:
+    if is_s3(uri):
+        bucket, key = _split_s3(uri)
+        from botocore.exceptions import ClientError
+
+        try:
+            s3_client().head_object(Bucket=bucket, Key=key)
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+        return True
+    return os.path.exists(uri)
+
+
+@contextlib.contextmanager
+def open_write(uri: str) -> Iterator[IO[bytes]]:
+    """Write `uri` atomically: readers see the old file (or none) until the block succeeds."""
+    if is_s3(uri):
+        with tempfile.TemporaryFile() as spool:
+            yield spool
+            spool.seek(0)
+            bucket, key = _split_s3(uri)
+            s3_client().upload_fileobj(spool, bucket, key)
+        return
+    target = Path(uri)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            yield out
+        os.replace(tmp, target)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    with open_write(uri) as out:
+        out.write(data)
+
+
+def seekable_copy(uri: str) -> IO[bytes]:
+    """A seekable stream (Parquet needs one): the local file itself, or an S3 object in memory."""
+    if is_s3(uri):
+        return io.BytesIO(read_bytes(uri))
+    return open(uri, "rb")
