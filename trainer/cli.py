@@ -22,6 +22,8 @@ COMMANDS: list[tuple[str, str, str]] = [
      "and cost; --emit-job prints a PretrainJob."),
     ("review", "plan.cli_review", "Review a PretrainJob, torchtitan or nanoGPT config stage by "
      "stage; exits 1 on errors."),
+    ("decide", "plan.cli_decide", "Pretrain, continue pretraining or fine-tune: costs side by "
+     "side, a recommendation and what would flip it."),
     ("corpus", "corpus.command", "Build a filtered, deduplicated, mixed text corpus from raw "
      "sources, with a report of every removal."),
 ]

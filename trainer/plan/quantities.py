@@ -85,6 +85,8 @@ def human(value: float, unit: str = "") -> str:
         return f"${value:,.0f}" if abs(value) >= 100 else f"${value:,.2f}"
     if unit in ("1", ""):
         return f"{value:.3g}"
+    if unit == "count":  # a bare count with an SI suffix: 7B, 1.4T
+        return human(value, "").rstrip() if abs(value) < 1e3 else human(value, "_")[:-2]
     for size, prefix in _PREFIXES:
         if abs(value) >= size:
             return f"{value / size:.3g}{prefix} {unit}".rstrip()
