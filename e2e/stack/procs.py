@@ -33,10 +33,12 @@ def running_pid(layout: Layout, name: str) -> int | None:
     try:
         pid_text, binary = path.read_text().split("\n")[:2]
         pid = int(pid_text)
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        # /proc/<pid>/exe, not cmdline: cmdline reads empty for a moment after exec, and exe
+        # is unreadable for zombies and kernel threads, which are "not running" for us.
+        exe = os.readlink(f"/proc/{pid}/exe")
     except (ValueError, OSError):
         return None
-    return pid if cmdline == binary else None
+    return pid if exe == os.path.realpath(binary) else None
 
 
 def port_free(port: int) -> bool:

@@ -72,3 +72,43 @@ def pydoc_topics() -> dict[str, str]:
     from pydoc_data.topics import topics
 
     return dict(sorted(topics.items()))
+
+
+@functools.cache
+def prose_sentences() -> tuple[str, ...]:
+    """English sentences (one line each, 8-40 words, ending in ".") from Python's pydoc topics."""
+    import re
+
+    found = []
+    for text in pydoc_topics().values():
+        for paragraph in re.split(r"\n\s*\n", text):
+            flat = " ".join(paragraph.split())
+            for sentence in re.split(r"(?<=\.) (?=[A-Z])", flat):
+                n_words = len(sentence.split())
+                if 8 <= n_words <= 40 and sentence.endswith(".") and "{" not in sentence \
+                        and "..." not in sentence and "#" not in sentence:
+                    found.append(sentence)
+    return tuple(dict.fromkeys(found))
+
+
+@functools.cache
+def prose_words() -> tuple[str, ...]:
+    """Alphabetic words of those sentences, in reading order."""
+    import re
+
+    return tuple(w for s in prose_sentences() for w in re.findall(r"[A-Za-z]+", s))
+
+
+def words_by_length() -> dict[int, list[str]]:
+    """Distinct prose words grouped by length (for documents with an exact mean word length)."""
+    groups: dict[int, list[str]] = {}
+    for word in dict.fromkeys(prose_words()):
+        groups.setdefault(len(word), []).append(word)
+    return groups
+
+
+def lorem_ipsum_line() -> str:
+    """The one placeholder line pip's own documentation carries (python3-pip, conventions.rst)."""
+    path = _require(DOC / "python3-pip" / "html" / "development" / "conventions.rst")
+    return next(line.strip() for line in path.read_text().splitlines()
+                if line.strip().lower().startswith("lorem ipsum"))

@@ -1,0 +1,209 @@
+"""`crucible review` finds each seeded flaw, passes a sound config, and reads the foreign formats.
+
+Seeded flaws (issue 9): 10× under-trained (Chinchilla Table 3's ≈20 tokens/parameter), LR with no
+warmup (GPT-3 App. B), vocab not a multiple of 64 (nanoGPT pads 50257 to 50304), checkpoints
+every 6 h against a 3 h MTBF (Young 1974 / Daly 2006), a model that cannot fit (ZeRO §3.1 +
+Korthikanti Table 2).
+"""
+
+import copy
+
+import pytest
+import yaml
+
+from crucible.trainer.cli import main
+from crucible.trainer.hardware import accelerator
+from crucible.trainer.plan import configs
+from crucible.trainer.plan import review as rv
+
+SOUND = {
+    "apiVersion": "crucible.dev/v1alpha1",
+    "kind": "PretrainJob",
+    "metadata": {"name": "gpt2-small"},
+    "spec": {
+        "image": "registry.example/crucible-trainer:0.1",
+        "nodes": {"min": 1, "max": 1},
+        "procsPerNode": 8,
+        "resources": {"limits": {"nvidia.com/gpu": 8}},
+        "model": {"preset": "gpt2-124m"},
+        "data": {"train": "s3://b/tokens/train", "val": "s3://b/tokens/val",
+                 "tokenizer": "s3://b/tokenizer.json"},
+        "training": {"tokens": 2.5e9, "globalBatchTokens": 524288, "microBatch": 8, "lr": 6e-4,
+                     "warmupSteps": 700, "schedule": "cosine", "evalEvery": 250},
+        "checkpoint": {"uri": "s3://b/runs/gpt2", "everyMinutes": 10, "async": True},
+        "faultTolerance": {"maxRestarts": 20},
+    },
+}
+
+
+def _review(tmp_path, doc, **ctx):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    setup = configs.load(path)
+    return rv.review(setup, rv.Context(accelerator(ctx.pop("gpu", "h100")), **ctx))
+
+
+def _mutate(**changes):
+    doc = copy.deepcopy(SOUND)
+    for dotted, value in changes.items():
+        node = doc["spec"]
+        *path, last = dotted.split("__")
+        for key in path:
+            node = node[key]
+        node[last] = value
+    return doc
+
+
+def _codes(findings, severity=None):
+    return {f.code for f in findings if severity is None or f.severity == severity}
+
+
+def test_sound_config_has_no_error_or_warning(tmp_path):
+    findings = _review(tmp_path, SOUND)
+    assert not [f for f in findings if f.severity in ("error", "warning")], findings
+
+
+@pytest.mark.parametrize("changes, ctx, code, severity", [
+    ({"training__tokens": 2.5e8}, {}, "under-trained", "error"),           # 2 tokens/param
+    ({"training__warmupSteps": 0}, {}, "no-warmup", "error"),
+    ({"model": {"preset": "gpt2-124m", "vocabSize": 50257}}, {}, "vocab-not-64", "warning"),
+    ({"checkpoint__everyMinutes": 360}, {"mtbf_s": 3 * 3600}, "interval-vs-mtbf", "error"),
+    ({"model": {"layers": 96, "heads": 96, "dim": 12288, "seqLen": 2048, "vocabSize": 50304}},
+     {}, "does-not-fit", "error"),
+    ({"training__schedule": "constant"}, {}, "no-decay", "warning"),
+    ({"training__precision": "fp32"}, {}, "fp32", "warning"),
+    ({"resources": {"limits": {"nvidia.com/gpu": 4}}}, {}, "procs-vs-gpus", "error"),
+    ({"training__globalBatchTokens": 500000}, {}, "batch-not-divisible", "error"),
+    ({"checkpoint__everyMinutes": 600}, {"mtbf_s": 24 * 3600}, "interval-long", "warning"),
+    ({"faultTolerance": {"maxRestarts": 0}}, {}, "no-restarts", "warning"),
+])
+def test_seeded_flaw_is_found(tmp_path, changes, ctx, code, severity):
+    findings = _review(tmp_path, _mutate(**changes), **ctx)
+    found = [f for f in findings if f.code == code]
+    assert found, _codes(findings)
+    assert found[0].severity == severity
+    assert found[0].reason and found[0].source  # every finding says why and who says so
+
+
+def test_all_seeded_flaws_at_once(tmp_path):
+    doc = _mutate(training__tokens=2.5e8, training__warmupSteps=0,
+                  model={"preset": "gpt2-124m", "vocabSize": 50257}, checkpoint__everyMinutes=360)
+    codes = _codes(_review(tmp_path, doc, mtbf_s=3 * 3600))
+    assert {"under-trained", "no-warmup", "vocab-not-64", "interval-vs-mtbf"} <= codes
+
+
+def test_cli_exit_codes(tmp_path, capsys):
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text(yaml.safe_dump(SOUND))
+    bad.write_text(yaml.safe_dump(_mutate(training__warmupSteps=0)))
+    assert main(["review", str(good)]) == 0
+    assert main(["review", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "ERROR" in out and "no warmup" in out
+    assert main(["review", str(tmp_path / "missing.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_cli_json(tmp_path, capsys):
+    import json
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_mutate(training__tokens=2.5e8)))
+    assert main(["review", str(bad), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["errors"] >= 1 and doc["format"] == "PretrainJob"
+    assert {"severity", "stage", "code", "message", "reason", "source"} <= doc["findings"][0].keys()
+
+
+@pytest.mark.parametrize("text, words", [
+    ("kind: PretrainJob\nspec: {image: x}\n", "problem"),
+    ("a: [1, 2\n", "not valid YAML"),
+    ("- 1\n- 2\n", "mapping"),
+    ("foo: 1\n", "not a PretrainJob"),
+])
+def test_bad_files_give_clear_errors(tmp_path, text, words):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    with pytest.raises(configs.ConfigReadError, match=words):
+        configs.load(path)
+
+
+# Keys and values as in torchtitan's torchtitan/models/llama3/train_configs/llama3_8b.toml.
+TORCHTITAN = """
+[model]
+name = "llama3"
+flavor = "8B"
+tokenizer_path = "./assets/tokenizer/original/tokenizer.model"
+[optimizer]
+name = "AdamW"
+lr = 3e-4
+eps = 1e-8
+[lr_scheduler]
+warmup_steps = 200
+[training]
+batch_size = 1
+seq_len = 8192
+max_norm = 1.0
+steps = 1000
+dataset = "c4"
+[parallelism]
+data_parallel_replicate_degree = 1
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 1
+pipeline_parallel_degree = 1
+[checkpoint]
+enable_checkpoint = false
+interval = 500
+[activation_checkpoint]
+mode = "selective"
+"""
+
+
+def test_torchtitan_config(tmp_path):
+    path = tmp_path / "llama3_8b.toml"
+    path.write_text(TORCHTITAN)
+    setup = configs.load(path, gpus=64)
+    assert setup.source == "torchtitan"
+    assert setup.params == pytest.approx(8.03e9, rel=0.01)  # Llama 3 8B
+    assert setup.global_batch_tokens == 64 * 8192
+    findings = rv.review(setup, rv.Context(accelerator("a100-80g")))
+    codes = _codes(findings)
+    assert "under-trained" in codes  # 1000 steps × 0.5M tokens for 8B: a throughput benchmark
+    assert "does-not-fit" not in codes  # FSDP over 64 GPUs + selective AC fits in 80 GB
+    assert "no-checkpoints" in codes
+
+
+NANOGPT = """
+# config for training GPT-2 (124M) down to very nice loss of ~2.85 on 1 node of 8X A100 40GB
+wandb_log = True
+wandb_project = 'owt'
+batch_size = 12
+block_size = 1024
+gradient_accumulation_steps = 5 * 8
+max_iters = 600000
+lr_decay_iters = 600000
+eval_interval = 1000
+eval_iters = 200
+log_interval = 10
+weight_decay = 1e-1
+"""
+
+
+def test_nanogpt_config_is_parsed_without_executing(tmp_path):
+    path = tmp_path / "train_gpt2.py"
+    path.write_text(NANOGPT + "\nimport os\nos.system('false')\nmystery = os.getcwd()\n")
+    setup = configs.load(path, gpus=8)
+    assert setup.source == "nanoGPT"
+    assert setup.global_batch_tokens == 40 * 12 * 1024  # 491,520 tokens per iteration
+    assert setup.tokens == 491520 * 600000
+    assert setup.model.vocab_size == 50304
+    assert any("mystery" in note for note in setup.notes)
+    findings = rv.review(setup, rv.Context(accelerator("a100-80g")))
+    assert not _codes(findings, "error"), findings
+
+
+def test_nanogpt_seeded_vocab_and_warmup(tmp_path):
+    path = tmp_path / "bad.py"
+    path.write_text(NANOGPT + "vocab_size = 50257\nwarmup_iters = 0\n")
+    codes = _codes(rv.review(configs.load(path, gpus=8), rv.Context(accelerator("h100"))))
+    assert {"vocab-not-64", "no-warmup"} <= codes
