@@ -59,7 +59,7 @@ class Task:
             raise ValueError(f"budget must be > 0 FLOP, got {self.budget_flops:g}")
         if self.target_params is not None and self.target_params <= 0:
             raise ValueError(f"target parameters must be > 0, got {self.target_params:g}")
-        if not self.usable_base and not self.target_params and not self.budget_flops:
+        if not self.base_params and not self.target_params and not self.budget_flops:
             raise ValueError("with no usable base model, give --target-params or a budget to "
                              "size a model to pretrain")
 
@@ -89,8 +89,8 @@ class Decision:
 def _pretrain_size(task: Task) -> float:
     if task.target_params:
         return task.target_params
-    if task.usable_base or task.base_params:
-        return task.base_params
+    if task.base_params:
+        return task.base_params  # the size the (possibly unusable) base shows is wanted
     return scaling.chinchilla_rule(task.budget_flops).params
 
 

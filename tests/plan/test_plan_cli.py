@@ -1,0 +1,110 @@
+"""`crucible plan` end to end: input resolution, --json provenance, --emit-job validity (the
+emitted job passes `crucible review` with no error), and clear one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from crucible.trainer.cli import main
+from crucible.trainer.jobspec import PretrainJobSpec
+from crucible.trainer.plan import planner, scaling
+
+
+def _run(capsys, *argv):
+    rc = main(["plan", *argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_compute_only_gives_the_refit_optimum(capsys):
+    rc, out, _ = _run(capsys, "--compute", "5.76e23", "--gpus", "1024", "--json")
+    assert rc == 0
+    figs = json.loads(out)["figures"]
+    assert figs["budget.params"]["value"] == pytest.approx(scaling.BESIROGLU.optimum(5.76e23).params)
+    for fig in figs.values():  # every figure names its formula and unit
+        assert fig["formula"] and fig["unit"]
+    assert figs["compute_optimal_split_of_c.kaplan.wasted_fraction"]["value"] > 0.5
+    assert figs["compute_optimal_split_of_c.hoffmann_rounded.params"]["unit"] == "param"
+
+
+@pytest.mark.parametrize("given, expect", [
+    (dict(params=1e9, tokens=20e9), (1e9, 20e9, 1.2e20)),
+    (dict(params=1e9, compute_flops=1.2e20), (1e9, 20e9, 1.2e20)),
+    (dict(tokens=20e9, compute_flops=1.2e20), (1e9, 20e9, 1.2e20)),
+])
+def test_any_two_of_n_d_c(given, expect):
+    from crucible.trainer.hardware import accelerator
+
+    n, d, c, _ = planner.resolve_budget(planner.PlanInputs(**given), accelerator("h100"))
+    assert (n, d, c) == pytest.approx(expect)
+
+
+def test_gpu_hours_times_peak_times_mfu(capsys):
+    rc, out, _ = _run(capsys, "--gpu-hours", "1000", "--gpu", "h100", "--mfu", "50%", "--json")
+    assert rc == 0
+    c = json.loads(out)["figures"]["budget.compute"]["value"]
+    assert c == pytest.approx(1000 * 3600 * 989e12 * 0.5)
+
+
+def test_table_output_explains_the_rounding(capsys):
+    rc, out, _ = _run(capsys, "--model", "gpt2-124m", "--tokens", "2.5B")
+    assert rc == 0
+    for words in ("Compute-optimal split", "Besiroglu", "ZeRO-3", "Young", "Daly", "goodput",
+                  "rounded"):
+        assert words in out
+
+
+def test_help_explains_the_refit(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    assert "Besiroglu" in capsys.readouterr().out
+
+
+def test_emit_job_validates_and_passes_review(capsys, tmp_path):
+    rc, out, _ = _run(capsys, "--model", "gpt2-124m", "--tokens", "2.5B", "--gpus", "8",
+                      "--emit-job", "--name", "gpt2-small")
+    assert rc == 0
+    doc = yaml.safe_load(out)
+    assert (doc["apiVersion"], doc["kind"]) == ("crucible.dev/v1alpha1", "PretrainJob")
+    spec = PretrainJobSpec.model_validate(doc["spec"])
+    assert spec.training.tokens == 2.5e9 and spec.procs_per_node == 8
+    path = tmp_path / "job.yaml"
+    path.write_text(out)
+    assert main(["review", str(path)]) == 0
+
+
+def test_emit_job_for_a_bare_parameter_count(capsys):
+    rc, out, _ = _run(capsys, "--params", "3B", "--gpus", "32", "--emit-job", "--name", "three")
+    assert rc == 0
+    spec = PretrainJobSpec.model_validate(yaml.safe_load(out)["spec"])
+    assert spec.nodes.max == 4 and spec.model.layers
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--params", "1B", "--gpu", "v100"], "unknown GPU 'v100'"),
+    (["--params=-1B"], "must be positive"),
+    ([], "give at least one"),
+    (["--params", "1B", "--tokens", "20B", "--compute", "1e20"], "not all three"),
+    (["--params", "1Q"], "unknown suffix"),
+    (["--params", "1B", "--mfu", "1.5"], "--mfu"),
+    (["--params", "1B", "--gpus", "0"], "greater than zero"),
+    (["--model", "gpt2-124m", "--params", "7B"], "disagrees"),
+])
+def test_bad_input_is_one_clear_line(capsys, argv, words):
+    rc, out, err = _run(capsys, *argv)
+    assert rc == 2
+    assert words in err
+    assert "Traceback" not in err
+
+
+def test_plan_package_never_imports_torch():
+    probe = ("import sys\n"
+             "import crucible.trainer.plan.planner, crucible.trainer.plan.review, "
+             "crucible.trainer.plan.decision, crucible.trainer.plan.cli_plan, "
+             "crucible.trainer.plan.cli_review, crucible.trainer.plan.cli_decide\n"
+             "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
