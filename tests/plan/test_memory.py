@@ -77,3 +77,14 @@ def test_estimate_adds_states_activations_logits():
 def test_bad_input(call):
     with pytest.raises(ValueError):
         call()
+
+
+def test_flash_attention_stores_what_selective_recompute_stores():
+    # FlashAttention (Dao et al. 2022 §3.1) keeps no s×s scores for backward: the 5as/h term goes.
+    cfg = arch.preset("1.3b")
+    flash = mem.estimate(cfg, micro_batch=4, capacity_bytes=80e9, stage=3, dp=8,
+                         flash_attention=True)
+    selective = mem.estimate(cfg, micro_batch=4, capacity_bytes=80e9, stage=3, dp=8,
+                             recompute="selective")
+    plain = mem.estimate(cfg, micro_batch=4, capacity_bytes=80e9, stage=3, dp=8)
+    assert flash.activations_bytes == selective.activations_bytes < plain.activations_bytes

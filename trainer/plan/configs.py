@@ -57,6 +57,9 @@ class Setup:
     pp: int = 1
     zero_stage: int | None = None
     recompute: str | None = None  # none, selective, full
+    # Fused attention (SDPA/FlashAttention) stores no s×s scores. Crucible's model, nanoGPT
+    # (model.py uses F.scaled_dot_product_attention when present) and torchtitan all use it.
+    flash_attention: bool = True
     checkpoint_enabled: bool = True
     checkpoint_uri: str | None = None
     checkpoint_every_s: float | None = None

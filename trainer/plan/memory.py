@@ -151,12 +151,19 @@ USABLE_FRACTION = 0.90
 def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: int, dp: int,
              tp: int = 1, pp: int = 1, recompute: Recompute = "none",
              precision: Precision = PRECISIONS["bf16"], sequence_parallel: bool = True,
-             params: float | None = None) -> MemoryEstimate:
-    """Per-GPU memory of `cfg` trained with this layout (first pipeline stage, the fullest)."""
+             params: float | None = None, flash_attention: bool = False) -> MemoryEstimate:
+    """Per-GPU memory of `cfg` trained with this layout (first pipeline stage, the fullest).
+
+    `flash_attention`: fused attention (FlashAttention, Dao et al. 2022 §3.1, and PyTorch's
+    SDPA kernels) does not store the s×s scores and softmax for backward but recomputes them
+    blockwise, so without recomputation a layer holds what Korthikanti's selective
+    recomputation holds; nanoGPT, torchtitan and Crucible's model all use SDPA.
+    """
     n = params if params is not None else param_count(cfg)
     states = model_states(n, stage, dp, precision, model_parallel=tp * pp)
+    stored: Recompute = "selective" if flash_attention and recompute == "none" else recompute
     per_layer = layer_activation_bytes(cfg.seq_len, micro_batch, cfg.d_model, cfg.n_head,
-                                       cfg.ffn_dim, tp, sequence_parallel, recompute,
+                                       cfg.ffn_dim, tp, sequence_parallel, stored,
                                        precision.activation_bytes)
     acts = cfg.n_layer * per_layer  # 1F1B: p micro-batches × L/p layers (Korthikanti §4.2.3)
     logits = logits_bytes(cfg.seq_len, micro_batch, cfg.vocab_size, tp) if pp == 1 else 0.0
