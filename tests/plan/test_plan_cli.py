@@ -108,3 +108,25 @@ def test_plan_package_never_imports_torch():
              "assert 'torch' not in sys.modules, 'torch was imported'\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_model_shape_from_a_config_file(capsys, tmp_path):
+    path = tmp_path / "train_gpt2.py"
+    path.write_text("n_layer = 24\nn_head = 16\nn_embd = 1024\n")  # nanoGPT GPT-2 medium
+    rc, out, _ = _run(capsys, "--model", str(path), "--tokens", "7B", "--json")
+    assert rc == 0
+    from crucible.trainer import arch
+    medium = arch.GPTConfig(n_layer=24, n_head=16, d_model=1024, seq_len=1024, position="learned")
+    assert json.loads(out)["figures"]["budget.params"]["value"] == arch.param_count(medium)
+    rc, _, err = _run(capsys, "--model", "no-such-model", "--tokens", "7B")
+    assert rc == 2 and "neither a preset" in err
+
+
+def test_review_reads_a_crucible_job_config(tmp_path, capsys):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "local", "model": {"preset": "gpt2-124m"},
+        "data": {"train": "data/train", "val": "data/val", "tokenizer": "tok.json"},
+        "training": {"tokens": 2.5e9, "warmupSteps": 700, "evalEvery": 200}}))
+    assert main(["review", str(path), "--gpus", "8"]) == 0
+    assert "Crucible job config" in capsys.readouterr().out

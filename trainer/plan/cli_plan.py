@@ -7,13 +7,15 @@ Thin adapter: parses quantities, calls `planner.make_plan`, prints. Errors becom
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
+from pathlib import Path
 
 import yaml
 
 from crucible.trainer.arch import PRESETS, preset
 from crucible.trainer.hardware import ACCELERATORS
 from crucible.trainer.plan import cost as costs
-from crucible.trainer.plan import manifest, planner, scaling
+from crucible.trainer.plan import configs, manifest, planner, scaling
 from crucible.trainer.plan.quantities import QuantityError, parse_fraction, parse_quantity
 from crucible.trainer.plan.report import render, to_json
 
@@ -33,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", help="training tokens D (e.g. 26B)")
     parser.add_argument("--compute", help="training compute C in FLOPs (e.g. 6e23)")
     parser.add_argument("--gpu-hours", help="compute budget as GPU-hours (× --gpu peak × --mfu)")
-    parser.add_argument("--model", choices=sorted(PRESETS), help="model preset (exact shape)")
+    parser.add_argument("--model", help=f"model preset ({', '.join(sorted(PRESETS))}) or a "
+                        "PretrainJob / job config / torchtitan / nanoGPT file to take the shape from")
     parser.add_argument("--gpu", default="h100", help=f"accelerator: {', '.join(sorted(ACCELERATORS))}")
     parser.add_argument("--gpus", default="8", help="number of GPUs (default 8)")
     parser.add_argument("--mfu", default=str(costs.DEFAULT_MFU),
@@ -80,14 +83,23 @@ def inputs_from_args(args) -> planner.PlanInputs:
     from crucible.trainer.cli import UserError
 
     try:
-        cfg = None
-        if args.model:
-            seq = _int(args, "seq_len")
+        cfg, preset_name = None, None
+        seq = _int(args, "seq_len")
+        if args.model in PRESETS:
+            preset_name = args.model
             cfg = preset(args.model, **({"seq_len": seq} if seq else {}))
+        elif args.model:
+            if not Path(args.model).is_file():
+                raise ValueError(f"--model {args.model!r} is neither a preset "
+                                 f"({', '.join(sorted(PRESETS))}) nor a config file")
+            cfg = configs.load(args.model).model
+            if cfg is None:
+                raise ValueError(f"{args.model} does not pin down a model shape")
+            cfg = replace(cfg, seq_len=seq) if seq else cfg
         return planner.PlanInputs(
             params=_num(args, "params"), tokens=_num(args, "tokens"),
             compute_flops=_num(args, "compute"), gpu_hours=_num(args, "gpu_hours"),
-            model=cfg, preset=args.model, gpu=args.gpu, gpus=_int(args, "gpus"),
+            model=cfg, preset=preset_name, gpu=args.gpu, gpus=_int(args, "gpus"),
             mfu=parse_fraction(args.mfu, name="--mfu"),
             seq_len=cfg.seq_len if cfg else (_int(args, "seq_len") or 2048),
             micro_batch=_int(args, "micro_batch"), global_batch_tokens=_num(args, "batch_tokens"),
@@ -96,7 +108,7 @@ def inputs_from_args(args) -> planner.PlanInputs:
             price_usd_per_gpu_hour=_num(args, "price", allow_zero=True),
             inference_tokens=_num(args, "inference_tokens", allow_zero=True) or 0.0,
             precision=args.precision)
-    except (QuantityError, ValueError) as err:
+    except (QuantityError, ValueError) as err:  # ConfigReadError is a ValueError
         raise UserError(str(err), "see `crucible plan --help`") from None
 
 
@@ -125,7 +137,7 @@ def run(args) -> int:
 def emit(plan: planner.Plan, inp: planner.PlanInputs, args) -> dict:
     from crucible.trainer.cli import UserError
 
-    name = args.name or (args.model or "plan").replace(".", "-").lower()
+    name = args.name or (inp.preset or "plan").replace(".", "-").lower()
     fsdp = plan.fsdp
     try:
         return manifest.pretrain_job(
