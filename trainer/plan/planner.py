@@ -201,7 +201,7 @@ def _scaling_section(plan: Plan, inp: PlanInputs) -> Section:
             s.add(f"{key}.wasted_compute", f"{alloc.name}: compute wasted vs optimum",
                   w.wasted_flops, "FLOP", "6ND − C*(same loss)", BESIROGLU)
             s.add(f"{key}.wasted_fraction", f"{alloc.name}: share wasted", w.wasted_fraction, "1",
-                  "(6ND − C*)/6ND", BESIROGLU)
+                  "(6ND − C*)/6ND", BESIROGLU, percent=True)
     s.notes.append(scaling.ROUNDING_NOTE)
     s.notes.append("Kaplan's N counts non-embedding parameters and its loss is on WebText2; all "
                    "allocations here are judged by the same refit loss for comparability.")
@@ -285,7 +285,8 @@ def _parallel_section(plan: Plan, inp: PlanInputs, batch: float) -> Section:
           "8·b·s·h·(t−1)/t per layer per micro-batch", "Narayanan §3.2")
     s.add("pp_comm", "pipeline traffic per stage boundary per step", best.pp_bytes, "B",
           "2·b·s·h per micro-batch", "Narayanan §4.1")
-    s.add("bubble", "pipeline bubble", best.bubble, "1", "(p−1)/(m+p−1)", "Narayanan §2.2")
+    s.add("bubble", "pipeline bubble", best.bubble, "1", "(p−1)/(m+p−1)", "Narayanan §2.2",
+          percent=True)
     return s
 
 
@@ -295,7 +296,7 @@ def _cost_section(plan: Plan, inp: PlanInputs, money: costs.Cost, train_flops: f
           "6·N_matmul + 12·L·d·T", "PaLM App. B (trainer/arch.py)")
     s.add("train_flops", "training FLOPs (model)", train_flops, "FLOP", "FLOPs/token × D", "PaLM App. B")
     s.add("mfu", "assumed MFU", inp.mfu, "1", "given" if inp.mfu != costs.DEFAULT_MFU else "default",
-          "38–52% reported: Megatron Table 1, Llama 3 Table 4")
+          "38–52% reported: Megatron Table 1, Llama 3 Table 4", percent=True)
     s.add("wall", "wall-clock (no failures)", money.wall_s, "s", "C/(GPUs·peak·MFU)", "")
     s.add("gpu_hours", "GPU-hours", money.gpu_hours, "1", "wall·GPUs/3600", "")
     s.add("usd", f"cost at ${money.usd_per_gpu_hour:.2f}/GPU-hour", money.usd, "USD",
@@ -322,7 +323,7 @@ def _checkpoint_section(plan: Plan, inp: PlanInputs) -> Section:
           "(τ+δ)/2 + R", "Young 1974")
     s.add("wall_with_failures", "expected wall time with failures", ck.wall_s, "s",
           "M·e^(R/M)·(e^((τ+δ)/M) − 1)·T_s/τ", "Daly 2006")
-    s.add("goodput", "goodput", ck.goodput, "1", "T_s / T_w", "Daly 2006")
+    s.add("goodput", "goodput", ck.goodput, "1", "T_s / T_w", "Daly 2006", percent=True)
     if not inp.save_seconds:
         s.notes.append("Save time is estimated (async staging at an assumed 5 GB/s per GPU); "
                        "measure it and pass --save-seconds.")

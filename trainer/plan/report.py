@@ -22,10 +22,13 @@ class Figure:
     unit: str  # SI: FLOP, FLOP/s, B, s, token, param, USD, 1
     formula: str
     source: str = ""
+    percent: bool = False  # display a dimensionless share as a percentage (JSON keeps the share)
 
     def shown(self) -> str:
         if isinstance(self.value, str) or self.value is None:
             return "-" if self.value is None else self.value
+        if self.percent:
+            return f"{100 * self.value:.4g}%"
         return human(self.value, self.unit)
 
 
@@ -35,8 +38,10 @@ class Section:
     figures: list[Figure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def add(self, key: str, label: str, value, unit: str, formula: str, source: str = "") -> None:
-        self.figures.append(Figure(f"{_slug(self.title)}.{key}", label, value, unit, formula, source))
+    def add(self, key: str, label: str, value, unit: str, formula: str, source: str = "",
+            percent: bool = False) -> None:
+        self.figures.append(Figure(f"{_slug(self.title)}.{key}", label, value, unit, formula,
+                                   source, percent))
 
 
 def _slug(title: str) -> str:
