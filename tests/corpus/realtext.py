@@ -52,12 +52,23 @@ def man_page(path: Path, width: int = 100) -> str:
     return plain.decode("utf-8", "replace")
 
 
-def man_pages(lang: str, count: int) -> list[str]:
-    """The first `count` section-1/8 man pages of a language, rendered (sorted by path)."""
+# man-db's own pages: translated in full for every language it ships (other packages' translated
+# pages often keep English paragraphs, which would blur a language-ID measurement).
+MAN_DB_PAGES = ("man1/apropos.1.gz", "man1/lexgrog.1.gz", "man1/man.1.gz", "man1/manpath.1.gz",
+                "man1/whatis.1.gz", "man1/zsoelim.1.gz", "man5/manpath.5.gz",
+                "man8/accessdb.8.gz", "man8/catman.8.gz", "man8/mandb.8.gz")
+
+
+def man_pages(lang: str) -> list[str]:
+    """man-db's man pages in a language, rendered."""
     folder = _require(MAN / lang)
-    paths = sorted(p for section in ("man1", "man8") for p in (folder / section).glob("*")
-                   if p.is_file())[:count]
-    return [man_page(p) for p in paths]
+    return [man_page(folder / page) for page in MAN_DB_PAGES if (folder / page).is_file()]
+
+
+def is_prose(text: str) -> bool:
+    """Mostly letters: leaves out the fortune files' ASCII-art cookies."""
+    letters = sum(c.isalpha() for c in text)
+    return letters >= 0.6 * len(text.replace(" ", "").replace("\n", ""))
 
 
 def html_manuals() -> list[Path]:
