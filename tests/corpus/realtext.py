@@ -60,8 +60,8 @@ MAN_DB_PAGES = ("man1/apropos.1.gz", "man1/lexgrog.1.gz", "man1/man.1.gz", "man1
 
 
 def man_pages(lang: str) -> list[str]:
-    """man-db's man pages in a language, rendered."""
-    folder = _require(MAN / lang)
+    """man-db's man pages in a language ("en": the untranslated originals), rendered."""
+    folder = _require(MAN if lang == "en" else MAN / lang)
     return [man_page(folder / page) for page in MAN_DB_PAGES if (folder / page).is_file()]
 
 

@@ -75,7 +75,7 @@ class CorpusConfig:
     sources: tuple[SourceConfig, ...]
     steps: tuple[tuple[str, dict[str, Any]], ...] = ()
     dedup: DedupConfig = DedupConfig()
-    pii: dict[str, Any] | None = None          # ScrubPii parameters; None turns it off
+    pii: dict[str, Any] | None = None          # ScrubPii parameters ({} = defaults); None: off
     mixture: MixtureConfig | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -141,16 +141,16 @@ def from_dict(data: dict[str, Any]) -> CorpusConfig:
         dedup = DedupConfig(exact=bool(dedup_data.get("exact", True)),
                             near=None if near is False or near is None else MinhashConfig(**near))
         mixture = MixtureConfig(**data["mixture"]) if data.get("mixture") else None
-        if data.get("pii"):
-            ScrubPii(**(data["pii"] if isinstance(data["pii"], dict) else {}))
+        pii = data.get("pii")
+        pii = None if pii is None or pii is False else (pii if isinstance(pii, dict) else {})
+        if pii is not None:
+            ScrubPii(**pii)
     except (TypeError, ValueError) as err:
         raise ConfigError(str(err)) from None
     if mixture is not None:
         strangers = set(mixture.weights) - set(names)
         if strangers:
             raise ConfigError(f"mixture.weights names unknown sources: {', '.join(sorted(strangers))}")
-    pii = data.get("pii")
-    pii = None if not pii else (pii if isinstance(pii, dict) else {})
     return CorpusConfig(output=str(data["output"]), sources=tuple(sources), steps=steps,
                         dedup=dedup, pii=pii, mixture=mixture, raw=data)
 

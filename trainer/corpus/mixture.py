@@ -35,15 +35,19 @@ class MixtureConfig:
 
 
 def repeat_factors(source_bytes: dict[str, int], config: MixtureConfig) -> dict[str, float]:
-    """Epochs per source: how many times its (deduplicated) bytes appear in the output."""
-    missing = [s for s, w in config.weights.items() if w > 0 and not source_bytes.get(s)]
-    if missing:
-        raise ValueError(f"mixture: sources with a weight but no text left: {', '.join(missing)}")
-    weight_sum = sum(config.weights.values())
+    """Epochs per source: how many times its (deduplicated) bytes appear in the output.
+
+    A weighted source with no text left (everything filtered or deduplicated away) gets 0 and the
+    others share its weight: the report shows the 0, which is the finding to act on.
+    """
+    live = {s: w for s, w in config.weights.items() if w > 0 and source_bytes.get(s, 0) > 0}
+    if not live:
+        raise ValueError("mixture: no weighted source has any text left")
+    weight_sum = sum(live.values())
     total = config.total_bytes if config.total_bytes is not None else \
-        sum(source_bytes.get(s, 0) for s in config.weights)
-    return {source: (weight / weight_sum) * total / source_bytes[source] if weight > 0 else 0.0
-            for source, weight in config.weights.items()}
+        sum(source_bytes[s] for s in live)
+    return {source: (live[source] / weight_sum) * total / source_bytes[source]
+            if source in live else 0.0 for source in config.weights}
 
 
 def copies(key: int, factor: float, seed: int) -> int:

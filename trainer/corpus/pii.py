@@ -32,7 +32,7 @@ IP_PLACEHOLDERS = ("192.0.2.1", "198.51.100.7", "203.0.113.42")
 
 
 def _pick(value: str, choices: tuple[str, ...]) -> str:
-    return choices[xxhash.xxh3_64_intdigest(value) % len(choices)]
+    return choices[xxhash.xxh3_64_intdigest(value.encode()) % len(choices)]
 
 
 @dataclass
