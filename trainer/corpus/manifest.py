@@ -72,6 +72,16 @@ def render_job(name: str, image: str, config_yaml: str, workers: int, *,
 
 
 def to_yaml(objects: list[dict[str, Any]]) -> str:
+    """YAML a person can read: no anchors, multi-line strings (the config) as literal blocks."""
     import yaml
 
-    return yaml.safe_dump_all(objects, sort_keys=False, width=100)
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    def text(dumper: yaml.SafeDumper, value: str):
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, text)
+    return yaml.dump_all(objects, Dumper=Dumper, sort_keys=False, width=100)
