@@ -2,6 +2,7 @@
 #   make test    install everything, start the local stack, run the whole test suite
 #   make venv    only the Python environment
 #   make stack   only build and start the local stack (e2e/stack.sh up)
+#   make test-data  Debian packages whose real text the corpus tests read (installs only what is missing)
 
 SHELL := /bin/bash
 CACHE ?= $(HOME)/.cache/crucible
@@ -14,9 +15,9 @@ DEPS_KEY := $(shell cat pyproject.toml setup.py | sha256sum | cut -c1-12)-$(shel
 STAMP := $(VENV)/.crucible-$(DEPS_KEY)
 PYTEST_ARGS ?=
 
-.PHONY: test venv stack stack-down
+.PHONY: test venv stack stack-down test-data
 
-test: venv stack
+test: venv stack test-data
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 venv: $(STAMP)
@@ -32,3 +33,15 @@ stack:
 
 stack-down:
 	e2e/stack.sh down
+
+# Real text for tests/corpus (fortunes in four languages, man-db's translated man pages rendered
+# with man/groff, pip's docs for its one "lorem ipsum" line). Idempotent: apt runs only when a
+# package is missing.
+CORPUS_TEST_PACKAGES := fortunes fortunes-de fortunes-it fortunes-es man-db groff-base bsdextrautils python3-pip
+test-data:
+	@missing=$$(for p in $(CORPUS_TEST_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+	  | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing test text packages: $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
