@@ -44,8 +44,12 @@ def cmd_up(layout: Layout, args) -> None:
         wave = [n for n in pending if all(dep not in pending for dep in services.NEEDS.get(n, []))]
         for name in wave:
             svc = by_name[name]
+            argv = [_binary(layout, svc), *svc.argv(layout)]
+            if (procs.running_pid(layout, name) is not None
+                    and procs.started_with(layout, name) != procs.argv_digest(argv)):
+                print(f"restarting {name}: its flags changed", file=sys.stderr)
+                procs.stop(layout, name)
             if procs.running_pid(layout, name) is None:
-                argv = [_binary(layout, svc), *svc.argv(layout)]
                 started_now[name] = procs.start(layout, name, argv,
                                                 [layout.port(p) for p in svc.ports])
         for name in wave:
@@ -59,6 +63,7 @@ def cmd_up(layout: Layout, args) -> None:
                                  + "\n".join("    " + line for line in tail))
             pending.remove(name)
 
+    services.reload_prometheus(layout)  # picks up a changed prometheus.yml; cheap otherwise
     token = values["admin_token"]
     services.ensure_nodes(layout, token)
     procs.wait_until("KWOK nodes Ready", lambda: services.nodes_ready(layout, token), 60)

@@ -8,6 +8,7 @@ session, so they outlive the `up` command and a Ctrl-C in the terminal that ran 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import signal
 import socket
@@ -54,8 +55,11 @@ def port_free(port: int) -> bool:
 
 
 def start(layout: Layout, name: str, argv: list[str], ports: list[int],
-          env: dict | None = None) -> subprocess.Popen:
+          env: dict | None = None, port_wait_s: float = 10.0) -> subprocess.Popen:
+    deadline = time.monotonic() + port_wait_s  # one we just stopped may still be closing sockets
     for port in ports:
+        while not port_free(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
         if not port_free(port):
             raise StackError(f"port {port} (needed by {name}) is in use by another process; stop "
                              "it, or shift the stack's ports with CRUCIBLE_PORT_OFFSET=<n>")
@@ -67,8 +71,18 @@ def start(layout: Layout, name: str, argv: list[str], ports: list[int],
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             cwd=layout.state, env=env, start_new_session=True)
     log.close()
-    _pid_file(layout, name).write_text(f"{proc.pid}\n{argv[0]}\n")
+    _pid_file(layout, name).write_text(f"{proc.pid}\n{argv[0]}\n{argv_digest(argv)}\n")
     return proc
+
+
+def argv_digest(argv: list[str]) -> str:
+    return hashlib.sha256("\0".join(argv).encode()).hexdigest()[:16]
+
+
+def started_with(layout: Layout, name: str) -> str | None:
+    """The argv digest the running `name` was started with (None if unknown)."""
+    lines = _pid_file(layout, name).read_text().split("\n") if _pid_file(layout, name).exists() else []
+    return lines[2] if len(lines) > 2 and lines[2] else None
 
 
 def stop(layout: Layout, name: str, grace_s: float = 10.0) -> bool:

@@ -315,10 +315,22 @@ scrape_configs:
     static_configs:
       - targets: ["127.0.0.1:{layout.port('prometheus')}"]
   - job_name: crucible
+    # Crucible's series carry their own `job` label (the PretrainJob's name); keep it rather
+    # than renaming it to exported_job (the chart's ServiceMonitor sets honorLabels too).
+    honor_labels: true
     file_sd_configs:
       - files: ["{layout.prometheus_targets}/*.json"]
         refresh_interval: 1s
 """)
+
+
+def reload_prometheus(layout: Layout) -> None:
+    req = urllib.request.Request(f"http://127.0.0.1:{layout.port('prometheus')}/-/reload",
+                                 method="POST")
+    try:
+        urllib.request.urlopen(req, timeout=10).close()
+    except OSError as err:
+        raise StackError(f"Prometheus did not reload its configuration: {err}") from None
 
 
 def ensure_bucket(layout: Layout) -> None:

@@ -56,7 +56,7 @@ def test_port_in_use_is_one_clear_error(layout):
         sock.listen()
         port = sock.getsockname()[1]
         with pytest.raises(StackError, match=rf"port {port} \(needed by web\) is in use"):
-            procs.start(layout, "web", ["/bin/sleep", "1"], ports=[port])
+            procs.start(layout, "web", ["/bin/sleep", "1"], ports=[port], port_wait_s=0.5)
 
 
 def test_stack_script_reports_missing_toolchain_in_one_line(tmp_path):
