@@ -18,6 +18,7 @@ from crucible.trainer import __version__
 
 # (subcommand, module under crucible.trainer, one-line help). Grows as capabilities land.
 COMMANDS: list[tuple[str, str, str]] = [
+    ("train", "train", "Train a GPT from random init (run under torchrun for several processes)."),
     ("plan", "plan.cli_plan", "Compute-optimal budget, memory, parallelism, checkpoint interval "
      "and cost; --emit-job prints a PretrainJob."),
     ("review", "plan.cli_review", "Review a PretrainJob, torchtitan or nanoGPT config stage by "
@@ -70,6 +71,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"crucible {args.command}: interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

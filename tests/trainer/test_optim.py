@@ -1,0 +1,61 @@
+"""The LR schedule's cases and the optimizer's parameter groups."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from crucible.trainer import arch
+from crucible.trainer.jobspec import TrainingSpec
+from crucible.trainer.model import GPT
+from crucible.trainer.optim import lr_at, param_groups
+
+
+def spec(**kw) -> TrainingSpec:
+    return TrainingSpec(tokens=1e6, **{"lr": 1e-3, "minLrRatio": 0.1, "warmupSteps": 10, **kw})
+
+
+def test_warmup_is_linear_and_starts_above_zero():
+    s = spec()
+    assert lr_at(0, s, 100) == pytest.approx(1e-4)
+    assert lr_at(4, s, 100) == pytest.approx(5e-4)
+    assert lr_at(9, s, 100) == pytest.approx(1e-3)
+
+
+def test_cosine_goes_from_peak_to_floor():
+    s = spec(schedule="cosine")
+    assert lr_at(10, s, 110) == pytest.approx(1e-3)
+    assert lr_at(60, s, 110) == pytest.approx(1e-4 + 0.5 * 9e-4)  # half-way: mean of the two
+    assert lr_at(110, s, 110) == pytest.approx(1e-4)
+    values = [lr_at(i, s, 110) for i in range(10, 111)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+def test_wsd_is_flat_then_one_minus_sqrt_cooldown():
+    s = spec(schedule="wsd", decayFraction=0.2)
+    assert lr_at(50, s, 100) == pytest.approx(1e-3)
+    assert lr_at(79, s, 100) == pytest.approx(1e-3)
+    assert lr_at(80, s, 100) == pytest.approx(1e-3)
+    assert lr_at(85, s, 100) == pytest.approx(1e-4 + (1 - math.sqrt(0.25)) * 9e-4)
+    assert lr_at(99, s, 100) < 2e-4
+
+
+def test_constant_schedule_and_beyond_the_plan():
+    assert lr_at(500, spec(schedule="constant"), 100) == pytest.approx(1e-3)
+    assert lr_at(500, spec(schedule="cosine"), 100) == pytest.approx(1e-4)
+
+
+def test_weight_decay_only_on_matrices_not_embeddings_norms_or_biases():
+    cfg = arch.preset("tiny", bias=True, position="learned", tied_embeddings=False)
+    model = GPT(cfg)
+    decay, no_decay = param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    plain = {names[id(p)] for p in no_decay["params"]}
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert "h.0.attn.c_attn.weight" in decayed and "lm_head.weight" in decayed
+    assert {"wte.weight", "wpe.weight", "ln_f.weight", "h.0.attn.c_attn.bias"} <= plain
+    assert not any(".ln_" in n or n.endswith(".bias") for n in decayed)
+    assert len(decayed) + len(plain) == len(list(model.parameters()))

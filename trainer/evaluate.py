@@ -1,0 +1,58 @@
+"""Held-out evaluation: mean loss in nats/token and bits per UTF-8 byte.
+
+The eval set is the first `tokens` tokens of the validation shards read in order (no sampling),
+cut into windows that are split evenly across ranks, so every eval of a run, at any world size,
+scores exactly the same tokens. Bits per byte (as in The Pile and GPT-2 papers' BPB) divides the
+summed loss by ln 2 and by the UTF-8 bytes those tokens encode, taken from the shard headers'
+bytes/token ratio, which makes models with different tokenizers comparable.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from crucible.trainer.data import ShardSet
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float  # nats per token
+    bits_per_byte: float
+    tokens: int
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, val: ShardSet, *, seq_len: int, micro_batch: int, tokens: int,
+             rank: int, world_size: int, device: torch.device) -> EvalResult:
+    per_step = micro_batch * world_size
+    available = (val.num_tokens - 1) // seq_len
+    windows = min(available, max(1, tokens // seq_len))
+    windows = max(per_step, windows // per_step * per_step)  # equal work on every rank
+    if windows > available:
+        raise ValueError(f"validation shards hold {val.num_tokens} tokens, fewer than one eval "
+                         f"batch ({per_step} sequences of {seq_len + 1})")
+    was_training = model.training
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    count = torch.zeros((), dtype=torch.float64, device=device)
+    for first in range(rank * micro_batch, windows, per_step):
+        rows = [val.read(w * seq_len, seq_len + 1) for w in range(first, first + micro_batch)]
+        batch = torch.from_numpy(np.stack(rows)).to(device)  # (B, T+1)
+        logits = model(batch[:, :-1])  # (B, T, V)
+        loss_sum += F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten(),
+                                    reduction="sum").double()
+        count += batch[:, 1:].numel()
+    if world_size > 1:
+        totals = torch.stack([loss_sum, count])
+        dist.all_reduce(totals)
+        loss_sum, count = totals[0], totals[1]
+    model.train(was_training)
+    mean = float(loss_sum / count)
+    bpb = mean / math.log(2) / val.bytes_per_token
+    return EvalResult(loss=mean, bits_per_byte=bpb, tokens=int(count))

@@ -1,0 +1,93 @@
+"""AdamW with decay only on matrices, the learning-rate schedule, and gradient clipping.
+
+- Parameter groups follow nanoGPT's `configure_optimizers` and OLMo 2 (`decay_embeddings:
+  false`): weight decay on 2-D weights of linear layers; none on norms, biases and embeddings
+  (with tied embeddings that includes the output layer).
+- `lr_at` is a pure function of the step (nanoGPT's `get_lr`, cases numbered): linear warmup,
+  then cosine decay to min_lr (Loshchilov & Hutter 2017; Chinchilla decays to 10%), or
+  warmup-stable-decay with a "1-sqrt" cooldown over the last `decay_fraction` of steps, the best
+  cooldown shape in Hägele et al. 2024 ("Scaling Laws and Compute-Optimal Training Beyond Fixed
+  Training Durations", §3), or constant.
+- `LRScale` is the schedule's only state: a multiplier the stability guard may lower after a
+  rollback (OPT-175B logbook), saved in checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from crucible.trainer.jobspec import TrainingSpec
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        is_embedding = name.startswith(("wte.", "wpe."))
+        (decay if param.dim() >= 2 and not is_embedding else no_decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: torch.nn.Module, spec: TrainingSpec, device: torch.device) -> torch.optim.AdamW:
+    return torch.optim.AdamW(param_groups(model, spec.weight_decay), lr=spec.lr,
+                             betas=(spec.beta1, spec.beta2), eps=spec.eps,
+                             fused=device.type == "cuda", foreach=None if device.type == "cuda" else True)
+
+
+def lr_at(step: int, spec: TrainingSpec, total_steps: int) -> float:
+    """Learning rate for optimizer step `step` (0-based) of a run of `total_steps`."""
+    peak, floor = spec.lr, spec.lr * spec.min_lr_ratio
+    warmup = min(spec.warmup_steps, max(total_steps - 1, 0))
+    # 1) linear warmup; (step+1) so the very first update is not taken at LR 0
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    # 2) constant after warmup
+    if spec.schedule == "constant":
+        return peak
+    # 3) past the end (a run extended beyond its plan): stay at the floor
+    if step >= total_steps:
+        return floor
+    if spec.schedule == "cosine":
+        # 4) cosine from peak at the end of warmup to floor at the last step
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (peak - floor)
+    # 5) WSD: stable at peak, then 1-sqrt cooldown over the last decay_fraction of the run
+    decay_steps = max(1, round(spec.decay_fraction * total_steps))
+    decay_start = total_steps - decay_steps
+    if step < decay_start:
+        return peak
+    progress = (step - decay_start) / decay_steps
+    return floor + (1.0 - math.sqrt(progress)) * (peak - floor)
+
+
+@dataclass
+class LRScale:
+    """A multiplier on the schedule (1.0 unless the stability guard lowered it)."""
+
+    value: float = 1.0
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = float(state["value"])
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
+    """Global gradient norm before clipping (over all shards); clips in place if max_norm > 0."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"),
+                                          foreach=True)
+    if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2: the norm of the whole model
+        norm = norm.full_tensor()
+    return float(norm)

@@ -1,0 +1,137 @@
+"""Process group, device mesh and FSDP2 sharding: the only module that calls `fully_shard`.
+
+Follows torchtitan (`models/llama3/parallelize.py`, `distributed/fsdp.py`): techniques are
+applied to an already-built single-device model in a fixed order, activation checkpointing, then
+per-block `torch.compile`, then FSDP (each block, then the root); the model is built on the meta
+device, sharded, and only then materialised (`to_empty` + `init_weights`), so it never exists
+unsharded on one device. Mixed precision is FSDP2's: parameters all-gathered in bf16, gradients
+reduce-scattered in fp32.
+
+Initial weights do not depend on the world size: each parameter's full initial tensor is drawn
+from a generator seeded by (seed, parameter name) and each rank keeps its own slice. A run on 1
+process and on 8 starts from identical weights, which is what makes the sharding-correctness test
+(1 vs 2 processes, same loss curve) meaningful. The transient cost is one full tensor at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import zlib
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from crucible.trainer.model import GPT
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_distributed(timeout_s: float = 600.0) -> DistEnv:
+    """Join the process group torchrun set up, or make a group of one when run directly."""
+    if "RANK" not in os.environ:
+        # Plain `crucible train` without torchrun: a one-process group keeps one code path.
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(_free_port()))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device, backend = torch.device("cuda", local_rank), "nccl"
+        torch.cuda.set_device(device)
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
+                                device_id=device if backend == "nccl" else None)
+    return DistEnv(rank, world, local_rank, device, backend)
+
+
+def build_mesh(env: DistEnv) -> DeviceMesh:
+    return init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("fsdp",))
+
+
+def shard(model: GPT, mesh: DeviceMesh, precision: str, *, activation_checkpointing: bool = False,
+          compile_blocks: bool = False) -> GPT:
+    """Apply AC, compile and FSDP2 to `model` in place (torchtitan's order) and return it."""
+    if activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for i, block in enumerate(model.h):
+            model.h[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+    if compile_blocks:
+        for i, block in enumerate(model.h):
+            model.h[i] = torch.compile(block, fullgraph=True)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
+                              reduce_dtype=torch.float32)
+    for block in model.h:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    # The root unit holds embeddings, final norm and head. It is not resharded after forward:
+    # backward needs it first, so FSDP would gather it again at once (torchtitan does the same).
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    return model
+
+
+def _seed_for(seed: int, name: str) -> int:
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
+
+
+def materialize(model: GPT, device: torch.device, seed: int) -> GPT:
+    """Allocate the (sharded) parameters on `device` and fill them, world-size independently."""
+    model.to_empty(device=device)
+    params = dict(model.named_parameters())
+
+    def full_init(name: str, std: float) -> torch.Tensor:
+        param = params[name]
+        gen = torch.Generator(device=device).manual_seed(_seed_for(seed, name))
+        full = torch.randn(param.shape, generator=gen, device=device, dtype=torch.float32) * std
+        if isinstance(param, DTensor):
+            # Every rank drew the same full tensor: take the local slice, no communication.
+            return distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+        return full
+
+    model.init_weights(generator_for=full_init)
+    return model
+
+
+def build_sharded_model(cfg, env: DistEnv, mesh: DeviceMesh, *, precision: str, seed: int,
+                        activation_checkpointing: bool = False, compile_blocks: bool = False) -> GPT:
+    """Meta-device build -> shard -> materialise (the three steps, in that order)."""
+    with torch.device("meta"):
+        model = GPT(cfg)
+    shard(model, mesh, precision, activation_checkpointing=activation_checkpointing,
+          compile_blocks=compile_blocks)
+    return materialize(model, env.device, seed)
+
+
+def all_reduce_mean(values: list[float], device: torch.device) -> list[float]:
+    """Average a few floats over all ranks (for logging and the stability guard's signals)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return (t / dist.get_world_size()).tolist()
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,1 @@
+"""Tokenizers: train byte-level BPE, hash it, and encode corpora into training shards."""

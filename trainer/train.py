@@ -1,0 +1,42 @@
+"""`crucible train --config job.yaml`: the entry point every worker process runs under torchrun.
+
+Parses and validates the config, runs the loop, prints a one-line summary. Config, data and
+batch-arithmetic mistakes become one-line errors (`UserError`) before any step is taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="job config YAML, or a PretrainJob manifest")
+    parser.add_argument("--progress", action="store_true", help="progress bar instead of log lines")
+    parser.add_argument("--summary-json", help="write the run summary to this file (rank 0)")
+    parser.add_argument("--max-steps", type=int, help="stop after this many steps in this run "
+                        "(the LR schedule still follows the whole plan)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from crucible.trainer.cli import UserError
+    from crucible.trainer.jobspec import ConfigError, load_train_config
+
+    try:
+        cfg = load_train_config(args.config)
+    except ConfigError as err:
+        raise UserError(str(err), hint="fields and defaults: see trainer/jobspec.py or "
+                        "`kubectl explain pretrainjob.spec`") from None
+
+    from crucible.trainer import loop
+    from crucible.trainer.data import DataError
+
+    try:
+        summary = loop.train(cfg, progress=args.progress, max_steps=args.max_steps)
+    except (DataError, loop.PlanError) as err:
+        raise UserError(str(err)) from None
+    if args.summary_json and int(os.environ.get("RANK", "0")) == 0:
+        with open(args.summary_json, "w") as f:
+            json.dump(summary.to_dict(), f, indent=2, default=lambda o: o.__dict__)
+    return 0
