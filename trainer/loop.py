@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from crucible.trainer import arch, optim, parallel
+from crucible.trainer.lease import progress_lease
 from crucible.trainer.data import ShardSet, Sampler
 from crucible.trainer.evaluate import EvalResult, evaluate
 from crucible.trainer.jobspec import TrainJobConfig
@@ -146,6 +147,7 @@ def _train(cfg: TrainJobConfig, env: parallel.DistEnv, *, progress: bool, max_st
         (out / "exporter.json").write_text(json.dumps({"port": metrics.port, "pid": os.getpid()}))
         if metrics.port:
             log(f"metrics: http://127.0.0.1:{metrics.port}/metrics")
+    lease = progress_lease(cfg.name) if env.is_main else None  # None outside Kubernetes
     peak_flops, peak_source = device_peak_flops(env.device)
     log(f"MFU peak: {peak_flops / 1e12:.2f} TFLOP/s per device ({peak_source})")
 
@@ -205,6 +207,9 @@ def _train(cfg: TrainJobConfig, env: parallel.DistEnv, *, progress: bool, max_st
             metrics.write({"kind": "train", "step": state.step, "tokens": state.tokens_seen,
                            "loss": loss_mean, "grad_norm": grad_norm, "lr": lr,
                            "tokens_per_second": tps, "mfu": mfu, "step_seconds": step_s})
+            if lease is not None:
+                lease.update(step=state.step, tokens=state.tokens_seen, loss=loss_mean,
+                             world_size=env.world_size)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_mean:.3f}", tok_s=f"{tps / 1e3:.1f}k")
@@ -216,6 +221,8 @@ def _train(cfg: TrainJobConfig, env: parallel.DistEnv, *, progress: bool, max_st
     finally:
         if bar is not None:
             bar.close()
+        if lease is not None:
+            lease.close()
         metrics.close()
     elapsed = time.perf_counter() - started
     tps_avg = (state.tokens_seen - tokens_at_start) / max(elapsed, 1e-9)
