@@ -27,6 +27,8 @@ COMMANDS: list[tuple[str, str, str]] = [
      "side, a recommendation and what would flip it."),
     ("corpus", "corpus.command", "Build a filtered, deduplicated, mixed text corpus from raw "
      "sources, with a report of every removal."),
+    ("tokenizer", "tokenizer.command", "Train a tokenizer (BPE or SentencePiece), sweep "
+     "vocabulary sizes with a recommendation, encode a corpus into training shards."),
 ]
 
 
