@@ -1,14 +1,22 @@
-"""The `crucible-operator` command: runs the PretrainJob controller.
+"""The `crucible-operator` command: runs the PretrainJob controller, or prints its manifests.
 
 This folder is the namespace package `crucible.operator`. It deliberately has no `__init__.py`:
 with the repository root on `sys.path` (as under `python -m pytest`), a regular package named
 `operator` would shadow the standard library's `operator` module, which torch and many others
 import. A namespace portion never wins over a real module, so the stdlib stays reachable.
+
+  crucible-operator run [--namespace NS ... | --all-namespaces]   kopf run of crucible.operator.handlers
+  crucible-operator crd                                           the CRD YAML (manifests/crd/)
+  crucible-operator rbac                                          the operator's RBAC YAML (manifests/rbac/)
+
+Run exactly one replica (Deployment strategy Recreate): kopf's peering is pausing, not leader
+election (research/operator.md section 5), so the operator runs `--standalone`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 VERSION = "0.1.0"
@@ -21,12 +29,61 @@ def build_parser() -> argparse.ArgumentParser:
         "torchrun pods; watch pod and node health; resume from the latest checkpoint.",
     )
     parser.add_argument("--version", action="version", version=f"crucible-operator {VERSION}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser("run", help="Run the controller (credentials: in-cluster, else "
+                         "KUBECONFIG).", description="Run the controller.")
+    scope = run.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[],
+                       help="serve PretrainJobs in this namespace (repeatable; globs allowed)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true",
+                       help="serve PretrainJobs in every namespace (the default)")
+    run.add_argument("--interval", type=float, default=10.0,
+                     help="seconds between resync passes per job, on top of event-driven passes "
+                     "(default 10)")
+    run.add_argument("--workers", type=int, default=16, help="threads for API calls (default 16)")
+    run.add_argument("--metrics-port", default="8080",
+                     help="Prometheus /metrics port, or 'off' (default 8080)")
+    run.add_argument("--liveness", metavar="URL", help="kopf liveness endpoint, e.g. "
+                     "http://0.0.0.0:8081/healthz")
+    run.add_argument("-v", "--verbose", action="store_true", help="log every API call kopf makes")
+    sub.add_parser("crd", help="Print the PretrainJob CRD (generated from the spec models).")
+    sub.add_parser("rbac", help="Print the operator's ServiceAccount and ClusterRole.")
     return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.interval <= 0 or args.workers < 1:
+        print("crucible-operator run: --interval must be > 0 and --workers >= 1", file=sys.stderr)
+        return 2
+    os.environ["CRUCIBLE_OPERATOR_INTERVAL"] = str(args.interval)
+    os.environ["CRUCIBLE_OPERATOR_WORKERS"] = str(args.workers)
+    os.environ["CRUCIBLE_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
+
+    import kopf
+
+    import crucible.operator.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.configure(verbose=args.verbose)
+    kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace,
+             liveness_endpoint=args.liveness)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return run(args)
+    if args.command == "crd":
+        from crucible.operator import crd
+
+        sys.stdout.write(crd.render())
+        return 0
+    if args.command == "rbac":
+        from crucible.operator import rbac
+
+        sys.stdout.write(rbac.render())
+        return 0
     parser.print_help()
     return 2
 

@@ -8,16 +8,23 @@ This module is the single source of truth for
 
 Field names are camelCase, as in every Kubernetes resource; unknown fields are rejected so a typo
 never silently falls back to a default. Torch-free: the operator imports it.
+
+Rules that span fields are written twice on purpose, once for each enforcer: a pydantic validator
+(for `crucible train` and the operator) and a CEL rule (`x-kubernetes-validations`, attached with
+`json_schema_extra`) that the apiserver runs at `kubectl apply`. Both live here, next to each other,
+so the CRD that `crucible.operator.crd` generates from these models never drifts from them.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 from pydantic.alias_generators import to_camel
 
 from crucible.trainer import arch
@@ -28,15 +35,52 @@ class Spec(BaseModel):
                               frozen=True)
 
 
+def cel(rule: str, message: str) -> dict:
+    """One `x-kubernetes-validations` entry: a CEL rule the apiserver checks, and what it says."""
+    return {"rule": rule, "message": message}
+
+
+def _preset_lookup(field: str, spec_field: str) -> str:
+    """CEL for a model field's effective value: the explicit one, else the preset's."""
+    table = ", ".join(f"'{name}': {getattr(cfg, field)}" for name, cfg in sorted(arch.PRESETS.items()))
+    return f"(has(self.{spec_field}) ? self.{spec_field} : {{{table}}}[self.preset])"
+
+
+def _known_model(*spec_fields: str) -> str:
+    """CEL guard: every named field is explicit, or comes from a known preset."""
+    presets = "[" + ", ".join(f"'{name}'" for name in sorted(arch.PRESETS)) + "]"
+    known_preset = f"(has(self.preset) && self.preset in {presets})"
+    return " && ".join(f"(has(self.{f}) || {known_preset})" for f in spec_fields)
+
+
+# Kubernetes resource quantity (k8s.io/apimachinery/pkg/api/resource: quantity.go's grammar).
+QUANTITY = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+            r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+
 _ARCH_TO_SPEC = {"n_layer": "layers", "n_head": "heads", "d_model": "dim", "seq_len": "seqLen",
                  "vocab_size": "vocabSize"}
+
+
+_DIM, _HEADS = _preset_lookup("d_model", "dim"), _preset_lookup("n_head", "heads")
 
 
 class ModelSpec(Spec):
     """The GPT to train: a preset, optionally with some fields overridden, or explicit sizes."""
 
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel("has(self.preset) || (has(self.layers) && has(self.heads) && has(self.dim) && "
+            "has(self.seqLen) && has(self.vocabSize))",
+            "give model.preset, or all of model.layers, heads, dim, seqLen and vocabSize"),
+        cel(f"!({_known_model('dim', 'heads')}) || {_DIM} % {_HEADS} == 0",
+            "model.dim must be divisible by model.heads"),
+        cel(f"!({_known_model('dim', 'heads')}) || {_DIM} % {_HEADS} != 0 || "
+            f"({_DIM} / {_HEADS}) % 2 == 0",
+            "RoPE needs an even head dimension: model.dim / model.heads must be even"),
+    ]})
+
     preset: str | None = Field(None, description=f"One of {sorted(arch.PRESETS)}; explicit "
-                               "fields below override the preset's values.")
+                               "fields below override the preset's values.",
+                               json_schema_extra={"enum": sorted(arch.PRESETS)})
     layers: int | None = Field(None, ge=1, le=256, description="Transformer blocks.")
     heads: int | None = Field(None, ge=1, le=256, description="Attention heads per block.")
     dim: int | None = Field(None, ge=8, le=65536, description="Model width d_model.")
@@ -99,13 +143,13 @@ class TrainingSpec(Spec):
     decay_fraction: float = Field(0.2, gt=0, le=1, description="WSD: share of steps spent "
                                   "decaying at the end (Hägele et al. 2024 use 20%).")
     weight_decay: float = Field(0.1, ge=0, description="AdamW decoupled weight decay on matrices.")
-    beta1: float = Field(0.9, ge=0, lt=1)
+    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW first-moment decay.")
     beta2: float = Field(0.95, ge=0, lt=1, description="0.95 as GPT-3 and LLaMA (not 0.999).")
-    eps: float = Field(1e-8, gt=0)
+    eps: float = Field(1e-8, gt=0, description="AdamW denominator epsilon.")
     grad_clip: float = Field(1.0, ge=0, description="Global gradient-norm clip; 0 disables.")
     precision: Literal["bf16", "fp32"] = Field("bf16", description="Parameter/compute dtype for "
                                                "matmuls; gradients are reduced in fp32.")
-    seed: int = Field(1337, ge=0)
+    seed: int = Field(1337, ge=0, description="Seed of the weight init and the data order.")
     eval_every: int = Field(0, ge=0, description="Steps between held-out evals (0: at the end).")
     eval_tokens: int = Field(1 << 20, ge=1, description="Held-out tokens per eval.")
     log_every: int = Field(1, ge=1, description="Steps between log lines.")
@@ -136,19 +180,112 @@ class CheckpointSpec(Spec):
 
 
 class SpikeGuardSpec(Spec):
+    """Loss-spike and divergence detection in the training loop."""
+
     enabled: bool = Field(True, description="Detect loss spikes and divergence and act on them.")
 
 
 class FaultToleranceSpec(Spec):
+    """What the operator does when pods, nodes or the training itself fail (docs/operator.md)."""
+
     max_restarts: int = Field(20, ge=0, description="Application failures tolerated before the "
                               "job fails; infrastructure failures do not count.")
     cordon_failed_nodes: bool = Field(True, description="Cordon and annotate nodes that failed.")
     hang_timeout_seconds: int = Field(600, ge=30, description="Restart when the progress Lease "
                                       "has not advanced for this long.")
-    spike_guard: SpikeGuardSpec = Field(default_factory=SpikeGuardSpec)
+    spike_guard: SpikeGuardSpec = Field(default_factory=SpikeGuardSpec,
+                                        description="Loss-spike and divergence detection.")
+    # Fields the operator reads (issue 6). Exit codes follow Kubeflow's ExitCode policy: 1-127
+    # come from the program (application), 128+n means killed by signal n (infrastructure).
+    retryable_exit_codes: list[int] = Field(
+        default_factory=list, max_length=64,
+        json_schema_extra={"items": {"type": "integer", "minimum": 1, "maximum": 255},
+                           "x-kubernetes-list-type": "set"},
+        description="Exit codes in 1-127 to treat as infrastructure failures (retried without "
+        "counting against maxRestarts), e.g. a code your launcher uses for NCCL timeouts.")
+    max_restarts_without_progress: int = Field(
+        3, ge=1, le=1000, description="Fail fast: application failures in a row with no training "
+        "step completed between them (a crash loop, e.g. a bad config) before the job fails.")
+    node_failure_grace_seconds: int = Field(
+        60, ge=0, le=3600, description="How long a node may stay failed (NotReady, unreachable "
+        "or a failure condition) before this job's pods on it are force-deleted and recreated "
+        "elsewhere. The node controller has already waited its own grace period (40-50 s) by "
+        "then; Kubernetes's default toleration would wait 300 s more with the whole job idle.")
+    node_failure_conditions: list[str] = Field(
+        default_factory=list, max_length=32,
+        json_schema_extra={"items": {"type": "string", "minLength": 1, "maxLength": 316},
+                           "x-kubernetes-list-type": "set"},
+        description="Node condition types that mean the node is broken when True (set by "
+        "node-problem-detector or a GPU health checker, e.g. GPUUnhealthy).")
+    pending_timeout_seconds: int = Field(
+        600, ge=10, le=86400, description="Pods Pending longer than this: an image pull or "
+        "container config error fails the job; an unschedulable pod is reported with the "
+        "scheduler's reason (multi-GB trainer images can take minutes to pull).")
+    terminating_timeout_seconds: int = Field(
+        120, ge=0, le=86400, description="Pods still Terminating this long after their grace "
+        "period ended are force-deleted (their node is usually gone).")
+    torchrun_max_restarts: int = Field(
+        3, ge=0, le=1000, description="torchrun --max-restarts: worker failures torchrun restarts "
+        "in place, inside the pod, before the pod fails and the operator steps in.")
+
+    @field_validator("retryable_exit_codes")
+    @classmethod
+    def _exit_codes(cls, codes: list[int]) -> list[int]:
+        bad = [code for code in codes if not 1 <= code <= 255]
+        if bad:
+            raise ValueError(f"exit codes are 1-255, got {bad}")
+        if len(set(codes)) != len(codes):
+            raise ValueError("exit codes must be unique")
+        return codes
+
+
+class TolerationSpec(Spec):
+    """A pod toleration (same fields as core/v1 Toleration)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel("self.operator != 'Exists' || !has(self.value) || self.value == ''",
+            "a toleration with operator Exists takes no value"),
+        cel("has(self.key) || self.operator == 'Exists'",
+            "a toleration without a key must use operator Exists"),
+        cel("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            "tolerationSeconds applies only to effect NoExecute"),
+    ]})
+
+    key: str | None = Field(None, max_length=316, description="Taint key; empty with operator "
+                            "Exists tolerates every taint.")
+    operator: Literal["Exists", "Equal"] = Field("Equal", description="Equal: the taint's value "
+                                                 "must match; Exists: any value.")
+    value: str | None = Field(None, max_length=63, description="Taint value (operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to tolerate; empty: all effects.")
+    toleration_seconds: int | None = Field(None, ge=0, description="NoExecute only: how long "
+                                           "the pod stays bound after the taint appears.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TolerationSpec":
+        if self.operator == "Exists" and self.value:
+            raise ValueError("a toleration with operator Exists takes no value")
+        if self.key is None and self.operator != "Exists":
+            raise ValueError("a toleration without a key must use operator Exists")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds applies only to effect NoExecute")
+        return self
+
+
+class SchedulingSpec(Spec):
+    """Where the worker pods may run (copied into each pod's spec)."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels every "
+                                          "worker pod's node must have.")
+    tolerations: list[TolerationSpec] = Field(default_factory=list, max_length=64,
+                                              description="Taints the worker pods tolerate.")
+    priority_class_name: str | None = Field(None, max_length=253, description="PriorityClass of "
+                                            "the worker pods (preemption order).")
 
 
 class MetricsSpec(Spec):
+    """Rank 0's metrics: a Prometheus exporter and a JSONL file."""
+
     port: int = Field(9400, ge=0, le=65535, description="Rank 0's Prometheus exporter port "
                       "(0: pick a free one).")
     jsonl: str | None = Field(None, description="Per-step metrics file (default: "
@@ -172,6 +309,9 @@ class TrainJobConfig(Spec):
 class NodesSpec(Spec):
     """Elastic range: torchrun --nnodes=min:max."""
 
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel("self.min <= self.max", "nodes.min must be <= nodes.max")]})
+
     min: int = Field(1, ge=1, le=4096, description="Fewest nodes training continues with.")
     max: int = Field(1, ge=1, le=4096, description="Most nodes training uses.")
 
@@ -189,14 +329,41 @@ class PretrainJobSpec(Spec):
     nodes: NodesSpec = Field(default_factory=NodesSpec)
     procs_per_node: int = Field(1, ge=1, le=64, description="torchrun --nproc-per-node "
                                 "(usually GPUs per node).")
-    resources: dict[str, dict[str, str | int]] = Field(default_factory=dict, description="Pod "
-                                                       "container resources (requests/limits).")
+    resources: dict[str, dict[str, str | int]] = Field(
+        default_factory=dict, description="Pod container resources (requests/limits).",
+        json_schema_extra={
+            "additionalProperties": {"type": "object", "additionalProperties": {
+                "anyOf": [{"type": "integer"}, {"type": "string", "pattern": QUANTITY}]}},
+            "x-kubernetes-validations": [cel("self.all(k, k == 'requests' || k == 'limits')",
+                                             "resources takes only requests and limits")]})
     model: ModelSpec
     data: DataSpec
     training: TrainingSpec
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     fault_tolerance: FaultToleranceSpec = Field(default_factory=FaultToleranceSpec)
     suspend: bool = Field(False, description="Delete the pods but keep the job and checkpoints.")
+    # Fields the operator reads (issue 6).
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec,
+                                       description="Node selector, tolerations and priority of "
+                                       "the worker pods.")
+    ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete the job (and "
+                                                   "everything it owns) this long after it "
+                                                   "Succeeded or Failed; unset: keep it.")
+    termination_grace_period_seconds: int = Field(60, ge=0, le=3600, description="SIGTERM to "
+                                                  "SIGKILL, for pods the operator deletes (time "
+                                                  "for the trainer to finish a checkpoint).")
+
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, value: dict) -> dict:
+        unknown = sorted(set(value) - {"requests", "limits"})
+        if unknown:
+            raise ValueError(f"resources takes only requests and limits, not {unknown}")
+        for kind, amounts in value.items():
+            for name, amount in amounts.items():
+                if isinstance(amount, str) and not re.fullmatch(QUANTITY, amount):
+                    raise ValueError(f"resources.{kind}.{name}: {amount!r} is not a quantity")
+        return value
 
 
 class ConfigError(ValueError):

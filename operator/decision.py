@@ -1,0 +1,201 @@
+"""decide(job, observed, now) -> Plan: the whole reconcile policy as one pure function.
+
+Owns what the operator does, never how: no I/O, no clock, no randomness (STYLE.md house rule 1;
+JobSet's `Reconcile` is the model, STYLE.md section 5). A pass rebuilds everything from the job
+(spec + status), the indexes and the Lease (level-triggered); what must outlive the process lives
+in `status` (counters, `podGeneration`) and `status.tracking` (failures already handled, goodput
+accumulators), never in memory.
+
+A whole-group restart is a counter, as in JobSet: the pass that decides it only bumps
+`status.podGeneration` (and the counters), with no pod actions; the status patch is the commit
+point. The next pass sees the old generation as stale and deletes it, and creates the new one
+under new deterministic names `<job>-<generation>-<index>`. Replaying a pass whose status patch
+was lost recomputes the same decision from the same status, and creating a pod that exists is a
+no-op, so killing the operator anywhere leaves no duplicates and no orphans.
+
+What each failure does (docs/operator.md has the why):
+- application failure (exit 1-127) or hang: restart the group; counts against maxRestarts, and
+  a run of failures with no step completed in between fails the job early (crash loop);
+- infrastructure failure of a pod other than index 0 (deleted, evicted, OOMKilled, signal, node
+  failure past nodeFailureGraceSeconds): replace that pod alone; torchrun's elastic rendezvous
+  carries on with the others (>= nodes.min) and takes the new pod in, not counted;
+- infrastructure failure of pod 0: it hosts the c10d store (manifests.py), so the survivors
+  cannot re-rendezvous: restart the group, not counted;
+- failed node: cordon it (cordonFailedNodes) and annotate it with the job and reason at once;
+  keep new pods off it (node anti-affinity); after the grace, force-delete the job's pods there;
+- pods Terminating past their grace + terminatingTimeoutSeconds: force-delete;
+- pods Pending past pendingTimeoutSeconds: image/config errors fail the job, unschedulable
+  pods are reported with the scheduler's reason;
+- a spec change that reaches the pods: restart the group, not counted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from pydantic import ValidationError
+
+from crucible.operator import conditions as c
+from crucible.operator import failure_policy as policy
+from crucible.operator import manifests as m
+from crucible.operator import progress
+from crucible.operator.observed import JobView, Observed, PodView, parse_time
+from crucible.operator.plan import (FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, SUSPENDED,
+                                    TERMINAL, Action, Event, Pass, Plan)
+from crucible.trainer.jobspec import PretrainJobSpec, explain
+
+__all__ = ["decide", "Plan", "Action", "Event", "PENDING", "RUNNING", "RESTARTING", "SUSPENDED",
+           "SUCCEEDED", "FAILED"]
+
+
+# --- the pass -------------------------------------------------------------------------------------
+def decide(job: JobView, obs: Observed, now: dt.datetime) -> Plan:
+    p = Pass(job, obs, now)
+    if job.deleting:
+        return Plan(status=dict(job.status))  # kopf stops us; garbage collection does the rest
+    try:
+        p.spec = PretrainJobSpec.model_validate(job.spec)
+    except ValidationError as err:
+        if p.phase not in TERMINAL:
+            p.fail("InvalidSpec", explain(err).replace("\n", "; "))
+        return p.plan()
+    if p.phase in TERMINAL:
+        _finished(p)
+        return p.plan()
+    _ensure_children(p)
+    if p.spec.suspend:
+        _suspend(p)
+    elif p.phase == SUSPENDED:
+        _resume(p)
+    else:
+        _run(p)
+    return p.plan()
+
+
+def _run(p: Pass):
+    p.status.update(progress.report(p.obs.lease, p.status))
+    p.track["goodput"] = progress.advance(p.track.get("goodput", {}), p.obs.lease)
+    current = {pod.index: pod for pod in p.obs.pods if pod.generation == p.gen}
+    _stale(p)
+    if _succeeded(p, current) or policy.restart_needed(p, current):
+        return
+    policy.replace_and_create(p, current)
+    if policy.pending(p, current):
+        return
+    _phase(p, current)
+
+
+def _finished(p: Pass):
+    p.delete_active(p.obs.pods)
+    ttl, done = p.spec.ttl_seconds_after_finished, parse_time(p.status.get("completionTime"))
+    if ttl is not None and done is not None:
+        left = ttl - (p.now - done).total_seconds()
+        if left <= 0:
+            p.act("delete_job", "PretrainJob", p.job.name, reason="TTLExpired")
+        else:
+            p.wake(left)
+
+
+def _ensure_children(p: Pass):
+    """Create what is missing, replace a drifted ConfigMap."""
+    for child in m.static_children(p.job.name, p.job.namespace, p.job.uid, p.spec):
+        kind, name = child["kind"], child["metadata"]["name"]
+        if not p.obs.has_child(kind, name):
+            p.act("create", kind, name, child)
+        elif kind == "ConfigMap" and p.obs.child_digest(kind, name) != m.data_digest(child["data"]):
+            p.act("replace", kind, name, child, reason="SpecChanged")
+
+
+def _suspend(p: Pass):
+    for pod in p.obs.pods:
+        p.delete(pod)
+    if p.phase != SUSPENDED:
+        p.track["suspendedSince"] = progress.iso(p.now)
+        p.event("Normal", "Suspended", f"suspended: deleting {len(p.obs.pods)} pod(s); the job, "
+                "its Lease and its checkpoints stay")
+    p.status["phase"] = SUSPENDED
+    p.cond(c.SUSPENDED, True, "Suspended", "spec.suspend is true")
+    p.cond(c.RUNNING, False, "Suspended", "spec.suspend is true")
+    p.status["message"] = f"suspended; {len(p.obs.pods)} pod(s) left to delete"
+
+
+def _resume(p: Pass):
+    since = parse_time(p.track.pop("suspendedSince", None))
+    if since is not None:
+        p.track["suspendedSeconds"] = round(float(p.track.get("suspendedSeconds", 0.0))
+                                            + (p.now - since).total_seconds(), 3)
+    p.cond(c.SUSPENDED, False, "Resumed", "spec.suspend is false")
+    p.bump("Resumed", "resumed after suspension")
+    p.status["phase"] = PENDING
+
+
+def _stale(p: Pass):
+    """Pods of older generations go; the previous generation's finished pods stay for logs."""
+    ft = p.spec.fault_tolerance
+    for pod in p.obs.pods:
+        if pod.generation is None or pod.generation == p.gen:
+            continue
+        if pod.generation > p.gen:   # from a decision this body does not show yet: wait for it
+            p.requeue = True
+            continue
+        if pod.terminated and pod.generation == p.gen - 1 and not pod.deleting:
+            continue
+        dead = p.node_broken(pod.node)
+        if dead and dead.age_s(p.now) >= ft.node_failure_grace_seconds:
+            p.act("force_delete", "Pod", pod.name, reason=dead.reason)
+        else:
+            p.delete(pod)
+
+
+def _succeeded(p: Pass, current: dict[int, PodView]) -> bool:
+    done = [pod for pod in current.values() if pod.phase == "Succeeded"]
+    if not done:
+        return False
+    p.status["phase"] = SUCCEEDED
+    p.status["completionTime"] = progress.iso(p.now)
+    step = p.status.get("step")
+    message = f"pod {done[0].name} exited 0: training complete" + (f" at step {step}" if step else "")
+    p.cond(c.SUCCEEDED, True, "TrainingComplete", message)
+    p.cond(c.RUNNING, False, "TrainingComplete", message)
+    p.cond(c.RESTARTING, False, "TrainingComplete", message)
+    p.event("Normal", "Succeeded", message)
+    p.status["message"] = message
+    p.delete_active(current.values())
+    return True
+
+
+def _phase(p: Pass, current: dict[int, PodView]):
+    ft, spec, lease = p.spec.fault_tolerance, p.spec, p.obs.lease
+    healthy = [pod for pod in current.values() if pod.phase == "Running" and not pod.deleting
+               and not p.node_broken(pod.node)]
+    pending = sum(1 for pod in current.values() if pod.phase == "Pending")
+    counts = {"desired": spec.nodes.max, "running": len(healthy), "pending": pending,
+              "failed": sum(1 for pod in current.values() if pod.phase == "Failed"),
+              "lost": sum(1 for pod in current.values()
+                          if pod.phase == "Running" and p.node_broken(pod.node))}
+    p.status["pods"] = counts
+    summary = f"{len(healthy)}/{spec.nodes.max} pods running (min {spec.nodes.min})"
+    if len(healthy) >= spec.nodes.min:
+        if p.phase != RUNNING:
+            p.event("Normal", "Running", f"{summary}, generation {p.gen}")
+        p.status["phase"] = RUNNING
+        p.track["everRunning"] = True
+        p.cond(c.RUNNING, True, "PodsRunning", summary)
+        p.cond(c.RESTARTING, False, "PodsRunning", summary)
+    else:
+        p.status["phase"] = RESTARTING if p.track.get("everRunning") else PENDING
+        p.cond(c.RUNNING, False, "NotEnoughPods", summary)
+    if not p.degraded:  # a node failure in its grace period already said why
+        running = p.status["phase"] == RUNNING
+        fewer = running and len(healthy) < spec.nodes.max
+        p.cond(c.DEGRADED, fewer, "FewerPods" if fewer else
+               ("AllPodsHealthy" if running else p.status["phase"]), summary)
+    if lease is not None and lease.step_time is not None:
+        age = (p.now - lease.step_time).total_seconds()
+        ok = age < ft.hang_timeout_seconds
+        p.cond(c.PROGRESSING, ok, "StepAdvancing" if ok else "NoProgress",
+               f"step {lease.step} at {progress.iso(lease.step_time)}")
+    elif not c.get(p.conds, c.PROGRESSING):
+        p.cond(c.PROGRESSING, None, "NoProgressReport", "the trainer has not reported a step yet")
+    step = p.status.get("step")
+    p.status["message"] = f"{p.status['phase']}: {summary}" + (f", step {step}" if step else "")

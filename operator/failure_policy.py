@@ -1,0 +1,203 @@
+"""The failure policy: which failures restart the group, which replace one pod, which fail the job.
+
+Owns the checks of a running generation, in the order `restart_needed` applies them: spec drift,
+application failures (budget and crash-loop guard), infrastructure failures of pod 0 (the c10d
+store host, see manifests.py), pods that vanished, failed nodes (cordon, annotate, anti-affinity,
+force-delete after the grace), hangs from the progress Lease; then `replace_and_create` for
+single-pod replacement and creation, and `pending` for pods that cannot start. The rules are in
+decision.py's docstring and docs/operator.md; the classification itself is failures.py. Pure.
+"""
+
+from __future__ import annotations
+
+from crucible.operator import conditions as c
+from crucible.operator import failures as f
+from crucible.operator import manifests as m
+from crucible.operator import progress
+from crucible.operator.observed import PodView, parse_time
+from crucible.operator.plan import RUNNING, Pass
+
+MAX_BAD_NODES = 32     # anti-affinity list per job; older entries drop off
+
+
+def restart_needed(p: Pass, current: dict[int, PodView]) -> bool:
+    """Checks that restart the group (or fail the job), in order; True if one fired."""
+    ft, want = p.spec.fault_tolerance, m.spec_hash(p.spec)
+    if any(pod.spec_hash and pod.spec_hash != want and not pod.deleting
+           for pod in current.values()):
+        p.bump("SpecChanged", "the spec changed what the pods run")
+        return True
+    fresh = [pod for pod in current.values() if pod.uid not in p.handled]
+    for pod in fresh:
+        failure = f.pod_failure(pod, ft)
+        if failure and failure.counted:
+            _application_failure(p, failure)
+            return True
+    for pod in fresh:
+        failure = f.pod_failure(pod, ft)
+        if failure is None and pod.deleting:
+            failure = f.deleted_failure(pod)
+        if failure and pod.index == 0:
+            p.bump(failure.cause, failure.message + "; it hosted the c10d store", failure)
+            return True
+    for index, uid in (p.track.get("members") or {}).items():
+        pod = current.get(int(index))
+        if (pod is None or pod.uid != uid) and uid not in p.handled:
+            failure = f.vanished_failure(m.pod_name(p.job.name, p.gen, int(index)))
+            p.mark_handled(uid)
+            if int(index) == 0:
+                p.bump(failure.cause, failure.message + "; it hosted the c10d store", failure)
+                return True
+            p.count(failure)
+            p.event("Warning", failure.cause, failure.message + "; replacing it")
+    if _node_failures(p, current):
+        return True
+    return _hang(p)
+
+
+def _application_failure(p: Pass, failure: f.Failure):
+    ft, r = p.spec.fault_tolerance, p.status.get("restarts") or {}
+    used = r.get("application", 0)
+    # Progress since the last application failure: a step completed after it.
+    stepped = p.obs.lease.step_time if p.obs.lease else None
+    last = parse_time(p.track.get("lastFailureTime"))
+    streak = 1 if (stepped is not None and (last is None or stepped > last)) else \
+        int(p.track.get("noProgressFailures", 0)) + 1
+    if used >= ft.max_restarts:
+        p.fail("RestartBudgetExhausted", f"{failure.message}; {used} application restart(s) "
+               f"already used of faultTolerance.maxRestarts={ft.max_restarts}")
+    elif streak > ft.max_restarts_without_progress:
+        p.fail("CrashLoopNoProgress", f"{failure.message}; {streak} application failures in a "
+               f"row with no training step between them (maxRestartsWithoutProgress="
+               f"{ft.max_restarts_without_progress})")
+    else:
+        p.track["noProgressFailures"] = streak
+        p.track["lastFailureTime"] = progress.iso(p.now)
+        p.bump(failure.cause, failure.message + f" (application restart {used + 1} of "
+               f"{ft.max_restarts})", failure)
+
+
+def _node_failures(p: Pass, current: dict[int, PodView]) -> bool:
+    ft = p.spec.fault_tolerance
+    for pod in sorted(current.values(), key=lambda pod: pod.index or 0):
+        if pod.terminated or not pod.node:
+            continue
+        broken = p.node_broken(pod.node)
+        if broken is None:
+            continue
+        _quarantine(p, broken, p.obs.nodes.get(pod.node))
+        wait_s = ft.node_failure_grace_seconds - broken.age_s(p.now)
+        if wait_s > 0:
+            p.degraded = True
+            p.cond(c.DEGRADED, True, broken.reason, f"{broken.message}; pod {pod.name} is "
+                   f"replaced in {wait_s:.0f}s unless the node recovers")
+            p.wake(wait_s)
+            continue
+        failure = f.Failure("NodeFailure", f.INFRASTRUCTURE, f"{broken.message} under pod {pod.name}")
+        p.mark_handled(pod.uid)
+        if pod.index == 0:
+            p.bump("NodeFailure", failure.message + "; it hosted the c10d store", failure)
+            return True
+        p.count(failure)
+        p.act("force_delete", "Pod", pod.name, reason=broken.reason)
+        p.event("Warning", "NodeFailure", f"{failure.message}: force-deleted it to recreate it "
+                "elsewhere; the others re-rendezvous on pod 0's store meanwhile")
+    return False
+
+
+def _quarantine(p: Pass, broken: f.NodeFailure, node):
+    """Cordon and annotate a failed node once; remember it for this job's anti-affinity."""
+    bad = p.track.setdefault("badNodes", [])
+    if broken.node not in bad:
+        bad.append(broken.node)
+        del bad[:-MAX_BAD_NODES]
+    if node is None or node.annotation("crucible.dev/failure-reason"):
+        return  # gone, or already annotated (first job to see it wins; no flip-flopping)
+    cordon = p.spec.fault_tolerance.cordon_failed_nodes and not node.unschedulable
+    patch = {"metadata": {"annotations": {
+        "crucible.dev/failure-reason": broken.reason,
+        "crucible.dev/failure-message": broken.message[:500],
+        "crucible.dev/failure-job": f"{p.job.namespace}/{p.job.name}",
+        "crucible.dev/failure-time": progress.iso(p.now)}}}
+    if cordon:
+        patch["spec"] = {"unschedulable": True}
+        patch["metadata"]["annotations"]["crucible.dev/cordoned-by"] = (
+            f"{p.job.namespace}/{p.job.name}")
+        cordoned = p.status.setdefault("cordonedNodes", [])
+        if broken.node not in cordoned:
+            cordoned.append(broken.node)
+    p.act("patch_node", "Node", broken.node, patch, reason="Cordon" if cordon else "Annotate")
+    p.event("Warning", "NodeFailure", f"{broken.message}: " + (
+        "cordoned and annotated it" if cordon else "annotated it (cordonFailedNodes is false)"))
+
+
+def _hang(p: Pass) -> bool:
+    if p.phase != RUNNING:
+        return False
+    since = progress.hang_since(p.obs.lease, c.true_since(p.conds, c.RUNNING),
+                                parse_time(p.track.get("lastDisruption")))
+    timeout = p.spec.fault_tolerance.hang_timeout_seconds
+    if since is None:
+        return False
+    if (p.now - since).total_seconds() < timeout:
+        p.wake(timeout - (p.now - since).total_seconds())
+        return False
+    step = p.obs.lease.step if p.obs.lease else None
+    p.cond(c.PROGRESSING, False, "Hang", f"no step completed for {timeout}s")
+    _application_failure(p, f.Failure("Hang", f.APPLICATION, f"no training step for {timeout}s"
+                                      + (f" (stuck after step {step})" if step is not None else
+                                         " (no step yet)")))
+    return True
+
+
+def replace_and_create(p: Pass, current: dict[int, PodView]):
+    ft = p.spec.fault_tolerance
+    for pod in current.values():
+        failure = f.pod_failure(pod, ft)
+        if failure is None and pod.deleting and pod.uid not in p.handled:
+            failure = f.deleted_failure(pod)
+        if failure is not None and pod.uid not in p.handled:
+            p.mark_handled(pod.uid)
+            p.count(failure)
+            p.event("Warning", failure.cause, failure.message + "; replacing it")
+        if pod.phase == "Failed" or pod.deleting:
+            p.delete(pod)
+            if pod.deleting:
+                p.wake(ft.terminating_timeout_seconds - (p.now - pod.deletion).total_seconds())
+    # The adapter posts a "Created" event for each pod the API actually created.
+    for index in (i for i in range(p.spec.nodes.max) if i not in current):
+        body = m.pod(p.job.name, p.job.namespace, p.job.uid, p.spec, p.gen, index,
+                     avoid_nodes=p.track.get("badNodes", []))
+        p.act("create", "Pod", body["metadata"]["name"], body)
+        p.status.setdefault("startTime", progress.iso(p.now))
+    p.track["members"] = {str(i): pod.uid for i, pod in current.items() if i is not None}
+
+
+def pending(p: Pass, current: dict[int, PodView]) -> bool:
+    ft, waiting = p.spec.fault_tolerance, []
+    for pod in current.values():
+        problem = f.pending_problem(pod)
+        if problem is None:
+            continue
+        if problem.hopeless and f.pending_too_long(pod, ft, p.now):
+            p.fail(problem.reason, f"{problem.message} for over {ft.pending_timeout_seconds}s")
+            return True
+        if problem.hopeless and pod.created is not None:
+            p.wake(ft.pending_timeout_seconds - (p.now - pod.created).total_seconds())
+        waiting.append(problem)
+    unschedulable = [w for w in waiting if w.reason == "Unschedulable"]
+    placed = sum(1 for pod in current.values() if pod.node)
+    if unschedulable:
+        was = c.get(p.conds, c.PODS_SCHEDULED)
+        if not was or was.get("reason") != "Unschedulable":
+            p.event("Warning", "Unschedulable", unschedulable[0].message)
+        p.cond(c.PODS_SCHEDULED, False, "Unschedulable",
+               f"{len(unschedulable)} pod(s) unschedulable: {unschedulable[0].message}")
+    elif placed == p.spec.nodes.max:
+        p.cond(c.PODS_SCHEDULED, True, "Scheduled", "every pod has a node")
+    else:
+        p.cond(c.PODS_SCHEDULED, False, "Scheduling",
+               f"{placed}/{p.spec.nodes.max} pods have a node")
+    return False
+
+

@@ -1,0 +1,150 @@
+"""Failure classification: what went wrong with a pod or a node, and whether it was our fault.
+
+Owns the rules that decide which restarts spend the job's budget. The split follows Kubeflow's
+`ExitCode` restart policy (exit codes 1-127 come from the program and are permanent; 128-255 mean
+the process was killed by signal `code - 128` and are retryable: kubeflow/trainer release-1.9
+`pkg/util/train/train_util.go IsRetryableExitCode`) and JobSet's documented pattern of not
+counting disruptions (`DisruptionTarget`) against `maxRestarts`
+(jobset/site/static/examples/failure-policy/host-maintenance-event-model.yaml):
+
+  infrastructure (retried, not counted): pod deleted, evicted or disrupted (preemption, taint
+      manager, Eviction API, node shutdown), OOMKilled, killed by a signal (exit >= 128), an exit
+      code the user listed in retryableExitCodes, a failed node;
+  application (counted against faultTolerance.maxRestarts): exit codes 1-127, and hangs.
+
+Pure functions of the records in `observed.py` and the job spec; "now" is a parameter.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from crucible.operator.observed import UNREACHABLE_TAINTS, NodeView, PodView
+from crucible.trainer.jobspec import FaultToleranceSpec
+
+INFRASTRUCTURE = "infrastructure"
+APPLICATION = "application"
+
+# Container waiting reasons that will not fix themselves: after pendingTimeoutSeconds they fail
+# the job instead of leaving it Pending forever (kubeflow/trainer#2001, #1282).
+HOPELESS_WAITING = {
+    "ErrImagePull": "ImagePullFailed", "ImagePullBackOff": "ImagePullFailed",
+    "InvalidImageName": "ImagePullFailed", "ErrImageNeverPull": "ImagePullFailed",
+    "CreateContainerConfigError": "ContainerConfigError",
+    "CreateContainerError": "ContainerConfigError",
+}
+
+
+@dataclass(frozen=True)
+class Failure:
+    cause: str       # CamelCase, becomes a status counter key, event reason and metric label
+    kind: str        # INFRASTRUCTURE or APPLICATION
+    message: str
+
+    @property
+    def counted(self) -> bool:
+        return self.kind == APPLICATION
+
+
+def pod_failure(pod: PodView, ft: FaultToleranceSpec) -> Failure | None:
+    """Why a pod in phase Failed failed; None for a pod that has not failed."""
+    if pod.phase != "Failed":
+        return None
+    where = f"pod {pod.name}" + (f" on {pod.node}" if pod.node else "")
+    if pod.reason == "Evicted":
+        return Failure("Evicted", INFRASTRUCTURE, f"{where} was evicted: {pod.message or ''}".strip())
+    if pod.disruption:
+        return Failure("Disrupted", INFRASTRUCTURE, f"{where} was disrupted ({pod.disruption})")
+    if pod.terminated_reason == "OOMKilled":
+        return Failure("OOMKilled", INFRASTRUCTURE, f"{where} ran out of memory (OOMKilled)")
+    code = pod.exit_code
+    if code is None:
+        return Failure("PodFailed", INFRASTRUCTURE,
+                       f"{where} failed without an exit code ({pod.reason or 'no reason given'})")
+    if code >= 128:
+        return Failure("Signal", INFRASTRUCTURE,
+                       f"{where} was killed by signal {code - 128} (exit code {code})")
+    if code in ft.retryable_exit_codes:
+        return Failure("RetryableExitCode", INFRASTRUCTURE,
+                       f"{where} exited with {code}, listed in retryableExitCodes")
+    if code == 0:
+        return None  # phase Failed with exit 0: another container failed; not ours to judge
+    detail = f": {pod.terminated_message.strip()[:200]}" if pod.terminated_message else ""
+    return Failure("ApplicationError", APPLICATION, f"{where} exited with {code}{detail}")
+
+
+def deleted_failure(pod: PodView) -> Failure:
+    """A pod of the current generation that someone else deleted (or the taint manager evicted)."""
+    how = f" ({pod.disruption})" if pod.disruption else ""
+    return Failure("PodDeleted", INFRASTRUCTURE, f"pod {pod.name} was deleted{how}")
+
+
+def vanished_failure(name: str) -> Failure:
+    return Failure("PodDeleted", INFRASTRUCTURE, f"pod {name} disappeared")
+
+
+@dataclass(frozen=True)
+class NodeFailure:
+    node: str
+    reason: str                 # NodeNotReady, NodeUnreachable, NodeDeleted, or Node<Condition>
+    message: str
+    since: dt.datetime | None   # when it started (condition transition or taint time)
+
+    def age_s(self, now: dt.datetime) -> float:
+        return (now - self.since).total_seconds() if self.since else float("inf")
+
+
+def node_failure(name: str, node: NodeView | None, ft: FaultToleranceSpec) -> NodeFailure | None:
+    """Whether a node is broken: NotReady/Unknown, tainted unreachable, gone, or a configured
+    condition (node-problem-detector, GPU health checkers) is True."""
+    if node is None:
+        return NodeFailure(name, "NodeDeleted", f"node {name} no longer exists", None)
+    ready = node.condition("Ready")
+    if ready is not None and ready.status != "True":
+        reason = "NodeUnreachable" if ready.status == "Unknown" else "NodeNotReady"
+        detail = ready.message or ready.reason or f"Ready={ready.status}"
+        return NodeFailure(name, reason, f"node {name} is {reason[4:]}: {detail}", ready.since)
+    for key, effect, since in node.taints:
+        if key in UNREACHABLE_TAINTS and effect == "NoExecute":
+            return NodeFailure(name, "NodeUnreachable", f"node {name} is tainted {key}", since)
+    for cond in node.conditions:
+        if cond.type in ft.node_failure_conditions and cond.status == "True":
+            detail = cond.message or cond.reason
+            return NodeFailure(name, f"Node{cond.type}",
+                               f"node {name} reports {cond.type}" + (f": {detail}" if detail else ""),
+                               cond.since)
+    return None
+
+
+def stuck_terminating(pod: PodView, ft: FaultToleranceSpec, now: dt.datetime) -> bool:
+    """Terminating for longer than its grace period plus terminatingTimeoutSeconds.
+
+    deletionTimestamp is already the end of the grace period (request time + grace).
+    """
+    return (pod.deletion is not None
+            and (now - pod.deletion).total_seconds() >= ft.terminating_timeout_seconds)
+
+
+@dataclass(frozen=True)
+class PendingProblem:
+    reason: str      # Unschedulable, ImagePullFailed, ContainerConfigError
+    message: str
+    hopeless: bool   # True: will not fix itself (fails the job after the timeout)
+
+
+def pending_problem(pod: PodView) -> PendingProblem | None:
+    if pod.phase != "Pending" or pod.deleting:
+        return None
+    if pod.waiting_reason in HOPELESS_WAITING:
+        return PendingProblem(HOPELESS_WAITING[pod.waiting_reason],
+                              f"pod {pod.name}: {pod.waiting_reason}: {pod.waiting_message or ''}"
+                              .strip(), True)
+    if pod.unschedulable:
+        return PendingProblem("Unschedulable", f"pod {pod.name}: {pod.unschedulable}", False)
+    return None
+
+
+def pending_too_long(pod: PodView, ft: FaultToleranceSpec, now: dt.datetime) -> bool:
+    return (pod.created is not None
+            and (now - pod.created).total_seconds() >= ft.pending_timeout_seconds)

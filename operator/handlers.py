@@ -1,0 +1,311 @@
+"""kopf wiring: indexes that observe, one daemon per PretrainJob that reconciles.
+
+Owns the event-driven shell around the pure core, following kopf's own advice on real
+reconciliation (docs/reconciliation.rst, examples/16-indexing; STYLE.md section 4): children and
+nodes live in `@kopf.index`es fed by one watch per kind (filtered server-side by label), and a
+per-job daemon runs passes: snapshot the indexes and the Lease (in the event loop, so the view is
+consistent) -> `decide` -> apply -> one status patch -> events (in a thread pool, because the
+`kubernetes` client blocks). A pass runs when an indexed pod, Lease or failing node changes
+(debounced), when a time-based decision falls due (grace periods, hang timeout), and at least
+every `interval_s` regardless: level-triggered, so a missed event costs latency, never
+correctness.
+
+Everything a pass needs to survive a restart is in the job's status. The only memory kept here
+is a fence: the count of status writes this process made, so a pass never acts on a body older
+than its own last write (the watch may lag the patch by a few milliseconds).
+
+Configuration comes from the environment (set by `crucible-operator run`, or by tests before
+`KopfRunner`): CRUCIBLE_OPERATOR_INTERVAL (s, default 10), CRUCIBLE_OPERATOR_WORKERS (16),
+CRUCIBLE_OPERATOR_METRICS_PORT (8080; "off" disables), CRUCIBLE_OPERATOR_METRICS_ADDRESS.
+Must not import torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import datetime as dt
+import functools
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import kopf
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from crucible.operator import crd, manifests as m, metrics
+from crucible.operator.decision import Event, decide
+from crucible.operator.kube import Applied, Kube
+from crucible.operator.observed import (ChildView, JobView, Observed, job_view, lease_view,
+                                        node_view, pod_view)
+
+FINALIZER = "crucible.dev/operator"   # kopf's: stops the daemon before the job goes
+WRITES = "writes"                     # status.tracking.writes: the fence counter
+FENCE_WAIT_S = 10.0                   # then read the job from the API instead of the watch
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    interval_s: float = 10.0
+    debounce_s: float = 0.2
+    workers: int = 16
+    metrics_port: int | None = 8080
+    metrics_address: str = "0.0.0.0"
+
+    @classmethod
+    def from_env(cls) -> "OperatorConfig":
+        env = os.environ
+        port = env.get("CRUCIBLE_OPERATOR_METRICS_PORT", "8080")
+        return cls(interval_s=float(env.get("CRUCIBLE_OPERATOR_INTERVAL", "10")),
+                   workers=int(env.get("CRUCIBLE_OPERATOR_WORKERS", "16")),
+                   metrics_port=None if port == "off" else int(port),
+                   metrics_address=env.get("CRUCIBLE_OPERATOR_METRICS_ADDRESS", "0.0.0.0"))
+
+
+def api_client(workers: int) -> client.ApiClient:
+    """In-cluster credentials first, then KUBECONFIG (the order kopf's own login uses)."""
+    cfg = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=cfg)
+    except ConfigException:
+        config.load_kube_config(client_configuration=cfg)
+    cfg.connection_pool_maxsize = max(4, workers)
+    return client.ApiClient(cfg)
+
+
+# --- observation: indexes --------------------------------------------------------------------
+# (kind, kopf resource selector) of every child that is not a pod and not the Lease.
+CHILD_KINDS = [("Service", ("v1", "services")), ("ConfigMap", ("v1", "configmaps")),
+               ("ServiceAccount", ("v1", "serviceaccounts")),
+               ("Role", ("rbac.authorization.k8s.io", "roles")),
+               ("RoleBinding", ("rbac.authorization.k8s.io", "rolebindings"))]
+SELECTED = [("v1", "pods"), ("coordination.k8s.io", "leases")] + [sel for _, sel in CHILD_KINDS]
+
+
+def _wake(memo, key) -> None:
+    event = memo.wakeups.get(key)
+    if event is not None:
+        event.set()
+
+
+@kopf.index("v1", "pods", labels={m.LABEL_JOB: kopf.PRESENT})
+async def pods_by_job(namespace, labels, body, memo, **_):
+    _wake(memo, (namespace, labels[m.LABEL_JOB]))
+    return {(namespace, labels[m.LABEL_JOB]): pod_view(body)}
+
+
+@kopf.index("coordination.k8s.io", "leases", labels={m.LABEL_JOB: kopf.PRESENT})
+async def leases_by_job(namespace, labels, body, memo, **_):
+    _wake(memo, (namespace, labels[m.LABEL_JOB]))
+    return {(namespace, labels[m.LABEL_JOB]): lease_view(body)}
+
+
+@kopf.index("v1", "nodes")
+async def nodes_by_name(name, body, memo, **_):
+    view = node_view(body)
+    ready = view.condition("Ready")
+    if ready is not None and ready.status != "True":  # a failing node: every job takes a look
+        for event in memo.wakeups.values():
+            event.set()
+    return {name: view}
+
+
+async def _child(kind, namespace, labels, name, body, **_):
+    digest = m.data_digest(body.get("data")) if kind == "ConfigMap" else None
+    return {(namespace, labels[m.LABEL_JOB]): ChildView(kind, name, digest)}
+
+
+for _kind, (_group, _plural) in CHILD_KINDS:
+    kopf.index(_group, _plural, id=f"children_{_plural}", labels={m.LABEL_JOB: kopf.PRESENT})(
+        functools.partial(_child, _kind))
+
+
+def snapshot(key: tuple[str, str], indexes: dict) -> Observed:
+    """The job's world from the indexes (event loop only: indexes change between awaits)."""
+    pods = tuple(indexes["pods_by_job"].get(key, ()))
+    node_index = indexes["nodes_by_name"]
+    nodes = {}
+    for pod in pods:
+        if pod.node and pod.node not in nodes:
+            store = node_index.get(pod.node)
+            if store:
+                nodes[pod.node] = next(iter(store))
+            elif len(node_index):          # a filled index without it: the node is gone
+                nodes[pod.node] = None
+    children = {view for _, (_, plural) in CHILD_KINDS
+                for view in indexes[f"children_{plural}"].get(key, ())}
+    leases = indexes["leases_by_job"].get(key)
+    lease = next(iter(leases)) if leases else None
+    if lease is not None:
+        children.add(ChildView("Lease", m.progress_lease_name(key[1])))
+    return Observed(pods=pods, nodes=nodes, children=frozenset(children), lease=lease)
+
+
+# --- lifecycle -------------------------------------------------------------------------------
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **_):
+    cfg = OperatorConfig.from_env()
+    # Our own events (kube.py) say what happened; kopf's would repeat our log lines as events.
+    settings.posting.enabled = False
+    # Fail fast on silent watch connections rather than wait for TCP (dask-kubernetes' startup
+    # handler does the same; kopf docs/configuration.rst, "API timeouts").
+    settings.watching.server_timeout = 120
+    settings.watching.client_timeout = 150
+    settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = 60
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="crucible.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="crucible.dev")
+    settings.execution.max_workers = cfg.workers
+    for group, plural in SELECTED:  # server-side: only what the operator made
+        settings.watching.label_selectors[group, plural] = m.LABEL_JOB
+    memo.config = cfg
+    memo.kube = Kube(api_client(cfg.workers))
+    memo.executor = concurrent.futures.ThreadPoolExecutor(cfg.workers, "crucible-pass")
+    memo.wakeups, memo.fences, memo.phases = {}, {}, {}
+    memo.metrics_server = None
+    if cfg.metrics_port is not None:
+        memo.metrics_server = metrics.serve(cfg.metrics_port, lambda: memo.phases,
+                                            cfg.metrics_address)
+        logger.info(f"metrics on http://{cfg.metrics_address}:"
+                    f"{memo.metrics_server[0].server_port}/metrics")
+    logger.info(f"reconciling {crd.NAME}: resync every {cfg.interval_s}s, "
+                f"{cfg.workers} API workers")
+
+
+@kopf.on.cleanup()
+async def shutdown(memo: kopf.Memo, **_):
+    if getattr(memo, "metrics_server", None):
+        server, _thread, collector = memo.metrics_server
+        server.shutdown()
+        metrics.REGISTRY.unregister(collector)
+    if getattr(memo, "executor", None):
+        memo.executor.shutdown(wait=False, cancel_futures=True)
+
+
+@kopf.on.probe(id="jobs")
+async def jobs_probe(memo: kopf.Memo, **_):
+    return len(getattr(memo, "phases", {}))
+
+
+# --- reconciliation --------------------------------------------------------------------------
+def _comparable(status: dict) -> dict:
+    out = {k: v for k, v in status.items() if k != "goodput"}
+    out["tracking"] = {k: v for k, v in (status.get("tracking") or {}).items() if k != WRITES}
+    return out
+
+
+def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime):
+    """decide -> apply -> status -> events (runs in a worker thread)."""
+    plan = decide(job, obs, now)
+    applied = kube.apply(job, plan)
+    written = None
+    if _comparable(plan.status) != _comparable(job.status):
+        status = dict(plan.status)
+        writes = int((job.status.get("tracking") or {}).get(WRITES, 0)) + 1
+        status["tracking"] = {**status.get("tracking", {}), WRITES: writes}
+        kube.patch_status(job, status)
+        written = writes
+    events = list(plan.events)
+    events += [Event("Normal", "Created", f"created pod {name}") for name in applied.created_pods]
+    if applied.rejected:
+        events.append(Event("Warning", "ApiRejected", "; ".join(applied.rejected)[:1024]))
+    problems = kube.post_events(job, events)
+    return plan, applied, written, events, problems
+
+
+def _log(logger, job: JobView, applied: Applied, events: list[Event], problems: list[str]):
+    where = f"{job.namespace}/{job.name}"
+    for event in events:
+        (logger.warning if event.type == "Warning" else logger.info)(
+            f"{where}: {event.reason}: {event.message}")
+    for line in applied.rejected:
+        logger.error(f"{where}: the API refused: {line}")
+    for line in applied.transient + problems:
+        logger.warning(f"{where}: will retry: {line}")
+
+
+async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -> float:
+    """Run one pass; returns the seconds until the next one should run (-1: body too old)."""
+    cfg: OperatorConfig = memo.config
+    job = job_view(job_body)
+    fence = memo.fences.get(job.uid, 0)
+    if fenced and int((job.status.get("tracking") or {}).get(WRITES, 0)) < fence:
+        return -1.0  # the watch has not delivered our last status write yet
+    started = time.perf_counter()
+    obs = snapshot(key, indexes)
+    now = dt.datetime.now(dt.timezone.utc)
+    loop = asyncio.get_running_loop()
+    try:
+        plan, applied, written, events, problems = await loop.run_in_executor(
+            memo.executor, _execute, memo.kube, job, obs, now)
+    except (ApiException, OSError) as err:
+        metrics.RECONCILES.labels("error").inc()
+        logger.warning(f"{job.namespace}/{job.name}: pass failed, retrying: "
+                       f"{getattr(err, 'status', '')} {getattr(err, 'reason', err)}")
+        return 2.0
+    if written is not None:
+        memo.fences[job.uid] = written
+    memo.phases[job.uid] = plan.status.get("phase", "Pending")
+    for failure in plan.restarts:
+        metrics.RESTARTS.labels(failure.cause, failure.kind).inc()
+    _log(logger, job, applied, events, problems)
+    metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+    metrics.RECONCILES.labels("error" if applied.transient else "ok").inc()
+    if applied.transient:
+        return 2.0
+    if plan.requeue:
+        return 0.0
+    if plan.wake_in_s is not None:
+        return min(cfg.interval_s, plan.wake_in_s + 0.05)
+    return cfg.interval_s
+
+
+async def _sleep(wake: asyncio.Event, stopped, timeout: float) -> None:
+    """Until woken, stopped, or the timeout."""
+    waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+@kopf.daemon(crd.GROUP, crd.VERSION, crd.PLURAL, cancellation_backoff=15.0,
+             cancellation_timeout=15.0)
+async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger, **indexes):
+    """The per-job loop: a pass, then sleep until woken, due, or the resync interval."""
+    key = (namespace, name)
+    wake = memo.wakeups.setdefault(key, asyncio.Event())
+    fenced_since = None
+    loop = asyncio.get_running_loop()
+    try:
+        while not stopped:
+            wake.clear()
+            delay = await _one_pass(key, body, memo, indexes, logger)
+            if delay < 0:  # fenced: wait for the watch; if it lags too long, read the job
+                fenced_since = fenced_since or time.monotonic()
+                if time.monotonic() - fenced_since < FENCE_WAIT_S:
+                    await _sleep(wake, stopped, 0.1)
+                    continue
+                logger.warning("the watch lags our own status write; reading the job instead")
+                fresh = await loop.run_in_executor(memo.executor, memo.kube.read_job,
+                                                   namespace, name)
+                if fresh is None:
+                    break
+                delay = await _one_pass(key, fresh, memo, indexes, logger, fenced=False)
+            fenced_since = None
+            if delay > 0:
+                await _sleep(wake, stopped, delay)
+                if wake.is_set() and not stopped:
+                    await asyncio.sleep(memo.config.debounce_s)  # let a burst of events land
+    finally:
+        memo.wakeups.pop(key, None)
+        memo.fences.pop(uid, None)
+        memo.phases.pop(uid, None)
+
+
+logging.getLogger("kubernetes.client.rest").setLevel(logging.WARNING)

@@ -1,0 +1,149 @@
+"""The one adapter between a `Plan` and the Kubernetes API (official `kubernetes` client).
+
+Owns how each action is carried out and which API answers mean "already done": creating what
+exists (409) and deleting what is gone (404) succeed, so every action can be replayed after a
+crash. Then the pass's single status patch, and only after it lands, the events (JobSet's
+`statusUpdateOpts` discipline, STYLE.md section 5). Failures are classified, never swallowed:
+a refused or invalid request (4xx) is `Rejected` (a spec or RBAC problem that retrying will not
+fix, reported as a Warning event); anything else is `Transient` (the caller retries the pass).
+
+Blocking calls: the handlers run these in a thread pool, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+from dataclasses import dataclass, field
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from crucible.operator import crd, metrics
+from crucible.operator.decision import Action, Event, Plan
+from crucible.operator.observed import JobView
+from crucible.operator.progress import iso
+
+COMPONENT = "crucible-operator"
+
+
+@dataclass
+class Applied:
+    created_pods: list[str] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)    # 4xx other than the idempotent ones
+    transient: list[str] = field(default_factory=list)   # 5xx, 429, timeouts, connection errors
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient):
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.coordination = client.CoordinationV1Api(api)
+        self.rbac = client.RbacAuthorizationV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.instance = socket.gethostname()
+
+    # -- actions ------------------------------------------------------------------------------
+    def _create(self, ns: str, kind: str, body: dict):
+        creators = {
+            "Pod": self.core.create_namespaced_pod,
+            "Service": self.core.create_namespaced_service,
+            "ConfigMap": self.core.create_namespaced_config_map,
+            "ServiceAccount": self.core.create_namespaced_service_account,
+            "Lease": self.coordination.create_namespaced_lease,
+            "Role": self.rbac.create_namespaced_role,
+            "RoleBinding": self.rbac.create_namespaced_role_binding,
+        }
+        return creators[kind](ns, body)
+
+    def _do(self, ns: str, action: Action) -> bool:
+        """Carry out one action; True if it changed something, False if it was already so."""
+        verb, kind, name = action.verb, action.kind, action.name
+        try:
+            if verb == "create":
+                self._create(ns, kind, action.body)
+            elif verb == "replace" and kind == "ConfigMap":
+                self.core.patch_namespaced_config_map(name, ns, {"data": action.body["data"]})
+            elif verb == "delete" and kind == "Pod":
+                self.core.delete_namespaced_pod(name, ns)
+            elif verb == "force_delete" and kind == "Pod":
+                self.core.delete_namespaced_pod(name, ns, grace_period_seconds=0,
+                                                body=client.V1DeleteOptions(grace_period_seconds=0))
+            elif verb == "patch_node":
+                self.core.patch_node(name, action.body)
+                if (action.body.get("spec") or {}).get("unschedulable"):
+                    metrics.CORDONS.inc()
+            elif verb == "delete_job":
+                self.custom.delete_namespaced_custom_object(
+                    crd.GROUP, crd.VERSION, ns, crd.PLURAL, name, propagation_policy="Background")
+            else:
+                raise ValueError(f"no adapter for {verb} {kind}")
+        except ApiException as err:
+            if (verb == "create" and err.status == 409) or (err.status == 404 and verb != "create"):
+                return False
+            raise
+        if kind == "Pod":
+            metrics.POD_OPERATIONS.labels(verb).inc()
+        return True
+
+    def apply(self, job: JobView, plan: Plan) -> Applied:
+        out = Applied()
+        for action in plan.actions:
+            what = f"{action.verb} {action.kind}/{action.name}"
+            try:
+                if self._do(job.namespace, action) and action.verb == "create" \
+                        and action.kind == "Pod":
+                    out.created_pods.append(action.name)
+            except ApiException as err:
+                retry = err.status is None or err.status >= 500 or err.status == 429
+                (out.transient if retry else out.rejected).append(
+                    f"{what}: HTTP {err.status} {_api_message(err)}")
+            except OSError as err:  # urllib3's connection errors are OSErrors underneath
+                out.transient.append(f"{what}: {err}")
+        return out
+
+    # -- status and events --------------------------------------------------------------------
+    def patch_status(self, job: JobView, status: dict) -> dict:
+        """One merge patch of /status; keys the new status dropped are sent as null."""
+        body = {k: None for k in job.status if k not in status}
+        body.update(status)
+        return self.custom.patch_namespaced_custom_object_status(
+            crd.GROUP, crd.VERSION, job.namespace, crd.PLURAL, job.name, {"status": body})
+
+    def post_events(self, job: JobView, events: list[Event]) -> list[str]:
+        """Post events; an event that cannot be posted is reported, never fatal."""
+        problems = []
+        now = iso(dt.datetime.now(dt.timezone.utc))
+        for event in events:
+            body = {
+                "metadata": {"generateName": f"{job.name}.", "namespace": job.namespace},
+                "involvedObject": {"apiVersion": crd.API_VERSION, "kind": crd.KIND,
+                                   "name": job.name, "namespace": job.namespace, "uid": job.uid},
+                "type": event.type, "reason": event.reason, "message": event.message[:1024],
+                "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
+                "reportingInstance": self.instance,
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            }
+            try:
+                self.core.create_namespaced_event(job.namespace, body)
+            except (ApiException, OSError) as err:
+                problems.append(f"event {event.reason}: {getattr(err, 'status', err)}")
+        return problems
+
+    def read_job(self, namespace: str, name: str) -> dict | None:
+        try:
+            return self.custom.get_namespaced_custom_object(crd.GROUP, crd.VERSION, namespace,
+                                                            crd.PLURAL, name)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+
+def _api_message(err: ApiException) -> str:
+    import json
+
+    try:
+        return json.loads(err.body).get("message", "")[:300]
+    except (TypeError, ValueError):
+        return str(err.reason)

@@ -1,0 +1,228 @@
+"""The operator's view of the world: small frozen records built from raw API objects.
+
+Owns the parsing of pods, nodes, the progress Lease and the job itself into just the fields the
+decision needs (JobSet builds one `childJobs` snapshot per pass in the same spirit, STYLE.md
+section 5). The kopf indexes in `handlers.py` store these records, so a pass reads memory, not
+the API. Pure: no clock, no I/O; timestamps are parsed, never compared with "now" here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from crucible.operator import manifests as m
+from crucible.trainer.lease import PREFIX as LEASE_PREFIX
+
+UNREACHABLE_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+
+
+def parse_time(value) -> dt.datetime | None:
+    """RFC 3339 (as the API and trainer/lease.py write it) -> aware datetime; None if absent."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    text = str(value).replace("Z", "+00:00")
+    try:
+        parsed = dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+
+
+def _int(value) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    uid: str
+    job: str
+    generation: int | None
+    index: int | None
+    phase: str                          # Pending, Running, Succeeded, Failed, Unknown
+    node: str | None
+    created: dt.datetime | None
+    deletion: dt.datetime | None = None  # deletionTimestamp: end of the grace period
+    spec_hash: str | None = None
+    exit_code: int | None = None        # the trainer container's, once terminated
+    terminated_reason: str | None = None  # OOMKilled, Error, Completed, ...
+    terminated_message: str | None = None
+    reason: str | None = None           # pod-level status.reason, e.g. Evicted
+    message: str | None = None
+    disruption: str | None = None       # DisruptionTarget condition's reason, when True
+    unschedulable: str | None = None    # the scheduler's message while PodScheduled is False
+    waiting_reason: str | None = None   # e.g. ImagePullBackOff, CreateContainerConfigError
+    waiting_message: str | None = None
+
+    @property
+    def deleting(self) -> bool:
+        return self.deletion is not None
+
+    @property
+    def terminated(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+def pod_view(body: Mapping) -> PodView:
+    meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
+    labels = meta.get("labels") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    disruption = conditions.get("DisruptionTarget", {})
+    scheduled = conditions.get("PodScheduled", {})
+    exit_code = terminated_reason = terminated_message = None
+    waiting_reason = waiting_message = None
+    for cs in status.get("containerStatuses") or []:
+        if cs.get("name") != m.CONTAINER:
+            continue
+        state = cs.get("state") or {}
+        if state.get("terminated"):
+            term = state["terminated"]
+            exit_code, terminated_reason = _int(term.get("exitCode")), term.get("reason")
+            terminated_message = term.get("message")
+        elif state.get("waiting"):
+            waiting_reason, waiting_message = state["waiting"].get("reason"), state["waiting"].get("message")
+    return PodView(
+        name=meta.get("name", ""), uid=meta.get("uid", ""), job=labels.get(m.LABEL_JOB, ""),
+        generation=_int(labels.get(m.LABEL_GENERATION)), index=_int(labels.get(m.LABEL_INDEX)),
+        phase=status.get("phase") or "Pending", node=spec.get("nodeName"),
+        created=parse_time(meta.get("creationTimestamp")),
+        deletion=parse_time(meta.get("deletionTimestamp")),
+        spec_hash=(meta.get("annotations") or {}).get(m.ANNOTATION_SPEC_HASH),
+        exit_code=exit_code, terminated_reason=terminated_reason,
+        terminated_message=terminated_message,
+        reason=status.get("reason"), message=status.get("message"),
+        disruption=disruption.get("reason") or "DisruptionTarget"
+        if disruption.get("status") == "True" else None,
+        unschedulable=(scheduled.get("message") or scheduled.get("reason") or "unschedulable")
+        if scheduled.get("status") == "False" else None,
+        waiting_reason=waiting_reason, waiting_message=waiting_message,
+    )
+
+
+@dataclass(frozen=True)
+class NodeCondition:
+    type: str
+    status: str
+    since: dt.datetime | None
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    unschedulable: bool = False
+    conditions: tuple[NodeCondition, ...] = ()
+    taints: tuple[tuple[str, str, dt.datetime | None], ...] = ()   # (key, effect, timeAdded)
+    annotations: tuple[tuple[str, str], ...] = ()                  # crucible.dev/* only
+
+    def condition(self, type_: str) -> NodeCondition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+    def annotation(self, key: str) -> str | None:
+        return dict(self.annotations).get(key)
+
+
+def node_view(body: Mapping) -> NodeView:
+    meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
+    return NodeView(
+        name=meta.get("name", ""),
+        unschedulable=bool(spec.get("unschedulable")),
+        conditions=tuple(NodeCondition(c.get("type", ""), c.get("status", "Unknown"),
+                                       parse_time(c.get("lastTransitionTime")),
+                                       c.get("reason") or "", c.get("message") or "")
+                         for c in status.get("conditions") or []),
+        taints=tuple((t.get("key", ""), t.get("effect", ""), parse_time(t.get("timeAdded")))
+                     for t in spec.get("taints") or []),
+        annotations=tuple(sorted((k, v) for k, v in (meta.get("annotations") or {}).items()
+                                 if k.startswith("crucible.dev/"))),
+    )
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """The trainer's progress report (trainer/lease.py writes these annotations)."""
+
+    step: int | None = None
+    step_time: dt.datetime | None = None
+    tokens: int | None = None
+    loss: float | None = None
+    checkpoint_step: int | None = None
+    checkpoint_uri: str | None = None
+    checkpoint_time: str | None = None
+    world_size: int | None = None
+    renew_time: dt.datetime | None = None
+
+
+def lease_view(body: Mapping) -> LeaseView:
+    ann = (body.get("metadata") or {}).get("annotations") or {}
+
+    def get(key: str):
+        return ann.get(LEASE_PREFIX + key)
+
+    return LeaseView(step=_int(get("step")), step_time=parse_time(get("step-time")),
+                     tokens=_int(get("tokens")), loss=_float(get("loss")),
+                     checkpoint_step=_int(get("checkpoint-step")),
+                     checkpoint_uri=get("checkpoint-uri"), checkpoint_time=get("checkpoint-time"),
+                     world_size=_int(get("world-size")),
+                     renew_time=parse_time((body.get("spec") or {}).get("renewTime")))
+
+
+@dataclass(frozen=True)
+class ChildView:
+    """Any other child: its kind and name, plus a digest of what drifts (the ConfigMap's data)."""
+
+    kind: str
+    name: str
+    digest: str | None = None
+
+
+@dataclass(frozen=True)
+class JobView:
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    spec: Mapping
+    status: Mapping
+    deleting: bool = False
+
+
+def job_view(body: Mapping) -> JobView:
+    meta = body.get("metadata", {})
+    return JobView(name=meta.get("name", ""), namespace=meta.get("namespace", ""),
+                   uid=meta.get("uid", ""), generation=_int(meta.get("generation")) or 0,
+                   spec=dict(body.get("spec") or {}), status=dict(body.get("status") or {}),
+                   deleting=meta.get("deletionTimestamp") is not None)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One pass's snapshot of the job's world."""
+
+    pods: tuple[PodView, ...] = ()
+    # The pods' nodes: a NodeView, or None for a node the (filled) index does not have, i.e.
+    # deleted. A node missing from this mapping is unknown and judged by nobody.
+    nodes: Mapping[str, NodeView | None] = field(default_factory=dict)
+    children: frozenset[ChildView] = frozenset()
+    lease: LeaseView | None = None
+
+    def has_child(self, kind: str, name: str) -> bool:
+        return any(c.kind == kind and c.name == name for c in self.children)
+
+    def child_digest(self, kind: str, name: str) -> str | None:
+        return next((c.digest for c in self.children if c.kind == kind and c.name == name), None)

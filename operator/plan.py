@@ -1,0 +1,178 @@
+"""A reconcile pass's output (`Plan`: actions, status, events) and the accumulator that builds it.
+
+Owns the bookkeeping every policy shares: recording actions and events, setting conditions,
+counting restarts by cause, bumping the pod generation, failing the job, and freezing it all into
+a `Plan` with one status. Pure: the pass's "now" is given. `decision.py` and `failure_policy.py`
+write into a `Pass`; `kube.py` carries out the `Plan`.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+from dataclasses import dataclass, field
+
+from crucible.operator import conditions as c
+from crucible.operator import failures as f
+from crucible.operator import progress
+from crucible.operator.observed import JobView, Observed, PodView, parse_time
+from crucible.trainer.jobspec import PretrainJobSpec
+
+PENDING, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED = (
+    "Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+TERMINAL = (SUCCEEDED, FAILED)
+MAX_HANDLED = 64       # failed pod instances remembered (by uid) beyond 2 x nodes.max
+
+
+@dataclass(frozen=True)
+class Action:
+    verb: str                 # create, replace, delete, force_delete, patch_node, delete_job
+    kind: str
+    name: str
+    body: dict | None = None  # manifest (create, replace) or merge patch (patch_node)
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str                 # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[Action, ...] = ()
+    status: dict = field(default_factory=dict)
+    events: tuple[Event, ...] = ()
+    requeue: bool = False     # decided something status-only: run the next pass right away
+    wake_in_s: float | None = None         # a time-based decision falls due then (grace, hang)
+    restarts: tuple[f.Failure, ...] = ()   # for the operator's metrics
+
+
+class Pass:
+    """Accumulates one pass's decisions; `plan()` freezes them."""
+
+    def __init__(self, job: JobView, obs: Observed, now: dt.datetime):
+        self.job, self.obs, self.now = job, obs, now
+        self.prev = job.status
+        self.status = copy.deepcopy(dict(job.status))
+        self.track = self.status.pop("tracking", None) or {}
+        self.conds: list[dict] = list(self.status.get("conditions") or [])
+        self.gen = int(self.status.get("podGeneration") or 0)
+        self.actions: list[Action] = []
+        self.events: list[Event] = []
+        self.restarts: list[f.Failure] = []
+        self.requeue = False
+        self.wake_in_s: float | None = None
+        self.degraded = False
+        self.spec: PretrainJobSpec | None = None
+
+    # -- recording ----------------------------------------------------------------------------
+    def act(self, verb: str, kind: str, name: str, body: dict | None = None, reason: str = ""):
+        self.actions.append(Action(verb, kind, name, body, reason))
+
+    def event(self, type_: str, reason: str, message: str):
+        self.events.append(Event(type_, reason, message))
+
+    def cond(self, type_: str, status: bool | None, reason: str, message: str = ""):
+        self.conds = c.set_condition(self.conds, type_, status, reason, message, self.now,
+                                     self.job.generation)
+
+    def wake(self, seconds: float):
+        seconds = max(0.0, seconds)
+        self.wake_in_s = seconds if self.wake_in_s is None else min(self.wake_in_s, seconds)
+
+    def node_broken(self, name: str | None) -> f.NodeFailure | None:
+        """The failure of a pod's node; None when healthy or not known to the snapshot (an
+        index still filling must never read as "node deleted")."""
+        if not name or name not in self.obs.nodes:
+            return None
+        return f.node_failure(name, self.obs.nodes[name], self.spec.fault_tolerance)
+
+    @property
+    def phase(self) -> str | None:
+        return self.prev.get("phase")
+
+    @property
+    def handled(self) -> list[str]:
+        return self.track.setdefault("handled", [])
+
+    def mark_handled(self, uid: str):
+        if uid not in self.handled:
+            self.handled.append(uid)
+        limit = MAX_HANDLED + 2 * (self.spec.nodes.max if self.spec else 1)
+        del self.handled[:-limit]
+
+    def count(self, failure: f.Failure):
+        r = self.status.setdefault("restarts", {})
+        r["total"] = r.get("total", 0) + 1
+        r[failure.kind] = r.get(failure.kind, 0) + 1
+        by = r.setdefault("byCause", {})
+        by[failure.cause] = by.get(failure.cause, 0) + 1
+        self.restarts.append(failure)
+        self.lose_work()
+
+    def lose_work(self):
+        """Every restart sends the trainer back to its last committed checkpoint."""
+        self.track["lastDisruption"] = progress.iso(self.now)
+        ckpt = (self.obs.lease.checkpoint_step if self.obs.lease else None)
+        if ckpt is None:
+            ckpt = (self.status.get("lastCheckpoint") or {}).get("step")
+        self.track["goodput"], _ = progress.lose_uncheckpointed(self.track.get("goodput", {}), ckpt)
+
+    # -- outcomes -----------------------------------------------------------------------------
+    def bump(self, reason: str, message: str, failure: f.Failure | None = None):
+        """Restart the group: new generation now, pod actions on the next pass."""
+        self.gen += 1
+        self.status["podGeneration"] = self.gen
+        if failure is not None:
+            self.count(failure)
+        else:
+            self.lose_work()
+        self.track["members"] = {}
+        self.status["phase"] = RESTARTING if self.track.get("everRunning") else PENDING
+        self.cond(c.RESTARTING, True, reason, message)
+        self.cond(c.RUNNING, False, reason, message)
+        self.event("Warning" if failure else "Normal", reason,
+                   f"{message}; restarting the group as generation {self.gen}")
+        self.requeue = True
+
+    def fail(self, reason: str, message: str):
+        self.status["phase"] = FAILED
+        self.status["completionTime"] = progress.iso(self.now)
+        self.cond(c.FAILED, True, reason, message)
+        self.cond(c.RUNNING, False, reason, message)
+        self.cond(c.RESTARTING, False, reason, message)
+        self.event("Warning", reason, f"job failed: {message}")
+        self.delete_active(self.obs.pods)
+
+    def delete_active(self, pods):
+        for pod in pods:
+            if not pod.terminated:
+                self.delete(pod)
+
+    def delete(self, pod: PodView):
+        if not pod.deleting:
+            self.act("delete", "Pod", pod.name)
+        elif self.spec and f.stuck_terminating(pod, self.spec.fault_tolerance, self.now):
+            self.act("force_delete", "Pod", pod.name, reason="StuckTerminating")
+
+    def plan(self) -> Plan:
+        self.status["conditions"] = self.conds
+        self.status["observedGeneration"] = self.job.generation
+        self.status.setdefault("podGeneration", self.gen)
+        r = self.status.setdefault("restarts", {})
+        for key in ("total", "application", "infrastructure"):
+            r.setdefault(key, 0)
+        r.setdefault("byCause", {})
+        start = parse_time(self.status.get("startTime"))
+        value = progress.goodput(self.track.get("goodput", {}), start,
+                                 float(self.track.get("suspendedSeconds", 0.0)), self.now)
+        if value is not None:
+            self.status["goodput"] = value
+        self.status["tracking"] = self.track
+        return Plan(tuple(self.actions), self.status, tuple(self.events), self.requeue,
+                    self.wake_in_s, tuple(self.restarts))
+
+

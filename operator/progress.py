@@ -1,0 +1,101 @@
+"""Training progress from the trainer's Lease: status fields, goodput, and hang detection.
+
+Owns three pure computations over `LeaseView` and the job's status:
+
+- `report`: step, tokensSeen, loss, worldSize, lastProgressTime and lastCheckpoint for status;
+- goodput, "the share of wall time that produced kept progress" (DESIGN.md). Time counts as
+  productive when the step counter advanced across it: between two Lease readings with steps
+  s1 < s2 at step-times t1 < t2, the t2 - t1 seconds were spent on kept work. When the group
+  restarts, the steps after the last committed checkpoint are lost (the trainer resumes from the
+  checkpoint, DESIGN.md "Resume"), so their share of productive time is taken back. Wall time runs
+  from the job's start, minus time spent suspended by request. The accumulators live in
+  `status.tracking.goodput` so an operator restart loses nothing. This is the goodput notion of
+  Google's ML Goodput ("productive training time / total time") with lost-work subtraction, as
+  the AI-Hypercomputer/resiliency goodput calculator does (research/operator.md, gap 7);
+- `hang_since`: the moment the hang clock started: the newer of the last step-time and the last
+  disruption or (re)start. Hang detection reads `step-time`, never `renewTime`: the trainer's
+  renewal thread keeps running while the training loop is stuck (trainer/lease.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from crucible.operator.observed import LeaseView, parse_time
+
+
+def iso(t: dt.datetime | None) -> str | None:
+    return None if t is None else t.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def report(lease: LeaseView | None, status: dict) -> dict:
+    """Status fields from the Lease (values the Lease lacks keep their previous value)."""
+    out = {}
+    if lease is None:
+        return out
+    if lease.step is not None:
+        out["step"] = lease.step
+    if lease.tokens is not None:
+        out["tokensSeen"] = lease.tokens
+    if lease.loss is not None:
+        out["loss"] = round(lease.loss, 6)
+    if lease.world_size is not None:
+        out["worldSize"] = lease.world_size
+    if lease.step_time is not None:
+        out["lastProgressTime"] = iso(lease.step_time)
+    if lease.checkpoint_step is not None:
+        out["lastCheckpoint"] = {k: v for k, v in {
+            "step": lease.checkpoint_step, "uri": lease.checkpoint_uri,
+            "time": lease.checkpoint_time}.items() if v is not None}
+    return out
+
+
+def advance(acc: dict, lease: LeaseView | None) -> dict:
+    """Fold one Lease reading into the goodput accumulators (returns a new dict)."""
+    acc = dict(acc)
+    if lease is None or lease.step is None or lease.step_time is None:
+        return acc
+    last_step, last_time = acc.get("lastStep"), parse_time(acc.get("lastStepTime"))
+    if (last_step is not None and last_time is not None and lease.step > last_step
+            and lease.step_time > last_time):
+        acc["productiveSeconds"] = round(acc.get("productiveSeconds", 0.0)
+                                         + (lease.step_time - last_time).total_seconds(), 3)
+        acc["steps"] = acc.get("steps", 0) + (lease.step - last_step)
+    if last_step is None or lease.step != last_step:
+        acc["lastStep"], acc["lastStepTime"] = lease.step, iso(lease.step_time)
+    return acc
+
+
+def lose_uncheckpointed(acc: dict, checkpoint_step: int | None) -> tuple[dict, int]:
+    """A restart: the work after the last committed checkpoint is lost. Returns (acc, lost steps).
+
+    The next reading only sets a new baseline, so the restart's own downtime never counts.
+    """
+    acc = dict(acc)
+    last = acc.get("lastStep")
+    lost = max(0, (last or 0) - (checkpoint_step or 0)) if last is not None else 0
+    lost = min(lost, acc.get("steps", 0))
+    if lost and acc.get("steps"):
+        per_step = acc.get("productiveSeconds", 0.0) / acc["steps"]
+        acc["productiveSeconds"] = round(max(0.0, acc.get("productiveSeconds", 0.0)
+                                             - lost * per_step), 3)
+        acc["steps"] -= lost
+    acc["lostSteps"] = acc.get("lostSteps", 0) + lost
+    acc["lastStepTime"] = None  # a fresh baseline after the restart
+    acc["lastStep"] = None
+    return acc, lost
+
+
+def goodput(acc: dict, start: dt.datetime | None, suspended_s: float, now: dt.datetime) -> float | None:
+    if start is None:
+        return None
+    wall = (now - start).total_seconds() - suspended_s
+    if wall <= 0:
+        return None
+    return round(min(1.0, acc.get("productiveSeconds", 0.0) / wall), 4)
+
+
+def hang_since(lease: LeaseView | None, *others: dt.datetime | None) -> dt.datetime | None:
+    """Start of the hang clock: the newest of the last step and the given (re)start times."""
+    times = [t for t in (lease.step_time if lease else None, *others) if t is not None]
+    return max(times) if times else None

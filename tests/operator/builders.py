@@ -1,0 +1,144 @@
+"""Raw API objects (as the apiserver and KWOK write them) for the operator's unit tests.
+
+The tests feed these through the same parsers the operator's indexes use (`observed.py`), so
+parsing is under test too. Field shapes follow what this repository's stack produces: KWOK's
+pod-ready and pod-container-running-failed stages, the node lifecycle controller's conditions and
+taints, the apiserver's DisruptionTarget condition.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from crucible.operator import manifests as m
+from crucible.operator.observed import (ChildView, JobView, Observed, job_view, lease_view,
+                                        node_view, pod_view)
+from crucible.trainer.jobspec import PretrainJobSpec
+
+T0 = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+JOB, NS, UID = "gpt", "team-a", "uid-job-1"
+
+
+def at(seconds: float) -> dt.datetime:
+    return T0 + dt.timedelta(seconds=seconds)
+
+
+def ts(seconds: float) -> str:
+    return at(seconds).isoformat().replace("+00:00", "Z")
+
+
+def spec_doc(**overrides) -> dict:
+    doc = {"image": "registry.example/crucible-trainer:0.1", "nodes": {"min": 2, "max": 4},
+           "procsPerNode": 8, "resources": {"limits": {"nvidia.com/gpu": 8}},
+           "model": {"preset": "tiny"}, "data": {"train": "s3://bucket/tokens/train"},
+           "training": {"tokens": 1e9},
+           "checkpoint": {"uri": "s3://bucket/runs/gpt", "credentialsSecret": "s3-creds"},
+           "faultTolerance": {"maxRestarts": 3, "hangTimeoutSeconds": 600,
+                              "nodeFailureGraceSeconds": 60}}
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(doc.get(key), dict):
+            doc[key] = {**doc[key], **value}
+        else:
+            doc[key] = value
+    return doc
+
+
+def spec(**overrides) -> PretrainJobSpec:
+    return PretrainJobSpec.model_validate(spec_doc(**overrides))
+
+
+def job(status: dict | None = None, generation: int = 1, deleting: bool = False,
+        **spec_overrides) -> JobView:
+    body = {"metadata": {"name": JOB, "namespace": NS, "uid": UID, "generation": generation},
+            "spec": spec_doc(**spec_overrides), "status": status or {}}
+    if deleting:
+        body["metadata"]["deletionTimestamp"] = ts(0)
+    return job_view(body)
+
+
+def pod_body(gen: int, index: int, *, phase: str = "Running", node: str | None = "gpu-node-0",
+             uid: str | None = None, exit_code: int | None = None, reason: str | None = None,
+             terminated_reason: str | None = None, deletion: float | None = None,
+             disruption: str | None = None, unschedulable: str | None = None,
+             waiting: str | None = None, created: float = 0, spec_hash: str | None = "same"):
+    name = m.pod_name(JOB, gen, index)
+    body = {"metadata": {"name": name, "namespace": NS, "uid": uid or f"uid-{name}",
+                         "creationTimestamp": ts(created),
+                         "labels": m.labels(JOB, **{m.LABEL_GENERATION: str(gen),
+                                                    m.LABEL_INDEX: str(index)}),
+                         "annotations": {m.ANNOTATION_SPEC_HASH: spec_hash} if spec_hash else {}},
+            "spec": {"nodeName": node} if node else {},
+            "status": {"phase": phase, "conditions": []}}
+    if deletion is not None:
+        body["metadata"]["deletionTimestamp"] = ts(deletion)
+    status = body["status"]
+    if reason:
+        status["reason"] = reason
+    if disruption:
+        status["conditions"].append({"type": "DisruptionTarget", "status": "True",
+                                     "reason": disruption})
+    if unschedulable:
+        status["conditions"].append({"type": "PodScheduled", "status": "False",
+                                     "reason": "Unschedulable", "message": unschedulable})
+    if exit_code is not None:
+        status["containerStatuses"] = [{"name": m.CONTAINER, "state": {"terminated": {
+            "exitCode": exit_code, "reason": terminated_reason or "Error"}}}]
+    elif waiting:
+        status["containerStatuses"] = [{"name": m.CONTAINER, "state": {"waiting": {
+            "reason": waiting, "message": f"{waiting} for the image"}}}]
+    return body
+
+
+def pod(gen: int, index: int, **kw):
+    return pod_view(pod_body(gen, index, **kw))
+
+
+def running(gen: int, count: int, spec_hash: str, **kw) -> list:
+    return [pod(gen, i, node=f"gpu-node-{i}", spec_hash=spec_hash, **kw) for i in range(count)]
+
+
+def node(name: str, *, ready: str = "True", since: float = 0, unschedulable: bool = False,
+         taints: list[tuple[str, str, float]] = (), conditions: dict[str, str] | None = None,
+         annotations: dict[str, str] | None = None):
+    conds = [{"type": "Ready", "status": ready, "lastTransitionTime": ts(since),
+              "reason": "NodeStatusUnknown" if ready == "Unknown" else "KubeletReady",
+              "message": "Kubelet stopped posting node status." if ready == "Unknown" else ""}]
+    for type_, status in (conditions or {}).items():
+        conds.append({"type": type_, "status": status, "lastTransitionTime": ts(since),
+                      "reason": f"{type_}Detected", "message": "XID 79 on GPU 3"})
+    body = {"metadata": {"name": name, "annotations": annotations or {}},
+            "spec": {"unschedulable": unschedulable,
+                     "taints": [{"key": k, "effect": e, "timeAdded": ts(t)} for k, e, t in taints]},
+            "status": {"conditions": conds}}
+    return node_view(body)
+
+
+def healthy_nodes(count: int = 4) -> dict:
+    return {f"gpu-node-{i}": node(f"gpu-node-{i}") for i in range(count)}
+
+
+def lease(step: int | None = None, step_time: float | None = None, *, loss: float = 3.2,
+          tokens: int | None = None, checkpoint_step: int | None = None):
+    ann = {}
+    if step is not None:
+        ann.update({"crucible.dev/step": str(step), "crucible.dev/loss": str(loss),
+                    "crucible.dev/tokens": str(tokens if tokens is not None else step * 524288),
+                    "crucible.dev/world-size": "32"})
+    if step_time is not None:
+        ann["crucible.dev/step-time"] = at(step_time).isoformat()
+    if checkpoint_step is not None:
+        ann.update({"crucible.dev/checkpoint-step": str(checkpoint_step),
+                    "crucible.dev/checkpoint-uri": f"s3://bucket/runs/gpt/step_{checkpoint_step}",
+                    "crucible.dev/checkpoint-time": ts(step_time or 0)})
+    return lease_view({"metadata": {"annotations": ann}, "spec": {}})
+
+
+def observed(pods=(), nodes=None, lease_view_=None, children=None) -> Observed:
+    if children is None:
+        s = spec()
+        children = frozenset(
+            ChildView(c["kind"], c["metadata"]["name"],
+                      m.data_digest(c["data"]) if c["kind"] == "ConfigMap" else None)
+            for c in m.static_children(JOB, NS, UID, s))
+    return Observed(pods=tuple(pods), nodes=nodes if nodes is not None else healthy_nodes(),
+                    children=children, lease=lease_view_)
