@@ -1,0 +1,88 @@
+"""Failure classification, table by table: which failures spend the restart budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from crucible.operator import failures as f
+from tests.operator import builders as b
+
+FT = b.spec(faultTolerance={"retryableExitCodes": [75],
+                            "nodeFailureConditions": ["GPUUnhealthy"]}).fault_tolerance
+
+
+@pytest.mark.parametrize("pod, cause, kind", [
+    (dict(exit_code=1), "ApplicationError", "application"),
+    (dict(exit_code=2), "ApplicationError", "application"),
+    (dict(exit_code=127), "ApplicationError", "application"),
+    (dict(exit_code=75), "RetryableExitCode", "infrastructure"),
+    (dict(exit_code=128), "Signal", "infrastructure"),
+    (dict(exit_code=137), "Signal", "infrastructure"),      # SIGKILL
+    (dict(exit_code=143), "Signal", "infrastructure"),      # SIGTERM
+    (dict(exit_code=137, terminated_reason="OOMKilled"), "OOMKilled", "infrastructure"),
+    (dict(reason="Evicted"), "Evicted", "infrastructure"),
+    (dict(exit_code=1, reason="Evicted"), "Evicted", "infrastructure"),  # eviction wins
+    (dict(exit_code=143, disruption="DeletionByTaintManager"), "Disrupted", "infrastructure"),
+    (dict(exit_code=1, disruption="PreemptionByScheduler"), "Disrupted", "infrastructure"),
+    (dict(), "PodFailed", "infrastructure"),                 # failed, no container state
+])
+def test_failed_pods_are_classified(pod, cause, kind):
+    failure = f.pod_failure(b.pod(0, 1, phase="Failed", **pod), FT)
+    assert (failure.cause, failure.kind) == (cause, kind)
+    assert failure.counted == (kind == "application")
+    assert "gpt-0-1" in failure.message
+
+
+@pytest.mark.parametrize("phase", ["Running", "Pending", "Succeeded"])
+def test_pods_that_have_not_failed_are_not_failures(phase):
+    assert f.pod_failure(b.pod(0, 0, phase=phase), FT) is None
+
+
+@pytest.mark.parametrize("node, reason", [
+    (dict(ready="Unknown"), "NodeUnreachable"),
+    (dict(ready="False"), "NodeNotReady"),
+    (dict(taints=[("node.kubernetes.io/unreachable", "NoExecute", 5)]), "NodeUnreachable"),
+    (dict(taints=[("node.kubernetes.io/not-ready", "NoExecute", 5)]), "NodeUnreachable"),
+    (dict(conditions={"GPUUnhealthy": "True"}), "NodeGPUUnhealthy"),
+    (dict(conditions={"GPUUnhealthy": "False"}), None),
+    (dict(conditions={"SomethingElse": "True"}), None),          # not configured
+    (dict(taints=[("node.kubernetes.io/unreachable", "NoSchedule", 5)]), None),
+    (dict(unschedulable=True), None),                            # cordoned is not broken
+    (dict(), None),
+])
+def test_node_failures_are_classified(node, reason):
+    broken = f.node_failure("gpu-node-5", b.node("gpu-node-5", since=10, **node), FT)
+    assert (broken.reason if broken else None) == reason
+    if broken:
+        assert broken.age_s(b.at(70)) in (60, 65)
+
+
+def test_a_deleted_node_has_failed_since_forever():
+    broken = f.node_failure("gpu-node-9", None, FT)
+    assert broken.reason == "NodeDeleted" and broken.age_s(b.at(0)) == float("inf")
+
+
+def test_terminating_counts_from_the_end_of_the_grace_period():
+    pod = b.pod(0, 0, deletion=100)            # deletionTimestamp = request + grace
+    assert not f.stuck_terminating(pod, FT, b.at(100 + 119))
+    assert f.stuck_terminating(pod, FT, b.at(100 + 120))
+    assert not f.stuck_terminating(b.pod(0, 0), FT, b.at(10_000))
+
+
+@pytest.mark.parametrize("waiting, reason, hopeless", [
+    ("ImagePullBackOff", "ImagePullFailed", True), ("ErrImagePull", "ImagePullFailed", True),
+    ("InvalidImageName", "ImagePullFailed", True),
+    ("CreateContainerConfigError", "ContainerConfigError", True),
+    ("ContainerCreating", None, None),
+])
+def test_pending_problems(waiting, reason, hopeless):
+    problem = f.pending_problem(b.pod(0, 0, phase="Pending", waiting=waiting))
+    assert (problem.reason, problem.hopeless) == (reason, hopeless) if reason else problem is None
+
+
+def test_unschedulable_pods_carry_the_schedulers_message():
+    msg = "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."
+    problem = f.pending_problem(b.pod(0, 0, phase="Pending", node=None, unschedulable=msg))
+    assert problem.reason == "Unschedulable" and msg in problem.message and not problem.hopeless
+    assert not f.pending_too_long(b.pod(0, 0, phase="Pending", created=0), FT, b.at(599))
+    assert f.pending_too_long(b.pod(0, 0, phase="Pending", created=0), FT, b.at(600))

@@ -1,0 +1,161 @@
+"""Pure manifests: names, the launch contract (read back by torchrun's own parser), security."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+
+import pytest
+
+from crucible.operator import manifests as m
+from crucible.trainer.jobspec import TrainJobConfig, load_train_config
+from tests.operator import builders as b
+
+
+def _pod(gen=3, index=0, avoid=(), **spec_overrides):
+    return m.pod(b.JOB, b.NS, b.UID, b.spec(**spec_overrides), gen, index, avoid_nodes=list(avoid))
+
+
+def _env(pod) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
+
+
+def expand(text: str, env: dict) -> str:
+    """Kubernetes' $(VAR) expansion of command/args (k8s.io/kubernetes third_party expansion)."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda mt: env.get(mt.group(1), mt.group(0)),
+                  text)
+
+
+def test_names_are_deterministic_and_fit_dns_labels():
+    pod = _pod()
+    assert pod["metadata"]["name"] == "gpt-3-0" == pod["spec"]["hostname"]
+    assert pod["spec"]["subdomain"] == m.service_name(b.JOB) == "gpt"
+    longest = m.pod_name("a" * 40, 999999, 4095)
+    assert len(longest) <= 63
+    assert pod["metadata"]["labels"] == {
+        m.LABEL_MANAGED_BY: m.MANAGER, m.LABEL_JOB: "gpt", m.LABEL_GENERATION: "3",
+        m.LABEL_INDEX: "0"}
+    assert m.pod(b.JOB, b.NS, b.UID, b.spec(), 3, 0) == _pod()  # same inputs, same manifest
+
+
+def test_every_child_is_owned_by_the_job():
+    children = m.static_children(b.JOB, b.NS, b.UID, b.spec()) + [_pod()]
+    for child in children:
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert owner == {"apiVersion": "crucible.dev/v1alpha1", "kind": "PretrainJob",
+                         "name": "gpt", "uid": b.UID, "controller": True,
+                         "blockOwnerDeletion": True}
+        assert child["metadata"]["namespace"] == b.NS
+
+
+def test_torchrun_reads_every_flag_from_the_rendered_env(monkeypatch):
+    from torch.distributed.run import get_args_parser, parse_min_max_nnodes
+
+    pod = _pod(gen=3, index=1)
+    env = {k: v for k, v in _env(pod).items() if isinstance(v, str)}
+    for key in [k for k in os.environ if k.startswith("PET_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["torchrun"]
+    args = get_args_parser().parse_args([expand(a, env) for a in container["args"]])
+    assert parse_min_max_nnodes(args.nnodes) == (2, 4)
+    assert args.nproc_per_node == "8"
+    assert args.rdzv_backend == "c10d"
+    assert args.rdzv_endpoint == "gpt-3-0.gpt:29400"      # pod 0, through the headless Service
+    assert args.rdzv_id == "gpt-3"
+    assert args.rdzv_conf == "is_host=0"                  # only pod 0 serves the c10d store
+    assert args.max_restarts == 3
+    assert args.module and args.training_script == "crucible.trainer"
+    assert args.training_script_args == ["train", "--config", "/etc/crucible/job.yaml"]
+    assert _env(_pod(index=0))["PET_RDZV_CONF"] == "is_host=1"
+
+
+def test_pods_find_their_lease_and_credentials_through_env():
+    env = _env(_pod())
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["AWS_ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "s3-creds", "key":
+                                                         "AWS_ACCESS_KEY_ID", "optional": False}}
+    assert env["AWS_ENDPOINT_URL"]["secretKeyRef"]["optional"] is True
+    no_secret = _env(_pod(checkpoint={"uri": "s3://b/p", "credentialsSecret": None}))
+    assert not any(k.startswith("AWS_") for k in no_secret)
+
+
+def test_job_config_is_mounted_and_the_trainer_accepts_it(tmp_path):
+    cm = m.config_map(b.JOB, b.NS, b.UID, b.spec())
+    path = tmp_path / m.CONFIG_FILE
+    path.write_text(cm["data"][m.CONFIG_FILE])
+    cfg = load_train_config(path)
+    assert isinstance(cfg, TrainJobConfig) and cfg.name == "gpt"
+    assert cfg.checkpoint.uri == "s3://bucket/runs/gpt" and cfg.output_dir.startswith(m.SCRATCH_DIR)
+    mounts = {v["mountPath"]: v["name"] for v in _pod()["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts[m.CONFIG_DIR] == "config"
+    volumes = {v["name"]: v for v in _pod()["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == "gpt-config"
+
+
+def test_pods_run_as_non_root_with_a_read_only_root():
+    pod = _pod()
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert pod["spec"]["securityContext"]["runAsUser"] == m.RUN_UID != 0
+    sc = pod["spec"]["containers"][0]["securityContext"]
+    assert sc == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                  "capabilities": {"drop": ["ALL"]}}
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["serviceAccountName"] == "gpt-trainer"
+
+
+def test_scheduling_fields_and_anti_affinity_to_bad_nodes():
+    pod = _pod(avoid=["gpu-node-7", "gpu-node-2"], scheduling={
+        "nodeSelector": {"crucible.dev/pool": "gpu"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "priorityClassName": "training"})
+    spec = pod["spec"]
+    assert spec["nodeSelector"] == {"crucible.dev/pool": "gpu"}
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                    "effect": "NoSchedule"}]
+    assert spec["priorityClassName"] == "training"
+    expr = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"][0]["matchExpressions"][0]
+    assert expr == {"key": "kubernetes.io/hostname", "operator": "NotIn",
+                    "values": ["gpu-node-2", "gpu-node-7"]}
+    assert "affinity" not in _pod()["spec"]
+    assert _pod()["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "8"}}
+
+
+def test_headless_service_publishes_not_ready_pods():
+    svc = m.service(b.JOB, b.NS, b.UID)
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+    assert svc["spec"]["selector"] == {m.LABEL_JOB: "gpt", m.LABEL_MANAGED_BY: m.MANAGER}
+
+
+def test_trainer_role_grants_only_its_own_lease():
+    (rule,) = m.role(b.JOB, b.NS, b.UID)["rules"]
+    assert rule == {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                    "resourceNames": ["gpt-progress"], "verbs": ["get", "patch"]}
+    binding = m.role_binding(b.JOB, b.NS, b.UID)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpt-trainer",
+                                    "namespace": b.NS}]
+
+
+@pytest.mark.parametrize("change, restarts", [
+    ({"image": "other:1"}, True), ({"nodes": {"min": 1, "max": 4}}, True),
+    ({"training": {"tokens": 2e9}}, True), ({"faultTolerance": {"torchrunMaxRestarts": 9}}, True),
+    ({"faultTolerance": {"maxRestarts": 99}}, False), ({"suspend": True}, False),
+    ({"ttlSecondsAfterFinished": 60}, False),
+    ({"faultTolerance": {"nodeFailureGraceSeconds": 5}}, False),
+])
+def test_spec_hash_covers_what_reaches_the_pods(change, restarts):
+    assert (m.spec_hash(b.spec(**change)) != m.spec_hash(b.spec())) == restarts
+
+
+def test_builders_do_not_mutate_the_spec():
+    spec = b.spec(scheduling={"nodeSelector": {"a": "b"}})
+    before = copy.deepcopy(spec.model_dump())
+    pod = m.pod(b.JOB, b.NS, b.UID, spec, 0, 0)
+    pod["spec"]["nodeSelector"]["x"] = "y"
+    m.config_map(b.JOB, b.NS, b.UID, spec)
+    assert spec.model_dump() == before

@@ -1,0 +1,44 @@
+"""Progress from the Lease: status fields, the goodput accounting and the hang clock."""
+
+from __future__ import annotations
+
+from crucible.operator import progress
+from tests.operator import builders as b
+
+
+def test_report_copies_what_the_trainer_wrote():
+    out = progress.report(b.lease(120, 30, loss=2.71828, tokens=999, checkpoint_step=100), {})
+    assert out["step"] == 120 and out["tokensSeen"] == 999 and out["loss"] == 2.71828
+    assert out["worldSize"] == 32 and out["lastProgressTime"] == b.ts(30)
+    assert out["lastCheckpoint"] == {"step": 100, "uri": "s3://bucket/runs/gpt/step_100",
+                                     "time": b.ts(30)}
+    assert progress.report(None, {}) == {} and progress.report(b.lease(), {}) == {}
+
+
+def test_goodput_counts_time_across_which_steps_advanced():
+    acc = {}
+    for step, t in [(10, 100), (20, 200), (20, 250), (30, 300)]:
+        acc = progress.advance(acc, b.lease(step, t))
+    assert acc["productiveSeconds"] == 200 and acc["steps"] == 20
+    # Wall time since start (t=0) is 400 s; 100 s of start-up and 100 s at the end without a step.
+    assert progress.goodput(acc, b.at(0), 0.0, b.at(400)) == 0.5
+    assert progress.goodput(acc, b.at(0), 200.0, b.at(400)) == 1.0     # suspended time excluded
+
+
+def test_a_restart_takes_back_the_steps_after_the_last_checkpoint():
+    acc = {}
+    for step, t in [(0, 0), (100, 100)]:
+        acc = progress.advance(acc, b.lease(step, t))
+    acc, lost = progress.lose_uncheckpointed(acc, checkpoint_step=80)
+    assert lost == 20 and acc["productiveSeconds"] == 80 and acc["steps"] == 80
+    assert acc["lostSteps"] == 20
+    # The trainer resumes at 80; its first report only sets a new baseline (no downtime counted).
+    acc = progress.advance(acc, b.lease(81, 500))
+    acc = progress.advance(acc, b.lease(91, 510))
+    assert acc["productiveSeconds"] == 90 and acc["steps"] == 90
+
+
+def test_hang_clock_takes_the_newest_of_step_and_restarts():
+    assert progress.hang_since(b.lease(5, 100), b.at(50), None) == b.at(100)
+    assert progress.hang_since(b.lease(5, 100), b.at(150)) == b.at(150)
+    assert progress.hang_since(None, None) is None
