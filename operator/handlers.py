@@ -65,15 +65,37 @@ class OperatorConfig:
                    metrics_address=env.get("CRUCIBLE_OPERATOR_METRICS_ADDRESS", "0.0.0.0"))
 
 
-def api_client(workers: int) -> client.ApiClient:
-    """In-cluster credentials first, then KUBECONFIG (the order kopf's own login uses)."""
+def client_configuration() -> client.Configuration:
+    """In-cluster credentials first, then $KUBECONFIG (read now: the kubernetes package reads it
+    once at import, which would pin whatever was set then)."""
     cfg = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=cfg)
     except ConfigException:
-        config.load_kube_config(client_configuration=cfg)
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None,
+                                client_configuration=cfg)
+    return cfg
+
+
+def api_client(workers: int) -> client.ApiClient:
+    cfg = client_configuration()
     cfg.connection_pool_maxsize = max(4, workers)
     return client.ApiClient(cfg)
+
+
+@kopf.on.login()
+def login(**_) -> kopf.ConnectionInfo:
+    """kopf connects with the same identity as our adapter (one place decides credentials)."""
+    cfg = client_configuration()
+    if cfg.refresh_api_key_hook is not None:  # in-cluster: the projected token rotates
+        cfg.refresh_api_key_hook(cfg)
+    bearer = (cfg.auth_settings().get("BearerToken") or {}).get("value") or ""
+    token = bearer.removeprefix("Bearer ").strip() or None
+    return kopf.ConnectionInfo(server=cfg.host, ca_path=cfg.ssl_ca_cert,
+                               insecure=not cfg.verify_ssl, scheme="Bearer" if token else None,
+                               token=token, certificate_path=cfg.cert_file,
+                               private_key_path=cfg.key_file, username=cfg.username or None,
+                               password=cfg.password or None)
 
 
 # --- observation: indexes --------------------------------------------------------------------

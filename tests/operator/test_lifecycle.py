@@ -1,0 +1,102 @@
+"""A PretrainJob's life on the real control plane: apply, run, suspend, resume, delete.
+
+Chaos survived: none on purpose; these pin down the happy path the chaos tests depart from.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+from kubernetes import client
+
+from crucible.operator import manifests as m
+from tests.operator.cluster import free_port
+from tests.operator.conftest import assert_clean_exit
+from tests.support.services import eventually
+
+pytestmark = pytest.mark.stack
+
+
+def _table(cluster, name: str) -> dict:
+    """What `kubectl get ptj` prints: the server-side Table with the printer columns."""
+    path = f"/apis/crucible.dev/v1alpha1/namespaces/{cluster.namespace}/pretrainjobs/{name}"
+    resp = cluster.api.call_api(
+        path, "GET", header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True)
+    data = json.loads(resp.data)
+    columns = [c["name"] for c in data["columnDefinitions"] if c["priority"] == 0]
+    return dict(zip(columns, data["rows"][0]["cells"]))
+
+
+def test_apply_gives_running_pods_owned_children_and_printer_columns(cluster, run_operator):
+    port = free_port()
+    with run_operator(cluster.namespace, metrics_port=port) as runner:
+        cluster.create_job("gpt", nodes={"min": 2, "max": 3}, procsPerNode=8,
+                           resources={"limits": {"nvidia.com/gpu": 8}})
+        pods = cluster.wait_running("gpt", 3, generation=0)
+        status = cluster.wait_phase("gpt", "Running")
+        assert sorted(p.metadata.name for p in pods) == ["gpt-0-0", "gpt-0-1", "gpt-0-2"]
+        assert len({p.spec.node_name for p in pods}) == 3   # 8 GPUs each: a node per pod
+        assert status["pods"]["running"] == 3 and status["observedGeneration"] == 1
+        row = eventually(lambda: (r := _table(cluster, "gpt"))["Phase"] == "Running" and r, 10,
+                         "printer columns")
+        assert list(row)[:6] == ["Name", "Phase", "Step", "Loss", "Restarts", "Last-Ckpt"]
+        assert row["Restarts"] == 0
+
+        uid = cluster.job("gpt")["metadata"]["uid"]
+        owned = [cluster.core.read_namespaced_service("gpt", cluster.namespace),
+                 cluster.core.read_namespaced_config_map("gpt-config", cluster.namespace),
+                 cluster.core.read_namespaced_service_account("gpt-trainer", cluster.namespace),
+                 cluster.coordination.read_namespaced_lease("gpt-progress", cluster.namespace),
+                 *pods]
+        assert all(o.metadata.owner_references[0].uid == uid for o in owned)
+        assert owned[0].spec.cluster_ip == "None"
+
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        assert b'crucible_operator_jobs{phase="Running"} 1.0' in metrics
+        assert b'crucible_operator_pod_operations_total{verb="create"} 3.0' in metrics
+
+        cluster.delete_job("gpt")
+        core, rbac = cluster.core, client.RbacAuthorizationV1Api(cluster.api)
+        ns = cluster.namespace
+        eventually(lambda: not cluster.pods("gpt") and not [
+            x for x in (core.list_namespaced_service(ns).items + core.list_namespaced_config_map(
+                ns, label_selector=m.LABEL_JOB).items + rbac.list_namespaced_role(ns).items
+                + cluster.coordination.list_namespaced_lease(ns).items)], 60,
+            "everything the job owned garbage-collected")
+    assert_clean_exit(runner, "Running: 3/3 pods running (min 2), generation 0")
+
+
+def test_suspend_deletes_pods_and_resume_starts_a_new_generation(cluster, run_operator):
+    with run_operator(cluster.namespace) as runner:
+        cluster.create_job("gpt", nodes={"min": 2, "max": 2})
+        cluster.wait_running("gpt", 2, generation=0)
+        cluster.patch_spec("gpt", {"suspend": True})
+        cluster.wait_phase("gpt", "Suspended")
+        eventually(lambda: not cluster.pods("gpt"), 30, "pods gone while suspended")
+        assert cluster.coordination.read_namespaced_lease("gpt-progress", cluster.namespace)
+        cluster.patch_spec("gpt", {"suspend": False})
+        cluster.wait_running("gpt", 2, generation=1)
+        status = cluster.wait_phase("gpt", "Running")
+        assert status["podGeneration"] == 1 and status["restarts"]["total"] == 0
+        conditions = {c["type"]: c for c in status["conditions"]}
+        assert conditions["Suspended"]["status"] == "False"
+        assert {"Suspended", "Running"} <= set(cluster.event_reasons("gpt"))
+        cluster.delete_job("gpt")
+        eventually(lambda: not cluster.pods("gpt"), 30, "pods gone after delete")
+    assert_clean_exit(runner, "Suspended: suspended", "Resumed: resumed after suspension")
+
+
+def test_a_pod_exiting_0_completes_the_job_and_ttl_deletes_it(cluster, run_operator):
+    with run_operator(cluster.namespace) as runner:
+        cluster.create_job("gpt", nodes={"min": 2, "max": 2}, ttlSecondsAfterFinished=3)
+        cluster.wait_running("gpt", 2, generation=0)
+        cluster.succeed_pod("gpt-0-1")
+        status = cluster.wait_phase("gpt", "Succeeded", 30)
+        assert status["completionTime"]
+        eventually(lambda: not cluster.objs.list_namespaced_custom_object(
+            "crucible.dev", "v1alpha1", cluster.namespace, "pretrainjobs")["items"], 30,
+            "job deleted by its TTL")
+    assert_clean_exit(runner, "Succeeded: pod gpt-0-1 exited 0: training complete")
