@@ -104,11 +104,10 @@ class Kube:
 
     # -- status and events --------------------------------------------------------------------
     def patch_status(self, job: JobView, status: dict) -> dict:
-        """One merge patch of /status; keys the new status dropped are sent as null."""
-        body = {k: None for k in job.status if k not in status}
-        body.update(status)
+        """One merge patch of /status that makes it exactly `status` (see `merge_patch`)."""
         return self.custom.patch_namespaced_custom_object_status(
-            crd.GROUP, crd.VERSION, job.namespace, crd.PLURAL, job.name, {"status": body})
+            crd.GROUP, crd.VERSION, job.namespace, crd.PLURAL, job.name,
+            {"status": merge_patch(dict(job.status), status)})
 
     def post_events(self, job: JobView, events: list[Event]) -> list[str]:
         """Post events; an event that cannot be posted is reported, never fatal."""
@@ -138,6 +137,20 @@ class Kube:
             if err.status == 404:
                 return None
             raise
+
+
+def merge_patch(old: dict, new: dict) -> dict:
+    """The RFC 7386 merge patch that turns `old` into `new`: a key `new` dropped, at any depth,
+    is sent as null (a plain `new` would leave nested keys behind: `{"members": {}}` merges
+    into the old map and deletes nothing)."""
+    patch = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            patch[key] = merge_patch(before, value)
+        else:
+            patch[key] = value
+    return patch
 
 
 def _api_message(err: ApiException) -> str:

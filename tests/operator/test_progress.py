@@ -42,3 +42,14 @@ def test_hang_clock_takes_the_newest_of_step_and_restarts():
     assert progress.hang_since(b.lease(5, 100), b.at(50), None) == b.at(100)
     assert progress.hang_since(b.lease(5, 100), b.at(150)) == b.at(150)
     assert progress.hang_since(None, None) is None
+
+
+def test_status_merge_patch_deletes_nested_keys_the_new_status_dropped():
+    from crucible.operator.kube import merge_patch
+
+    old = {"phase": "Running", "message": "x", "tracking": {"members": {"0": "a", "1": "b"},
+                                                            "handled": ["u"]}}
+    new = {"phase": "Restarting", "tracking": {"members": {}, "handled": ["u", "v"]}}
+    patch = merge_patch(old, new)
+    assert patch == {"message": None, "phase": "Restarting",
+                     "tracking": {"members": {"0": None, "1": None}, "handled": ["u", "v"]}}
