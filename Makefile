@@ -1,4 +1,5 @@
 # Crucible: set-up and tests. Everything heavy is cached under ~/.cache/crucible, not in the repo.
+#   make demo    install everything and run `crucible demo` (outputs under runs/demo)
 #   make test    install everything, start the local stack, run the whole test suite
 #   make venv    only the Python environment
 #   make stack   only build and start the local stack (e2e/stack.sh up)
@@ -15,10 +16,14 @@ DEPS_KEY := $(shell cat pyproject.toml setup.py | sha256sum | cut -c1-12)-$(shel
 STAMP := $(VENV)/.crucible-$(DEPS_KEY)
 PYTEST_ARGS ?=
 
-.PHONY: test venv stack stack-down test-data
+.PHONY: test demo venv stack stack-down test-data
 
 test: venv stack test-data
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The main job, offline on this machine: corpus -> tokenizer -> FSDP training on 2 CPU processes.
+demo: venv
+	$(VENV)/bin/crucible demo --out runs/demo
 
 venv: $(STAMP)
 
