@@ -1,0 +1,22 @@
+"""`crucible demo` (README command 1) runs end to end, shortened to fit the test suite."""
+
+from __future__ import annotations
+
+import json
+
+from tests.trainer.conftest import run_crucible
+
+
+def test_demo_runs_every_stage_and_reports(tmp_path):
+    out = tmp_path / "demo"
+    run = run_crucible("demo", "--out", str(out), "--steps", "6", "--man-pages", "40",
+                       timeout=900)
+    assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-3000:])
+    for stage in ("1/5 raw text", "2/5 corpus", "3/5 tokenizer", "4/5 training", "5/5 summary"):
+        assert stage in run.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["eval"]["loss"] > 0
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads((out / "corpus" / "report.json").read_text())
+    assert report["summary"]["docs_out"] > 50
+    assert "held-out bits per byte" in run.stdout
