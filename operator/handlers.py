@@ -239,15 +239,15 @@ def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime):
     return plan, applied, written, events, problems
 
 
-def _log(logger, job: JobView, applied: Applied, events: list[Event], problems: list[str]):
-    where = f"{job.namespace}/{job.name}"
+def _log(logger, applied: Applied, events: list[Event], problems: list[str]):
+    # kopf's object logger prefixes each line with [namespace/name].
     for event in events:
         (logger.warning if event.type == "Warning" else logger.info)(
-            f"{where}: {event.reason}: {event.message}")
+            f"{event.reason}: {event.message}")
     for line in applied.rejected:
-        logger.error(f"{where}: the API refused: {line}")
+        logger.error(f"the API refused: {line}")
     for line in applied.transient + problems:
-        logger.warning(f"{where}: will retry: {line}")
+        logger.warning(f"will retry: {line}")
 
 
 async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -> float:
@@ -266,15 +266,15 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -
             memo.executor, _execute, memo.kube, job, obs, now)
     except (ApiException, OSError) as err:
         metrics.RECONCILES.labels("error").inc()
-        logger.warning(f"{job.namespace}/{job.name}: pass failed, retrying: "
-                       f"{getattr(err, 'status', '')} {getattr(err, 'reason', err)}")
+        logger.warning(f"pass failed, retrying: {getattr(err, 'status', '')} "
+                       f"{getattr(err, 'reason', err)}")
         return 2.0
     if written is not None:
         memo.fences[job.uid] = written
     memo.phases[job.uid] = plan.status.get("phase", "Pending")
     for failure in plan.restarts:
         metrics.RESTARTS.labels(failure.cause, failure.kind).inc()
-    _log(logger, job, applied, events, problems)
+    _log(logger, applied, events, problems)
     metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
     metrics.RECONCILES.labels("error" if applied.transient else "ok").inc()
     if applied.transient:

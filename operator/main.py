@@ -61,9 +61,11 @@ def run(args: argparse.Namespace) -> int:
 
     import kopf
 
-    import crucible.operator.handlers  # noqa: F401  (registers the handlers)
+    from crucible.operator import handlers
 
-    kopf.configure(verbose=args.verbose)
+    assert handlers.reconcile  # importing registers the handlers with kopf
+
+    kopf.configure(verbose=args.verbose, log_prefix=True)
     kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace,
              liveness_endpoint=args.liveness)
     return 0
