@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from crucible.trainer.corpus import storage
+from crucible.trainer import storage
 from crucible.trainer.corpus.document import Document, Malformed
 from crucible.trainer.corpus.readers import Reader
 from crucible.trainer.corpus.shards import InputFile, Shard, detect_format

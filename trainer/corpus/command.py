@@ -72,7 +72,7 @@ def _load_config(args: argparse.Namespace):
 def _shard_count_from_run(config) -> int:
     import json
 
-    from crucible.trainer.corpus import storage
+    from crucible.trainer import storage
 
     uri = storage.join(config.output, "run.json")
     if not storage.exists(uri):

@@ -27,7 +27,7 @@ from typing import ClassVar, Iterable
 import numpy as np
 import xxhash
 
-from crucible.trainer.corpus import storage
+from crucible.trainer import storage
 from crucible.trainer.corpus.clusters import clusters_from_pairs, exact_duplicates, size_histogram
 from crucible.trainer.corpus.document import Document
 from crucible.trainer.corpus.minhash import MinHasher, MinhashConfig

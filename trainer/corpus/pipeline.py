@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Callable, Iterable, Iterator
 
-from crucible.trainer.corpus import dedup, storage
+from crucible.trainer import storage
+from crucible.trainer.corpus import dedup
 from crucible.trainer.corpus.config import CorpusConfig, describe
 from crucible.trainer.corpus.document import Document, Malformed
 from crucible.trainer.corpus.mixture import copies, repeat_factors

@@ -20,7 +20,7 @@ import gzip
 import json
 from typing import IO, Iterator
 
-from crucible.trainer.corpus import storage
+from crucible.trainer import storage
 from crucible.trainer.corpus.document import Document, Malformed, make_key
 from crucible.trainer.corpus.shards import InputFile
 

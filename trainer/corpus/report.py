@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from crucible.trainer.corpus import dedup, storage
+from crucible.trainer import storage
+from crucible.trainer.corpus import dedup
 from crucible.trainer.corpus.config import describe
 from crucible.trainer.corpus.stats import SourceCounts, StepStats
 

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterable
 
-from crucible.trainer.corpus import storage
+from crucible.trainer import storage
 
 # Indexed Jobs set this in every pod (Kubernetes docs, "Job: Completion mode").
 COMPLETION_INDEX_ENV = "JOB_COMPLETION_INDEX"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from crucible.trainer.corpus import storage
+from crucible.trainer import storage
 from crucible.trainer.corpus.document import Document
 from crucible.trainer.corpus.readers import Reader
 from crucible.trainer.corpus.shards import list_inputs
