@@ -164,6 +164,13 @@ class TrainingSpec(Spec):
 class CheckpointSpec(Spec):
     """Sharded checkpoints (DCP) under `uri`, committed by a manifest written last."""
 
+    # Apiserver only (a transition rule needs the old object): the job resumes from `uri`, so
+    # changing it mid-run would silently start over; set it once.
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel("!has(oldSelf.uri) || (has(self.uri) && self.uri == oldSelf.uri)",
+            "checkpoint.uri cannot change once set: the job resumes from the checkpoints under "
+            "it (create a new job to start elsewhere)")]})
+
     uri: str | None = Field(None, description="s3://bucket/prefix or a local folder; none: no "
                             "checkpoints (not recommended).")
     every_minutes: float = Field(10.0, ge=0, description="Wall-clock interval between saves "

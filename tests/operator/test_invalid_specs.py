@@ -1,0 +1,154 @@
+"""The real apiserver rejects bad PretrainJobs at apply time, naming the field.
+
+Each case goes to the apiserver as `kubectl apply` sends it (a create with server-side field
+validation Strict; dry run, so nothing is stored) and through `kubectl apply --dry-run=server`
+itself. The same spec must also fail the trainer's pydantic model (one source of truth), except
+what only the apiserver can judge: the object's name and transitions between versions.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from crucible.operator import crd
+from crucible.trainer.jobspec import PretrainJobSpec
+from tests.operator.cluster import job_body
+
+pytestmark = pytest.mark.stack
+
+
+def _set(doc: dict, path: str, value) -> dict:
+    doc = copy.deepcopy(doc)
+    *parents, leaf = path.split(".")
+    node = doc
+    for part in parents:
+        node = node.setdefault(part, {})
+    if value is DELETE:
+        node.pop(leaf)
+    else:
+        node[leaf] = value
+    return doc
+
+
+DELETE = object()
+# (case id, field path to set under the object, value, text the rejection must contain)
+CASES = [
+    ("min-above-max", "spec.nodes", {"min": 4, "max": 2}, "spec.nodes"),
+    ("min-zero", "spec.nodes.min", 0, "spec.nodes.min"),
+    ("max-too-large", "spec.nodes.max", 5000, "spec.nodes.max"),
+    ("procs-zero", "spec.procsPerNode", 0, "spec.procsPerNode"),
+    ("procs-not-a-number", "spec.procsPerNode", "eight", "spec.procsPerNode"),
+    ("no-image", "spec.image", DELETE, "spec.image"),
+    ("empty-image", "spec.image", "", "spec.image"),
+    ("no-model", "spec.model", DELETE, "spec.model"),
+    ("unknown-preset", "spec.model.preset", "gpt-5", "spec.model.preset"),
+    ("model-incomplete", "spec.model", {"layers": 4}, "spec.model"),
+    ("dim-not-divisible", "spec.model", {"preset": "tiny", "heads": 3}, "spec.model"),
+    ("odd-head-dim", "spec.model", {"layers": 2, "heads": 32, "dim": 96, "seqLen": 64,
+                                    "vocabSize": 512}, "spec.model"),
+    ("layers-out-of-range", "spec.model.layers", 1000, "spec.model.layers"),
+    ("no-data", "spec.data", DELETE, "spec.data"),
+    ("empty-train", "spec.data.train", "", "spec.data.train"),
+    ("tokens-zero", "spec.training.tokens", 0, "spec.training.tokens"),
+    ("lr-above-one", "spec.training.lr", 2.0, "spec.training.lr"),
+    ("unknown-schedule", "spec.training.schedule", "linear", "spec.training.schedule"),
+    ("unknown-precision", "spec.training.precision", "fp16", "spec.training.precision"),
+    ("beta1-one", "spec.training.beta1", 1.0, "spec.training.beta1"),
+    ("micro-batch-zero", "spec.training.microBatch", 0, "spec.training.microBatch"),
+    ("keep-one", "spec.checkpoint.keep", 1, "spec.checkpoint.keep"),
+    ("negative-interval", "spec.checkpoint.everyMinutes", -1, "spec.checkpoint.everyMinutes"),
+    ("hang-timeout-short", "spec.faultTolerance.hangTimeoutSeconds", 10,
+     "spec.faultTolerance.hangTimeoutSeconds"),
+    ("negative-budget", "spec.faultTolerance.maxRestarts", -1, "spec.faultTolerance.maxRestarts"),
+    ("exit-code-zero", "spec.faultTolerance.retryableExitCodes", [0],
+     "spec.faultTolerance.retryableExitCodes[0]"),
+    ("exit-code-duplicate", "spec.faultTolerance.retryableExitCodes", [3, 3],
+     "spec.faultTolerance.retryableExitCodes[1]"),
+    ("grace-too-long", "spec.faultTolerance.nodeFailureGraceSeconds", 4000,
+     "spec.faultTolerance.nodeFailureGraceSeconds"),
+    ("suspend-not-bool", "spec.suspend", "yes", "spec.suspend"),
+    ("resources-bad-key", "spec.resources", {"limitz": {"cpu": 1}}, "spec.resources"),
+    ("resources-bad-quantity", "spec.resources", {"limits": {"cpu": "lots"}},
+     "spec.resources.limits.cpu"),
+    ("toleration-exists-with-value", "spec.scheduling.tolerations",
+     [{"key": "gpu", "operator": "Exists", "value": "x"}], "spec.scheduling.tolerations[0]"),
+    ("toleration-bad-effect", "spec.scheduling.tolerations",
+     [{"key": "gpu", "operator": "Exists", "effect": "Sometimes"}],
+     "spec.scheduling.tolerations[0].effect"),
+    ("negative-ttl", "spec.ttlSecondsAfterFinished", -1, "spec.ttlSecondsAfterFinished"),
+    ("unknown-field", "spec.nodez", {"min": 1}, "spec.nodez"),
+    ("name-too-long", "metadata.name", "g" * 41, "metadata.name"),
+    ("name-starts-with-digit", "metadata.name", "1gpt", "metadata.name"),
+]
+# The name is not part of the spec; pydantic's lax mode reads the string "yes" as true (it must stay
+# lax: PyYAML reads `tokens: 2.5e9` as a string), the apiserver's schema does not.
+APISERVER_ONLY = {"name-too-long", "name-starts-with-digit", "suspend-not-bool"}
+
+
+def _valid() -> dict:
+    return job_body("gpt", checkpoint={"uri": "s3://crucible/runs/gpt"})
+
+
+def _rejection(cluster, doc: dict) -> str | None:
+    try:
+        cluster.objs.create_namespaced_custom_object(crd.GROUP, crd.VERSION, cluster.namespace,
+                                                     crd.PLURAL, doc, dry_run="All",
+                                                     field_validation="Strict")
+    except ApiException as err:
+        assert err.status in (400, 422), err
+        return err.body
+    return None
+
+
+def _kubectl_rejection(cluster, doc: dict) -> str | None:
+    out = subprocess.run(["kubectl", "apply", "--dry-run=server", "-n", cluster.namespace,
+                          "-f", "-"], input=yaml.safe_dump(doc), capture_output=True, text=True,
+                         env={**os.environ, "KUBECONFIG": str(cluster.kube.kubeconfig)},
+                         timeout=60)
+    return out.stderr if out.returncode else None
+
+
+def test_at_least_twenty_cases():
+    assert len(CASES) >= 20
+
+
+def test_a_valid_job_is_accepted_with_the_models_defaults(cluster):
+    created = cluster.objs.create_namespaced_custom_object(
+        crd.GROUP, crd.VERSION, cluster.namespace, crd.PLURAL, _valid(), dry_run="All",
+        field_validation="Strict")
+    expected = PretrainJobSpec.model_validate(_valid()["spec"]).model_dump(
+        by_alias=True, exclude_none=True, mode="json")
+    assert created["spec"] == expected
+
+
+@pytest.mark.parametrize("case, path, value, field", CASES, ids=[c[0] for c in CASES])
+def test_invalid_spec_is_rejected_naming_the_field(cluster, case, path, value, field):
+    doc = _set(_valid(), path, value)
+    message = _rejection(cluster, doc)
+    assert message is not None, f"{case}: the apiserver accepted it"
+    assert field in message, f"{case}: {field!r} not named in {message}"
+    if shutil.which("kubectl"):  # the CLI prints the same server-side message
+        printed = _kubectl_rejection(cluster, doc)
+        assert printed is not None and field in printed, printed
+    if case not in APISERVER_ONLY:
+        with pytest.raises(ValidationError):
+            PretrainJobSpec.model_validate(doc["spec"])
+
+
+def test_checkpoint_uri_cannot_change_once_set(cluster):
+    cluster.objs.create_namespaced_custom_object(crd.GROUP, crd.VERSION, cluster.namespace,
+                                                 crd.PLURAL, _valid())
+    with pytest.raises(ApiException) as rejected:
+        cluster.patch_spec("gpt", {"checkpoint": {"uri": "s3://crucible/runs/elsewhere"}})
+    assert rejected.value.status == 422
+    assert "spec.checkpoint" in rejected.value.body and "cannot change" in rejected.value.body
+    cluster.patch_spec("gpt", {"training": {"lr": 1e-4}})   # other edits are fine
+    cluster.delete_job("gpt")

@@ -1,0 +1,60 @@
+"""Least privilege, checked with real ServiceAccount tokens against the RBAC-enabled apiserver.
+
+The operator's identity is manifests/rbac/operator.yaml as committed (every cluster test runs the
+operator under it, so "enough" is proven there); here: what it must NOT be able to do, and that
+the trainer pods' per-job identity can touch its own progress Lease and nothing else.
+"""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from tests.operator.conftest import assert_clean_exit
+from tests.operator.test_progress_lease import trainer_kubeconfig
+from tests.support.services import eventually
+
+pytestmark = pytest.mark.stack
+
+
+def _status(call) -> int:
+    try:
+        call()
+    except ApiException as err:
+        return err.status
+    return 200
+
+
+def test_operator_identity_cannot_read_secrets_or_delete_nodes(operator_kubeconfig, kube,
+                                                               namespace):
+    api = config.new_client_from_config(config_file=str(operator_kubeconfig))
+    core = client.CoreV1Api(api)
+    assert _status(lambda: core.list_namespaced_secret(namespace)) == 403
+    assert _status(lambda: core.delete_node(kube.nodes[0])) == 403
+    assert _status(lambda: client.AppsV1Api(api).list_namespaced_deployment(namespace)) == 403
+    assert _status(lambda: core.list_node()) == 200
+
+
+def test_trainer_identity_may_patch_only_its_own_lease(cluster, run_operator, tmp_path):
+    with run_operator(cluster.namespace) as runner:
+        cluster.create_job("gpt", nodes={"min": 1, "max": 1})
+        cluster.create_job("other", nodes={"min": 1, "max": 1})
+        cluster.wait_running("gpt", 1)
+        cluster.wait_running("other", 1)
+        kubeconfig = eventually(lambda: trainer_kubeconfig(cluster, "gpt", tmp_path / "kc"), 20,
+                                "the trainer's ServiceAccount")
+        api = config.new_client_from_config(config_file=kubeconfig)
+        coordination, core = client.CoordinationV1Api(api), client.CoreV1Api(api)
+        ns = cluster.namespace
+        patch = {"metadata": {"annotations": {"crucible.dev/step": "1"}}}
+        assert _status(lambda: coordination.patch_namespaced_lease("gpt-progress", ns, patch)) == 200
+        assert _status(lambda: coordination.read_namespaced_lease("gpt-progress", ns)) == 200
+        assert _status(lambda: coordination.patch_namespaced_lease("other-progress", ns, patch)) == 403
+        assert _status(lambda: coordination.delete_namespaced_lease("gpt-progress", ns)) == 403
+        assert _status(lambda: coordination.list_namespaced_lease(ns)) == 403
+        assert _status(lambda: core.list_namespaced_pod(ns)) == 403
+        assert _status(lambda: core.list_namespaced_secret(ns)) == 403
+        for name in ("gpt", "other"):
+            cluster.delete_job(name)
+    assert_clean_exit(runner)
