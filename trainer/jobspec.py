@@ -161,6 +161,9 @@ class TrainingSpec(Spec):
         return max(1, math.ceil(self.tokens / self.global_batch_tokens))
 
 
+S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")  # S3 bucket naming rules
+
+
 class CheckpointSpec(Spec):
     """Sharded checkpoints (DCP) under `uri`, committed by a manifest written last."""
 
@@ -184,6 +187,18 @@ class CheckpointSpec(Spec):
                          "background: training blocks only for the copy.")
     credentials_secret: str | None = Field(None, description="Secret with AWS_ACCESS_KEY_ID, "
                                            "AWS_SECRET_ACCESS_KEY (and optionally AWS_ENDPOINT_URL).")
+
+    @field_validator("uri")
+    @classmethod
+    def _storage_uri(cls, uri: str | None) -> str | None:
+        if uri is None:
+            return uri
+        if "://" in uri and not uri.startswith("s3://"):
+            raise ValueError(f"unsupported scheme in {uri!r}: use s3://bucket/prefix or a local folder")
+        if uri.startswith("s3://") and not S3_URI.match(uri):
+            raise ValueError(f"{uri!r} is not s3://bucket/prefix with a valid bucket name "
+                             "(3-63 characters: lowercase letters, digits, '.', '-')")
+        return uri
 
 
 class SpikeGuardSpec(Spec):

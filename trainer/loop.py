@@ -1,10 +1,13 @@
-"""The training loop: from a validated job config to a trained, evaluated model.
+"""The training loop: from a validated job config to a trained, evaluated, checkpointed model.
 
-Reads like torchtitan's `train.py` in outline: derive the run plan (printed at start, as nanoGPT
-prints tokens per iteration), build the sharded model, optimizer and data sampler, then step:
-LR from the pure schedule, gradient accumulation (FSDP gradient sync only on the last
-micro-step), clip, update, log. Everything a restart needs is a `Stateful` object here (model,
-optimizer, LR scale, sampler, `TrainState`); checkpointing plugs in through those.
+Reads like torchtitan's `train.py` in outline. `Run.setup` derives the run plan (printed at
+start, as nanoGPT prints tokens per iteration), builds the sharded model, optimizer and data
+sampler, proves checkpoint storage works and resumes from the newest committed checkpoint.
+`Run.step` is one optimizer step: LR from the pure schedule, gradient accumulation (FSDP
+gradient sync only on the last micro-step), clip, update. After each step one small all-reduce
+carries what every rank must agree on: the loss, and rank 0's "save now" (time-based saving
+would otherwise diverge between ranks). Everything a restart needs is a `Stateful` part of
+`AppState` (model, optimizer, LR scale, sampler, `TrainState`).
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from pathlib import Path
 import torch
 
 from crucible.trainer import arch, optim, parallel
-from crucible.trainer.lease import progress_lease
-from crucible.trainer.data import ShardSet, Sampler
+from crucible.trainer.checkpoint import AppState, Checkpointer, Commit, should_save, stable_hash
+from crucible.trainer.data import Sampler, ShardSet
 from crucible.trainer.evaluate import EvalResult, evaluate
 from crucible.trainer.jobspec import TrainJobConfig
+from crucible.trainer.lease import progress_lease
 from crucible.trainer.metrics import Metrics, device_peak_flops
 
 
@@ -88,6 +92,8 @@ class RunSummary:
     tokens_per_second: float
     mfu: float
     elapsed_s: float
+    resumed_from: int | None = None
+    last_checkpoint: int | None = None
     losses: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -102,137 +108,6 @@ def _format_line(step: int, total: int, loss: float, lr: float, grad: float, tps
             f"{tps / 1e3:8.1f}k tok/s | mfu {100 * mfu:5.2f}% | {1e3 * step_s:7.1f} ms")
 
 
-def train(cfg: TrainJobConfig, *, progress: bool = False, max_steps: int | None = None,
-          log=print) -> RunSummary:
-    """Train until the planned number of steps, or `max_steps` more steps if given (the LR
-    schedule still follows the full plan, so a run cut short and resumed is the same run)."""
-    env = parallel.init_distributed()
-    try:
-        return _train(cfg, env, progress=progress, max_steps=max_steps,
-                      log=log if env.is_main else (lambda *_: None))
-    finally:
-        parallel.shutdown()
-
-
-def _train(cfg: TrainJobConfig, env: parallel.DistEnv, *, progress: bool, max_steps: int | None,
-           log) -> RunSummary:
-    t = cfg.training
-    model_cfg = cfg.model.to_arch()
-    plan = plan_run(cfg, env.world_size)
-    train_shards = ShardSet(cfg.data.train)
-    train_shards.check_compatible(model_cfg.vocab_size, _tokenizer_hash(cfg))
-    val_shards = ShardSet(cfg.data.val) if cfg.data.val else None
-    if val_shards is not None:
-        val_shards.check_compatible(model_cfg.vocab_size, train_shards.tokenizer_hash)
-    out = Path(cfg.output_dir)
-    log(f"run {cfg.name}: {plan.params / 1e6:.2f}M params, {env.world_size} rank(s) on "
-        f"{env.device.type}, {plan.tokens_per_step} tokens/step = {plan.world_size} ranks x "
-        f"{plan.micro_batch} seqs x {plan.seq_len} tokens x {plan.accum_steps} accumulation, "
-        f"{plan.total_steps} steps, {plan.flops_per_token / 1e6:.1f} MFLOP/token")
-
-    torch.manual_seed(t.seed)
-    mesh = parallel.build_mesh(env)
-    model = parallel.build_sharded_model(model_cfg, env, mesh, precision=t.precision, seed=t.seed,
-                                         activation_checkpointing=t.activation_checkpointing,
-                                         compile_blocks=t.compile)
-    optimizer = optim.build_optimizer(model, t, env.device)
-    lr_scale = optim.LRScale()
-    sampler = Sampler(train_shards, plan.seq_len, t.seed)
-    state = TrainState()
-
-    metrics = Metrics(cfg.name, env.rank, enabled=env.is_main, port=cfg.metrics.port,
-                      jsonl_path=Path(cfg.metrics.jsonl) if cfg.metrics.jsonl else out / "metrics.jsonl")
-    if env.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "exporter.json").write_text(json.dumps({"port": metrics.port, "pid": os.getpid()}))
-        if metrics.port:
-            log(f"metrics: http://127.0.0.1:{metrics.port}/metrics")
-    lease = progress_lease(cfg.name) if env.is_main else None  # None outside Kubernetes
-    peak_flops, peak_source = device_peak_flops(env.device)
-    log(f"MFU peak: {peak_flops / 1e12:.2f} TFLOP/s per device ({peak_source})")
-
-    def run_eval() -> EvalResult | None:
-        if val_shards is None:
-            return None
-        result = evaluate(model, val_shards, seq_len=plan.seq_len, micro_batch=t.micro_batch,
-                          tokens=t.eval_tokens, rank=env.rank, world_size=env.world_size,
-                          device=env.device)
-        metrics.set(eval_loss=result.loss, eval_bits_per_byte=result.bits_per_byte)
-        metrics.write({"kind": "eval", "step": state.step, "loss": result.loss,
-                       "bits_per_byte": result.bits_per_byte, "tokens": result.tokens})
-        log(f"eval at step {state.step}: loss {result.loss:.4f}, {result.bits_per_byte:.4f} bits/byte")
-        return result
-
-    bar = None
-    if progress and env.is_main:
-        from tqdm import tqdm
-
-        bar = tqdm(total=plan.total_steps, initial=state.step, unit="step", dynamic_ncols=True)
-    losses: list[float] = []
-    started = time.perf_counter()
-    tokens_at_start = state.tokens_seen
-    last_eval: EvalResult | None = None
-    stop_at = plan.total_steps if max_steps is None else min(plan.total_steps, state.step + max_steps)
-    try:
-        while state.step < stop_at:
-            step_started = time.perf_counter()
-            lr = optim.lr_at(state.step, t, plan.total_steps) * lr_scale.value
-            optim.set_lr(optimizer, lr)
-            loss_sum = torch.zeros((), device=env.device)
-            for micro in range(plan.accum_steps):
-                x, y = sampler.batch(state.step, micro, global_batch=plan.global_batch_seqs,
-                                     micro_batch=plan.micro_batch, rank=env.rank,
-                                     world_size=env.world_size)
-                inputs = torch.from_numpy(x).to(env.device, non_blocking=True)  # (B, T)
-                targets = torch.from_numpy(y).to(env.device, non_blocking=True)  # (B, T)
-                # Reduce-scatter gradients only once per step, after the last micro-batch.
-                model.set_requires_gradient_sync(micro == plan.accum_steps - 1)
-                loss = model(inputs, targets)
-                (loss / plan.accum_steps).backward()
-                loss_sum += loss.detach()
-            grad_norm = optim.clip_grad_norm(model, t.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            (loss_mean,) = parallel.all_reduce_mean([float(loss_sum) / plan.accum_steps], env.device)
-            state.step += 1
-            state.tokens_seen += plan.tokens_per_step
-
-            step_s = time.perf_counter() - step_started
-            tps = plan.tokens_per_step / step_s
-            mfu = tps / env.world_size * plan.flops_per_token / peak_flops
-            losses.append(loss_mean)
-            metrics.set(train_loss=loss_mean, grad_norm=grad_norm, learning_rate=lr,
-                        tokens_per_second=tps, mfu=mfu, step=state.step,
-                        tokens_total=state.tokens_seen, step_seconds=step_s)
-            metrics.write({"kind": "train", "step": state.step, "tokens": state.tokens_seen,
-                           "loss": loss_mean, "grad_norm": grad_norm, "lr": lr,
-                           "tokens_per_second": tps, "mfu": mfu, "step_seconds": step_s})
-            if lease is not None:
-                lease.update(step=state.step, tokens=state.tokens_seen, loss=loss_mean,
-                             world_size=env.world_size)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss_mean:.3f}", tok_s=f"{tps / 1e3:.1f}k")
-            elif state.step % t.log_every == 0 or state.step == plan.total_steps:
-                log(_format_line(state.step, plan.total_steps, loss_mean, lr, grad_norm, tps, mfu, step_s))
-            if t.eval_every and state.step % t.eval_every == 0 and state.step < stop_at:
-                last_eval = run_eval()
-        last_eval = run_eval() or last_eval
-    finally:
-        if bar is not None:
-            bar.close()
-        if lease is not None:
-            lease.close()
-        metrics.close()
-    elapsed = time.perf_counter() - started
-    tps_avg = (state.tokens_seen - tokens_at_start) / max(elapsed, 1e-9)
-    return RunSummary(steps=state.step, tokens=state.tokens_seen,
-                      final_train_loss=losses[-1] if losses else float("nan"), eval=last_eval,
-                      tokens_per_second=tps_avg,
-                      mfu=tps_avg / env.world_size * plan.flops_per_token / peak_flops,
-                      elapsed_s=elapsed, losses=losses)
-
-
 def _tokenizer_hash(cfg: TrainJobConfig) -> str | None:
     """The hash of data.tokenizer (a tokenizer.json), to check against the shard headers."""
     if not cfg.data.tokenizer:
@@ -240,3 +115,218 @@ def _tokenizer_hash(cfg: TrainJobConfig) -> str | None:
     from crucible.trainer.tokenizer.bpe import tokenizer_hash
 
     return tokenizer_hash(cfg.data.tokenizer)
+
+
+class Run:
+    """One training process's view of the job: model, optimizer, data, metrics, checkpoints."""
+
+    def __init__(self, cfg: TrainJobConfig, env: parallel.DistEnv, log):
+        self.cfg, self.env, self.log = cfg, env, log
+        t, self.model_cfg = cfg.training, cfg.model.to_arch()
+        self.plan = plan_run(cfg, env.world_size)
+        self.train_shards = ShardSet(cfg.data.train)
+        self.train_shards.check_compatible(self.model_cfg.vocab_size, _tokenizer_hash(cfg))
+        self.val_shards = ShardSet(cfg.data.val) if cfg.data.val else None
+        if self.val_shards is not None:
+            self.val_shards.check_compatible(self.model_cfg.vocab_size, self.train_shards.tokenizer_hash)
+        p = self.plan
+        log(f"run {cfg.name}: {p.params / 1e6:.2f}M params, {env.world_size} rank(s) on "
+            f"{env.device.type}, {p.tokens_per_step} tokens/step = {p.world_size} ranks x "
+            f"{p.micro_batch} seqs x {p.seq_len} tokens x {p.accum_steps} accumulation, "
+            f"{p.total_steps} steps, {p.flops_per_token / 1e6:.1f} MFLOP/token")
+
+        torch.manual_seed(t.seed)
+        self.model = parallel.build_sharded_model(
+            self.model_cfg, env, parallel.build_mesh(env), precision=t.precision, seed=t.seed,
+            activation_checkpointing=t.activation_checkpointing, compile_blocks=t.compile)
+        self.optimizer = optim.build_optimizer(self.model, t, env.device)
+        self.lr_scale = optim.LRScale()
+        self.sampler = Sampler(self.train_shards, p.seq_len, t.seed)
+        self.state = TrainState()
+        self.app = AppState(self.model, self.optimizer, {"train": self.state, "sampler": self.sampler,
+                                                         "lr_scale": self.lr_scale})
+
+        out = Path(cfg.output_dir)
+        jsonl = Path(cfg.metrics.jsonl) if cfg.metrics.jsonl else out / "metrics.jsonl"
+        self.metrics = Metrics(cfg.name, env.rank, enabled=env.is_main, port=cfg.metrics.port,
+                               jsonl_path=jsonl)
+        if env.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "exporter.json").write_text(json.dumps({"port": self.metrics.port, "pid": os.getpid()}))
+            if self.metrics.port:
+                log(f"metrics: http://127.0.0.1:{self.metrics.port}/metrics")
+        self.metrics.set(restarts_total=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+        self.lease = progress_lease(cfg.name) if env.is_main else None  # None outside Kubernetes
+        self.peak_flops, peak_source = device_peak_flops(env.device)
+        log(f"MFU peak: {self.peak_flops / 1e12:.2f} TFLOP/s per device ({peak_source})")
+
+        self.ckpt = self._checkpointer()
+        self.resumed_from = None
+        if self.ckpt is not None:
+            self.ckpt.probe()
+            manifest = self.ckpt.load(self.app)
+            if manifest is not None:
+                self.resumed_from = manifest["step"]
+                log(f"resumed from {self.ckpt.last_commit.uri} (step {manifest['step']}, saved by "
+                    f"{manifest['world_size']} ranks, now {env.world_size})")
+                self._on_commit(self.ckpt.last_commit, None)
+
+    def _checkpointer(self) -> Checkpointer | None:
+        spec = self.cfg.checkpoint
+        if not spec.uri:
+            self.log("checkpoint.uri is not set: this run keeps no checkpoints")
+            return None
+        cfg_dump = self.cfg.model_dump(mode="json", include={"model", "data", "training"})
+        return Checkpointer(spec, job=self.cfg.name, rank=self.env.rank,
+                            world_size=self.env.world_size, local_rank=self.env.local_rank,
+                            model_hash=stable_hash(self.model_cfg.to_dict()),
+                            config_hash=stable_hash(cfg_dump), on_commit=self._on_commit)
+
+    def _on_commit(self, commit: Commit, upload_s: float | None) -> None:
+        """Rank 0, from the checkpoint thread (or at resume): publish the newest commit."""
+        self.metrics.set(last_checkpoint_step=commit.step, checkpoint_bytes=commit.bytes,
+                         checkpoint_upload_seconds=upload_s)
+        if upload_s is not None:
+            self.metrics.write({"kind": "checkpoint", "step": commit.step, "uri": commit.uri,
+                                "bytes": commit.bytes, "upload_seconds": upload_s})
+        if self.lease is not None:
+            self.lease.update(step=self.state.step, tokens=self.state.tokens_seen,
+                              checkpoint=commit.for_lease())
+
+    # -- one optimizer step ----------------------------------------------------------------------
+    def step(self) -> tuple[float, float, float]:
+        """Forward/backward over the accumulation micro-steps and one update.
+        Returns (this rank's mean loss, global grad norm before clipping, learning rate)."""
+        t, p, env = self.cfg.training, self.plan, self.env
+        lr = optim.lr_at(self.state.step, t, p.total_steps) * self.lr_scale.value
+        optim.set_lr(self.optimizer, lr)
+        loss_sum = torch.zeros((), device=env.device)
+        for micro in range(p.accum_steps):
+            x, y = self.sampler.batch(self.state.step, micro, global_batch=p.global_batch_seqs,
+                                      micro_batch=p.micro_batch, rank=env.rank, world_size=env.world_size)
+            inputs = torch.from_numpy(x).to(env.device, non_blocking=True)  # (B, T)
+            targets = torch.from_numpy(y).to(env.device, non_blocking=True)  # (B, T)
+            # Reduce-scatter gradients only once per step, after the last micro-batch.
+            self.model.set_requires_gradient_sync(micro == p.accum_steps - 1)
+            loss = self.model(inputs, targets)
+            (loss / p.accum_steps).backward()
+            loss_sum += loss.detach()
+        grad_norm = optim.clip_grad_norm(self.model, t.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(loss_sum) / p.accum_steps, grad_norm, lr
+
+    def wants_save(self) -> bool:
+        """Rank 0's opinion (time-based saving must not be decided per rank)."""
+        if self.ckpt is None or not self.env.is_main:
+            return False
+        spec = self.cfg.checkpoint
+        return should_save(self.state.step, last_save_step=self.ckpt.last_save_step,
+                           seconds_since_save=time.monotonic() - self.ckpt.last_save_time,
+                           every_steps=spec.every_steps, every_minutes=spec.every_minutes)
+
+    def save(self, wait: bool = False) -> None:
+        blocking_s = self.ckpt.save(self.app, self.state.step, self.state.tokens_seen, wait=wait)
+        self.metrics.set(checkpoint_blocking_seconds=blocking_s)
+        self.log(f"checkpoint of step {self.state.step} started ({blocking_s:.2f}s blocking)")
+
+    def evaluate(self) -> EvalResult | None:
+        if self.val_shards is None:
+            return None
+        t = self.cfg.training
+        result = evaluate(self.model, self.val_shards, seq_len=self.plan.seq_len,
+                          micro_batch=t.micro_batch, tokens=t.eval_tokens, rank=self.env.rank,
+                          world_size=self.env.world_size, device=self.env.device)
+        self.metrics.set(eval_loss=result.loss, eval_bits_per_byte=result.bits_per_byte)
+        self.metrics.write({"kind": "eval", "step": self.state.step, "loss": result.loss,
+                            "bits_per_byte": result.bits_per_byte, "tokens": result.tokens})
+        self.log(f"eval at step {self.state.step}: loss {result.loss:.4f}, "
+                 f"{result.bits_per_byte:.4f} bits/byte")
+        return result
+
+    def close(self) -> None:
+        if self.ckpt is not None:
+            self.ckpt.wait()
+        if self.lease is not None:
+            self.lease.close()
+        self.metrics.close()
+
+
+def train(cfg: TrainJobConfig, *, progress: bool = False, max_steps: int | None = None,
+          log=print) -> RunSummary:
+    """Train until the planned number of steps, or `max_steps` more steps if given (the LR
+    schedule still follows the full plan, so a run cut short and resumed is the same run)."""
+    env = parallel.init_distributed()
+    try:
+        run = Run(cfg, env, log if env.is_main else (lambda *_: None))
+        try:
+            return _loop(run, progress=progress, max_steps=max_steps)
+        finally:
+            run.close()
+    finally:
+        parallel.shutdown()
+
+
+def _loop(run: Run, *, progress: bool, max_steps: int | None) -> RunSummary:
+    cfg, env, plan, state, metrics = run.cfg, run.env, run.plan, run.state, run.metrics
+    bar = None
+    if progress and env.is_main:
+        from tqdm import tqdm
+
+        bar = tqdm(total=plan.total_steps, initial=state.step, unit="step", dynamic_ncols=True)
+    losses: list[float] = []
+    started, tokens_at_start = time.perf_counter(), state.tokens_seen
+    last_eval: EvalResult | None = None
+    stop_at = plan.total_steps if max_steps is None else min(plan.total_steps, state.step + max_steps)
+    try:
+        while state.step < stop_at:
+            step_started = time.perf_counter()
+            loss_local, grad_norm, lr = run.step()
+            state.step += 1
+            state.tokens_seen += plan.tokens_per_step
+            loss_sum, save_votes = parallel.all_reduce_sum([loss_local, float(run.wants_save())],
+                                                           env.device)
+            loss_mean = loss_sum / env.world_size
+            if save_votes > 0:
+                run.save()
+
+            step_s = time.perf_counter() - step_started
+            tps = plan.tokens_per_step / step_s
+            mfu = tps / env.world_size * plan.flops_per_token / run.peak_flops
+            losses.append(loss_mean)
+            age = None
+            if run.ckpt is not None and run.ckpt.last_commit is not None:
+                age = time.time() - run.ckpt.last_commit.time
+            metrics.set(train_loss=loss_mean, grad_norm=grad_norm, learning_rate=lr,
+                        tokens_per_second=tps, mfu=mfu, step=state.step, step_seconds=step_s,
+                        tokens_total=state.tokens_seen, checkpoint_age_seconds=age)
+            metrics.write({"kind": "train", "step": state.step, "tokens": state.tokens_seen,
+                           "loss": loss_mean, "grad_norm": grad_norm, "lr": lr,
+                           "tokens_per_second": tps, "mfu": mfu, "step_seconds": step_s})
+            if run.lease is not None:
+                run.lease.update(step=state.step, tokens=state.tokens_seen, loss=loss_mean,
+                                 world_size=env.world_size)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_mean:.3f}", tok_s=f"{tps / 1e3:.1f}k")
+            elif state.step % cfg.training.log_every == 0 or state.step == plan.total_steps:
+                run.log(_format_line(state.step, plan.total_steps, loss_mean, lr, grad_norm, tps,
+                                     mfu, step_s))
+            if cfg.training.eval_every and state.step % cfg.training.eval_every == 0 \
+                    and state.step < stop_at:
+                last_eval = run.evaluate()
+        if run.ckpt is not None and run.ckpt.last_save_step < state.step:
+            run.save(wait=True)  # the final (or cut-short) state is always committed
+        last_eval = run.evaluate() or last_eval
+    finally:
+        if bar is not None:
+            bar.close()
+    elapsed = time.perf_counter() - started
+    tps_avg = (state.tokens_seen - tokens_at_start) / max(elapsed, 1e-9)
+    last_ckpt = run.ckpt.last_commit.step if run.ckpt and run.ckpt.last_commit else None
+    return RunSummary(steps=state.step, tokens=state.tokens_seen,
+                      final_train_loss=losses[-1] if losses else float("nan"), eval=last_eval,
+                      tokens_per_second=tps_avg,
+                      mfu=tps_avg / env.world_size * plan.flops_per_token / run.peak_flops,
+                      elapsed_s=elapsed, resumed_from=run.resumed_from, last_checkpoint=last_ckpt,
+                      losses=losses)

@@ -11,7 +11,12 @@ Metric names, units and labels (every series carries `job` and `rank`):
   crucible_step_seconds          wall time of the last optimizer step, seconds
   crucible_eval_loss             held-out loss of the last eval, nats/token
   crucible_eval_bits_per_byte    held-out loss in bits per UTF-8 byte of text
-Checkpoint and stability-guard metrics register on the same registry from their own modules.
+  crucible_checkpoint_blocking_seconds  training time blocked by the last save, seconds
+  crucible_checkpoint_upload_seconds    write + upload + commit of the last save, seconds
+  crucible_checkpoint_bytes             size of the last committed checkpoint, bytes
+  crucible_last_checkpoint_step         step of the newest committed checkpoint
+  crucible_checkpoint_age_seconds       seconds since the newest commit
+  crucible_restarts_total               torchrun worker-group restarts (this agent)
 
 MFU's peak comes from `hardware.py` for known GPUs. On a CPU (or an unknown device) the peak is
 measured once with a fp32 matmul, and the log says so: CPU MFU is against that measured peak.
@@ -39,6 +44,12 @@ TRAIN_GAUGES = {
     "step_seconds": "Wall time of the last optimizer step (s)",
     "eval_loss": "Held-out loss of the last eval (nats/token)",
     "eval_bits_per_byte": "Held-out loss in bits per byte of UTF-8 text",
+    "checkpoint_blocking_seconds": "Training time blocked by the last checkpoint save (s)",
+    "checkpoint_upload_seconds": "Write + upload + commit time of the last checkpoint (s)",
+    "checkpoint_bytes": "Size of the last committed checkpoint (bytes)",
+    "last_checkpoint_step": "Step of the newest committed checkpoint",
+    "checkpoint_age_seconds": "Seconds since the newest checkpoint was committed",
+    "restarts_total": "Worker-group restarts by torchrun in this agent (TORCHELASTIC_RESTART_COUNT)",
 }
 
 

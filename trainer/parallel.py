@@ -125,11 +125,12 @@ def build_sharded_model(cfg, env: DistEnv, mesh: DeviceMesh, *, precision: str, 
     return materialize(model, env.device, seed)
 
 
-def all_reduce_mean(values: list[float], device: torch.device) -> list[float]:
-    """Average a few floats over all ranks (for logging and the stability guard's signals)."""
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sum a few floats over all ranks in one collective (the loss, flags every rank must agree
+    on such as "save now", and the stability guard's signals)."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return (t / dist.get_world_size()).tolist()
+    return t.tolist()
 
 
 def shutdown() -> None:

@@ -1,8 +1,10 @@
-"""Files on local disk or in an S3-compatible store, behind the same five functions.
+"""Files on local disk or in an S3-compatible store, behind the same few functions.
 
-Owns: listing, reading, atomic writing, existence checks and path joining for local paths and
-`s3://bucket/key` URIs. Must not: know file formats (readers, pipeline) or hold state besides one
-cached S3 client per process.
+Owns: listing, reading, atomic writing, existence checks, whole-file upload/download, deletion
+and path joining for local paths and `s3://bucket/key` URIs, and turning storage failures into
+messages a person can act on (`explain`). Must not: know file formats (readers, pipeline,
+checkpoint) or hold state besides one cached S3 client per process. Shared by the corpus
+pipeline, the tokenizer and checkpoints.
 
 S3 access uses boto3's standard configuration: credentials from the usual AWS variables or files,
 and the endpoint of an S3-compatible server from AWS_ENDPOINT_URL (boto3 reads it itself since
@@ -173,3 +175,90 @@ def seekable_copy(uri: str) -> IO[bytes]:
     if is_s3(uri):
         return io.BytesIO(read_bytes(uri))
     return open(uri, "rb")
+
+
+def upload_file(local: str | Path, uri: str) -> None:
+    """Copy a local file to `uri` (S3: multipart for large files; local: atomic rename)."""
+    if is_s3(uri):
+        bucket, key = _split_s3(uri)
+        s3_client().upload_file(str(local), bucket, key)
+        return
+    with open(local, "rb") as src, open_write(uri) as out:
+        while chunk := src.read(1 << 24):
+            out.write(chunk)
+
+
+def download_file(uri: str, local: str | Path) -> None:
+    local = Path(local)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    if is_s3(uri):
+        bucket, key = _split_s3(uri)
+        s3_client().download_file(bucket, key, str(local))
+        return
+    with open(uri, "rb") as src, open(local, "wb") as out:
+        while chunk := src.read(1 << 24):
+            out.write(chunk)
+
+
+def delete_file(uri: str) -> None:
+    if is_s3(uri):
+        bucket, key = _split_s3(uri)
+        s3_client().delete_object(Bucket=bucket, Key=key)
+    else:
+        Path(uri).unlink(missing_ok=True)
+
+
+def delete_tree(uri: str) -> int:
+    """Delete `uri` and everything under it, hidden files included; returns objects deleted."""
+    if is_s3(uri):
+        bucket, prefix = _split_s3(uri)
+        prefix = prefix.rstrip("/") + "/"
+        keys = [obj["Key"] for page in s3_client().get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=prefix) for obj in page.get("Contents", [])]
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
+            s3_client().delete_objects(Bucket=bucket, Delete={
+                "Objects": [{"Key": k} for k in keys[start:start + 1000]], "Quiet": True})
+        return len(keys)
+    root = Path(uri)
+    if not root.exists():
+        return 0
+    count = sum(1 for p in root.rglob("*") if p.is_file())
+    import shutil
+
+    shutil.rmtree(root)
+    return count
+
+
+def list_dirs(uri: str) -> list[str]:
+    """Immediate sub-folder names under `uri` (S3: common prefixes), sorted."""
+    if is_s3(uri):
+        bucket, prefix = _split_s3(uri)
+        prefix = prefix.rstrip("/") + "/" if prefix else ""
+        names = []
+        for page in s3_client().get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=prefix, Delimiter="/"):
+            names += [p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", [])]
+        return sorted(names)
+    root = Path(uri)
+    return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def explain(err: BaseException, uri: str) -> str:
+    """A one-line description of a storage failure with what to check, never the secret."""
+    name = type(err).__name__
+    code = getattr(err, "response", {}).get("Error", {}).get("Code", "")
+    if name in ("NoCredentialsError", "PartialCredentialsError"):
+        return (f"no S3 credentials for {uri}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                "(in a PretrainJob: checkpoint.credentialsSecret)")
+    if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403"):
+        return (f"S3 refused the credentials for {uri} ({code}): check AWS_ACCESS_KEY_ID / "
+                "AWS_SECRET_ACCESS_KEY and the key's permissions on the bucket")
+    if code in ("NoSuchBucket", "404") or name == "NoSuchBucket":
+        return f"bucket of {uri} does not exist ({code or name}): create it or fix the URI"
+    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError",
+                "ReadTimeoutError"):
+        endpoint = os.environ.get("AWS_ENDPOINT_URL", "the default AWS endpoint")
+        return f"cannot reach the S3 endpoint for {uri} ({endpoint}): {name}"
+    if isinstance(err, PermissionError):
+        return f"no permission to write {uri}: {err.strerror}"
+    return f"{uri}: {name}: {err}"

@@ -29,12 +29,19 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(err), hint="fields and defaults: see trainer/jobspec.py or "
                         "`kubectl explain pretrainjob.spec`") from None
 
+    import logging
+
+    logging.basicConfig(level=logging.INFO if int(os.environ.get("RANK", "0")) == 0 else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    for chatty in ("botocore", "boto3", "urllib3", "s3transfer"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     from crucible.trainer import loop
+    from crucible.trainer.checkpoint import CheckpointError
     from crucible.trainer.data import DataError
 
     try:
         summary = loop.train(cfg, progress=args.progress, max_steps=args.max_steps)
-    except (DataError, loop.PlanError) as err:
+    except (DataError, loop.PlanError, CheckpointError) as err:
         raise UserError(str(err)) from None
     if args.summary_json and int(os.environ.get("RANK", "0")) == 0:
         with open(args.summary_json, "w") as f:

@@ -1,0 +1,361 @@
+"""Sharded checkpoints (DCP) on local disk or S3, committed by a manifest written last.
+
+Layout under `checkpoint.uri` (DESIGN.md, "Checkpoint layout"):
+  step_<N>/__<rank>_0.distcp   one DCP shard per rank      (torch.distributed.checkpoint)
+  step_<N>/.metadata           DCP's global index           (written by rank 0)
+  step_<N>/rank_<r>.json       rank r's files, sizes and xxh3-128 checksums, after its upload
+  step_<N>/manifest.json       step, tokens, world size, every file with size and checksum, the
+                               model/config hashes: written by rank 0 once every rank's marker is
+                               there. No manifest (or a checksum mismatch) = no checkpoint.
+
+Saving follows torchtitan's `CheckpointManager`: `dcp.async_save` on a dedicated gloo group, so
+the training loop blocks only while the state is staged (copied), then the write, the upload
+(S3: staged in a node-local folder, uploaded with retries and backoff) and the commit happen on
+a background thread. At most one save is in flight: a save waits for the previous one. A save
+that fails is abandoned without a manifest; training goes on and the next save tries again.
+
+Loading takes the newest committed step (or the newest at or below a bound, for rollbacks),
+verifies every file's size and checksum on every node, and falls back, loudly, to the previous
+committed step when any node finds corruption. DCP reshards on load, so a run restarted by
+torchrun on a different world size resumes from the same checkpoint.
+
+Retention (`retention_plan`, pure) keeps the newest `keep` commits and every `keepEvery`-th step
+(what a spike rollback needs); it never deletes the newest commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+from crucible.trainer import storage
+from crucible.trainer.jobspec import CheckpointSpec
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """Checkpoint storage cannot be used, or a checkpoint cannot be loaded into this model."""
+
+
+# --- pure pieces -------------------------------------------------------------------------------
+def step_name(step: int) -> str:
+    return f"step_{step}"
+
+
+def parse_step(name: str) -> int | None:
+    prefix, _, number = name.partition("_")
+    return int(number) if prefix == "step" and number.isdigit() else None
+
+
+def retention_plan(committed: list[int], keep: int, keep_every: int) -> list[int]:
+    """Committed steps to delete: all but the newest `keep` and the multiples of `keep_every`."""
+    newest = set(sorted(committed)[-keep:]) if keep > 0 else set()
+    if committed:
+        newest.add(max(committed))  # never the newest commit, whatever keep says
+    kept_forever = {s for s in committed if keep_every and s % keep_every == 0}
+    return sorted(s for s in committed if s not in newest | kept_forever)
+
+
+def should_save(step: int, *, last_save_step: int, seconds_since_save: float,
+                every_steps: int, every_minutes: float) -> bool:
+    if step <= last_save_step:
+        return False
+    # On multiples of every_steps (so keepEvery multiples line up with real saves).
+    if every_steps and step // every_steps > last_save_step // every_steps:
+        return True
+    return bool(every_minutes) and seconds_since_save >= every_minutes * 60
+
+
+def stable_hash(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def file_digest(path: Path) -> dict:
+    import xxhash
+
+    h, size = xxhash.xxh3_128(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+            size += len(chunk)
+    return {"size": size, "xxh3": h.hexdigest()}
+
+
+def verify(folder: Path, files: dict[str, dict]) -> str | None:
+    """None if every file matches its recorded size and checksum, else what is wrong."""
+    for name, want in sorted(files.items()):
+        path = folder / name
+        if not path.exists():
+            return f"{name} is missing"
+        got = file_digest(path)
+        if got != want:
+            return f"{name}: size/checksum {got} != manifest {want}"
+    return None
+
+
+def with_retries(action: Callable[[], None], what: str, attempts: int = 6, base_delay_s: float = 1.0,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+    """Run `action`, retrying with exponential backoff (1, 2, 4, ... s); re-raise the last error."""
+    for attempt in range(attempts):
+        try:
+            return action()
+        except Exception as err:  # noqa: BLE001 - storage errors come in many classes; re-raised
+            if attempt == attempts - 1:
+                raise
+            delay = base_delay_s * 2**attempt
+            log.warning("%s failed (%s); retry %d/%d in %.0fs", what, type(err).__name__,
+                        attempt + 1, attempts - 1, delay)
+            sleep(delay)
+
+
+# --- what is saved ------------------------------------------------------------------------------
+class AppState(Stateful):
+    """Everything a restart needs, by name: model and optimizer (sharded, via DCP's state_dict
+    API), and the loop's own `Stateful` parts (train state, sampler, LR scale, guard, ...)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 parts: dict[str, Stateful]):
+        self.model, self.optimizer, self.parts = model, optimizer, parts
+
+    def state_dict(self) -> dict:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optimizer": optim_sd, "rng": torch.get_rng_state(),
+                **{name: part.state_dict() for name, part in self.parts.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        for name, part in self.parts.items():
+            part.load_state_dict(state[name])
+
+
+@dataclass(frozen=True)
+class Commit:
+    step: int
+    tokens: int
+    uri: str
+    time: float
+    bytes: int
+
+    def for_lease(self) -> dict:
+        iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.time))
+        return {"step": self.step, "uri": self.uri, "time": iso}
+
+
+# --- the checkpointer ---------------------------------------------------------------------------
+class Checkpointer:
+    def __init__(self, spec: CheckpointSpec, *, job: str, rank: int, world_size: int,
+                 local_rank: int, model_hash: str, config_hash: str,
+                 on_commit: Callable[[Commit, float], None] | None = None,
+                 marker_timeout_s: float = 600.0, upload_attempts: int = 6):
+        assert spec.uri, "Checkpointer needs checkpoint.uri"
+        self.spec, self.uri = spec, spec.uri.rstrip("/")
+        self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+        self.model_hash, self.config_hash = model_hash, config_hash
+        self.on_commit = on_commit
+        self.marker_timeout_s, self.upload_attempts = marker_timeout_s, upload_attempts
+        self.remote = storage.is_s3(self.uri)
+        self.scratch = Path(tempfile.gettempdir()) / "crucible" / job / f"uri-{stable_hash(self.uri)}"
+        # Checkpoint collectives run on their own gloo group, from DCP's background thread,
+        # so they never interleave with the training group's collectives.
+        self.group = dist.new_group(backend="gloo")
+        self._inflight: threading.Thread | None = None
+        self.last_commit: Commit | None = None
+        self.last_save_step = 0
+        self.last_save_time = time.monotonic()
+        self.last_blocking_s = 0.0
+
+    # -- start-up checks ----------------------------------------------------------------------
+    def probe(self) -> None:
+        """Prove the storage is writable before any step is spent (rank 0 tries, all learn)."""
+        problem = None
+        if self.rank == 0:
+            key = storage.join(self.uri, f".probe-{os.uname().nodename}-{os.getpid()}")
+            try:
+                storage.write_bytes(key, b"crucible")
+                if storage.read_bytes(key) != b"crucible":
+                    problem = f"{key} did not read back what was written"
+                storage.delete_file(key)
+            except Exception as err:  # noqa: BLE001 - turned into one clear message below
+                problem = storage.explain(err, self.uri)
+        box = [problem]
+        dist.broadcast_object_list(box, src=0)
+        if box[0]:
+            raise CheckpointError(f"checkpoint storage is not usable: {box[0]}")
+
+    # -- listing ------------------------------------------------------------------------------
+    def committed_steps(self) -> list[int]:
+        steps = [parse_step(name) for name in storage.list_dirs(self.uri)]
+        return sorted(s for s in steps if s is not None
+                      and storage.exists(storage.join(self.uri, step_name(s), MANIFEST)))
+
+    def _manifest(self, step: int) -> dict:
+        return json.loads(storage.read_bytes(storage.join(self.uri, step_name(step), MANIFEST)))
+
+    # -- load -----------------------------------------------------------------------------------
+    def load(self, app: AppState, max_step: int | None = None) -> dict | None:
+        """Load the newest valid commit (at or below `max_step`); None if there is none."""
+        box = [None]
+        if self.rank == 0:
+            box[0] = [s for s in self.committed_steps() if max_step is None or s <= max_step]
+        dist.broadcast_object_list(box, src=0)
+        for step in reversed(box[0]):
+            manifest_box = [self._manifest(step) if self.rank == 0 else None]
+            dist.broadcast_object_list(manifest_box, src=0)
+            manifest = manifest_box[0]
+            if manifest["model_hash"] != self.model_hash:
+                raise CheckpointError(
+                    f"{self.uri}/{step_name(step)} was written for a different model architecture "
+                    f"(hash {manifest['model_hash']} != {self.model_hash}); use a new "
+                    "checkpoint.uri for a new model, or restore the model fields")
+            folder = self._fetch(step, manifest)
+            problem = verify(folder, manifest["files"]) if self.local_rank == 0 else None
+            if problem:
+                log.error("checkpoint %s/%s is corrupt: %s; falling back to the previous commit",
+                          self.uri, step_name(step), problem)
+            ok = torch.tensor([0 if problem else 1])
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+            if not ok.item():
+                if self.rank == 0 and not problem:
+                    log.error("checkpoint %s/%s is corrupt on another node; falling back",
+                              self.uri, step_name(step))
+                continue
+            dcp.load({"app": app}, storage_reader=FileSystemReader(str(folder)))
+            self.last_save_step = step
+            self.last_commit = Commit(step, manifest["tokens"], f"{self.uri}/{step_name(step)}",
+                                      manifest["time"], sum(f["size"] for f in manifest["files"].values()))
+            if manifest["config_hash"] != self.config_hash and self.rank == 0:
+                log.warning("resuming from step %d of a run with different training settings", step)
+            return manifest
+        return None
+
+    def _fetch(self, step: int, manifest: dict) -> Path:
+        """The folder holding the step's files on this node (downloaded once per node for S3)."""
+        if not self.remote:
+            return Path(self.uri) / step_name(step)
+        folder = self.scratch / "restore" / step_name(step)
+        if self.local_rank == 0:
+            shutil.rmtree(self.scratch / "restore", ignore_errors=True)
+            for name in manifest["files"]:
+                with_retries(lambda n=name: storage.download_file(
+                    storage.join(self.uri, step_name(step), n), folder / n),
+                    f"download of {name}", self.upload_attempts)
+        dist.barrier()
+        return folder
+
+    # -- save -----------------------------------------------------------------------------------
+    def save(self, app: AppState, step: int, tokens: int, *, wait: bool = False) -> float:
+        """Start saving `step`; returns the seconds training was blocked (waiting + staging)."""
+        started = time.perf_counter()
+        self.wait()
+        folder = (self.scratch / "staging" if self.remote else Path(self.uri)) / step_name(step)
+        if self.local_rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+        dist.barrier(group=self.group)
+        writer = FileSystemWriter(str(folder), sync_files=not self.remote)
+        if self.spec.async_:
+            future = dcp.async_save({"app": app}, storage_writer=writer, process_group=self.group)
+        else:
+            dcp.save({"app": app}, storage_writer=writer, process_group=self.group)
+            future = None
+        blocking_s = time.perf_counter() - started
+        self.last_save_step, self.last_save_time = step, time.monotonic()
+        self._inflight = threading.Thread(target=self._finish, name=f"checkpoint-{step}",
+                                          args=(step, tokens, folder, future, time.perf_counter()),
+                                          daemon=True)
+        self._inflight.start()
+        if wait or not self.spec.async_:
+            self.wait()
+            blocking_s = time.perf_counter() - started
+        self.last_blocking_s = blocking_s
+        return blocking_s
+
+    def wait(self) -> None:
+        if self._inflight is not None:
+            self._inflight.join()
+            self._inflight = None
+
+    def _finish(self, step: int, tokens: int, folder: Path, future, started: float) -> None:
+        step_uri = storage.join(self.uri, step_name(step))
+        try:
+            if future is not None:
+                future.result()
+            mine = sorted(folder.glob(f"__{self.rank}_*.distcp"))
+            if self.rank == 0:
+                mine.append(folder / ".metadata")
+            files = {p.name: file_digest(p) for p in mine}
+            if self.remote:
+                for path in mine:
+                    with_retries(lambda p=path: storage.upload_file(p, storage.join(step_uri, p.name)),
+                                 f"upload of {path.name}", self.upload_attempts)
+            marker = json.dumps({"rank": self.rank, "files": files}).encode()
+            with_retries(lambda: storage.write_bytes(storage.join(step_uri, f"rank_{self.rank}.json"),
+                                                     marker), "rank marker", self.upload_attempts)
+            if self.rank == 0:
+                self._commit(step, tokens, step_uri, started)
+        except Exception as err:  # noqa: BLE001 - a failed save must not kill training
+            log.error("checkpoint of step %d abandoned, not committed: %s", step,
+                      storage.explain(err, step_uri))
+        finally:
+            if self.remote:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def _commit(self, step: int, tokens: int, step_uri: str, started: float) -> None:
+        deadline = time.monotonic() + self.marker_timeout_s
+        markers: dict[int, dict] = {}
+        while len(markers) < self.world_size:
+            for r in range(self.world_size):
+                key = storage.join(step_uri, f"rank_{r}.json")
+                if r not in markers and storage.exists(key):
+                    markers[r] = json.loads(storage.read_bytes(key))
+            if len(markers) < self.world_size:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"ranks {sorted(set(range(self.world_size)) - set(markers))} "
+                                       "never finished their part")
+                time.sleep(0.2)
+        files = {name: entry for m in markers.values() for name, entry in m["files"].items()}
+        manifest = {"format": FORMAT_VERSION, "step": step, "tokens": tokens,
+                    "world_size": self.world_size, "time": time.time(), "files": files,
+                    "model_hash": self.model_hash, "config_hash": self.config_hash}
+        storage.write_bytes(storage.join(step_uri, MANIFEST), json.dumps(manifest, indent=1).encode())
+        commit = Commit(step, tokens, step_uri, manifest["time"], sum(f["size"] for f in files.values()))
+        self.last_commit = commit
+        log.info("checkpoint step %d committed: %s (%.1f MB)", step, step_uri, commit.bytes / 1e6)
+        if self.on_commit is not None:
+            self.on_commit(commit, time.perf_counter() - started)
+        self._apply_retention(step)
+
+    def _apply_retention(self, newest: int) -> None:
+        try:
+            committed = self.committed_steps()
+            for step in retention_plan(committed, self.spec.keep, self.spec.keep_every):
+                storage.delete_tree(storage.join(self.uri, step_name(step)))
+            # Folders of saves that died before their manifest, older than the newest commit.
+            for name in storage.list_dirs(self.uri):
+                s = parse_step(name)
+                if s is not None and s < newest and s not in committed:
+                    storage.delete_tree(storage.join(self.uri, name))
+        except Exception as err:  # noqa: BLE001 - retention is housekeeping: log and go on
+            log.warning("checkpoint retention failed (will retry after the next commit): %s",
+                        storage.explain(err, self.uri))
