@@ -104,7 +104,7 @@ def train_config(job: str, spec: PretrainJobSpec) -> dict:
     """The `crucible train --config` document for this job (validated by the trainer's model)."""
     doc = {
         "name": job,
-        "outputDir": f"{SCRATCH_DIR}/run",
+        "outputDir": "run",  # relative to the container's workingDir, SCRATCH_DIR
         **spec.model_dump(by_alias=True, exclude_none=True, mode="json",
                           include={"model", "data", "training", "checkpoint", "fault_tolerance"}),
         "metrics": {"port": METRICS_PORT},
@@ -258,6 +258,7 @@ def pod(job: str, namespace: str, uid: str, spec: PretrainJobSpec, generation: i
     meta["annotations"] = {ANNOTATION_SPEC_HASH: spec_hash(spec)}
     container = {
         "name": CONTAINER, "image": spec.image, "command": cmd, "args": args,
+        "workingDir": SCRATCH_DIR,
         "env": container_env(job, spec, generation, index),
         "ports": [{"name": "c10d", "containerPort": RDZV_PORT},
                   {"name": "metrics", "containerPort": METRICS_PORT}],

@@ -90,7 +90,8 @@ def test_job_config_is_mounted_and_the_trainer_accepts_it(tmp_path):
     path.write_text(cm["data"][m.CONFIG_FILE])
     cfg = load_train_config(path)
     assert isinstance(cfg, TrainJobConfig) and cfg.name == "gpt"
-    assert cfg.checkpoint.uri == "s3://bucket/runs/gpt" and cfg.output_dir.startswith(m.SCRATCH_DIR)
+    assert cfg.checkpoint.uri == "s3://bucket/runs/gpt" and cfg.output_dir == "run"
+    assert _pod()["spec"]["containers"][0]["workingDir"] == m.SCRATCH_DIR  # writable emptyDir
     mounts = {v["mountPath"]: v["name"] for v in _pod()["spec"]["containers"][0]["volumeMounts"]}
     assert mounts[m.CONFIG_DIR] == "config"
     volumes = {v["name"]: v for v in _pod()["spec"]["volumes"]}
