@@ -80,7 +80,7 @@ def test_pods_find_their_lease_and_credentials_through_env():
     assert env["AWS_ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "s3-creds", "key":
                                                          "AWS_ACCESS_KEY_ID", "optional": False}}
     assert env["AWS_ENDPOINT_URL"]["secretKeyRef"]["optional"] is True
-    no_secret = _env(_pod(checkpoint={"uri": "s3://b/p", "credentialsSecret": None}))
+    no_secret = _env(_pod(checkpoint={"uri": "s3://bucket/p", "credentialsSecret": None}))
     assert not any(k.startswith("AWS_") for k in no_secret)
 
 
