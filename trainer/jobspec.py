@@ -172,7 +172,11 @@ class CheckpointSpec(Spec):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         cel("!has(oldSelf.uri) || (has(self.uri) && self.uri == oldSelf.uri)",
             "checkpoint.uri cannot change once set: the job resumes from the checkpoints under "
-            "it (create a new job to start elsewhere)")]})
+            "it (create a new job to start elsewhere)"),
+        # The same rule as _storage_uri below.
+        cel(f"!has(self.uri) || !self.uri.contains('://') || self.uri.matches('{S3_URI.pattern}')",
+            "checkpoint.uri must be s3://bucket/prefix with a valid bucket name (3-63 characters: "
+            "lowercase letters, digits, '.', '-') or a local folder")]})
 
     uri: str | None = Field(None, description="s3://bucket/prefix or a local folder; none: no "
                             "checkpoints (not recommended).")

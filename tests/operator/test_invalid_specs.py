@@ -64,6 +64,8 @@ CASES = [
     ("beta1-one", "spec.training.beta1", 1.0, "spec.training.beta1"),
     ("micro-batch-zero", "spec.training.microBatch", 0, "spec.training.microBatch"),
     ("keep-one", "spec.checkpoint.keep", 1, "spec.checkpoint.keep"),
+    ("checkpoint-bad-bucket", "spec.checkpoint.uri", "s3://B/runs", "spec.checkpoint"),
+    ("checkpoint-bad-scheme", "spec.checkpoint.uri", "gs://bucket/runs", "spec.checkpoint"),
     ("negative-interval", "spec.checkpoint.everyMinutes", -1, "spec.checkpoint.everyMinutes"),
     ("hang-timeout-short", "spec.faultTolerance.hangTimeoutSeconds", 10,
      "spec.faultTolerance.hangTimeoutSeconds"),
