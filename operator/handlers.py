@@ -185,7 +185,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
     for group, plural in SELECTED:  # server-side: only what the operator made
         settings.watching.label_selectors[group, plural] = m.LABEL_JOB
     memo.config = cfg
-    memo.kube = Kube(api_client(cfg.workers))
+    memo.kube = Kube(api_client(2 * cfg.workers), fan_out=cfg.workers)
     memo.executor = concurrent.futures.ThreadPoolExecutor(cfg.workers, "crucible-pass")
     memo.wakeups, memo.fences, memo.phases = {}, {}, {}
     memo.metrics_server = None
@@ -206,6 +206,7 @@ async def shutdown(memo: kopf.Memo, **_):
         metrics.REGISTRY.unregister(collector)
     if getattr(memo, "executor", None):
         memo.executor.shutdown(wait=False, cancel_futures=True)
+        memo.kube.fan_out.shutdown(wait=False, cancel_futures=True)
 
 
 @kopf.on.probe(id="jobs")
