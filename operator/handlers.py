@@ -207,6 +207,7 @@ async def shutdown(memo: kopf.Memo, **_):
     if getattr(memo, "executor", None):
         memo.executor.shutdown(wait=False, cancel_futures=True)
         memo.kube.fan_out.shutdown(wait=False, cancel_futures=True)
+        memo.kube.events.shutdown(wait=True, cancel_futures=False)
 
 
 @kopf.on.probe(id="jobs")
@@ -233,11 +234,14 @@ def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime):
         kube.patch_status(job, status)
         written = writes
     events = list(plan.events)
-    events += [Event("Normal", "Created", f"created pod {name}") for name in applied.created_pods]
+    if applied.created_pods:
+        events.append(Event("Normal", "Created", f"created pod(s) {', '.join(applied.created_pods)}"))
     if applied.rejected:
         events.append(Event("Warning", "ApiRejected", "; ".join(applied.rejected)[:1024]))
-    problems = kube.post_events(job, events)
-    return plan, applied, written, events, problems
+    # After the status patch landed; posted in the background: an event is a record for
+    # people, and waiting for it would only delay the next pass.
+    kube.events.submit(kube.post_events, job, events)
+    return plan, applied, written, events, []
 
 
 def _log(logger, applied: Applied, events: list[Event], problems: list[str]):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as dt
+import logging
 import socket
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ from crucible.operator.observed import JobView
 from crucible.operator.progress import iso
 
 COMPONENT = "crucible-operator"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -39,6 +41,7 @@ class Kube:
     def __init__(self, api: client.ApiClient, fan_out: int = 16):
         self.api = api
         self.fan_out = concurrent.futures.ThreadPoolExecutor(fan_out, "crucible-pods")
+        self.events = concurrent.futures.ThreadPoolExecutor(2, "crucible-events")
         self.core = client.CoreV1Api(api)
         self.coordination = client.CoordinationV1Api(api)
         self.rbac = client.RbacAuthorizationV1Api(api)
@@ -130,7 +133,7 @@ class Kube:
             {"status": merge_patch(dict(job.status), status)})
 
     def post_events(self, job: JobView, events: list[Event]) -> list[str]:
-        """Post events; an event that cannot be posted is reported, never fatal."""
+        """Post events; an event that cannot be posted is logged, never fatal."""
         problems = []
         now = iso(dt.datetime.now(dt.timezone.utc))
         for event in events:
@@ -147,6 +150,8 @@ class Kube:
                 self.core.create_namespaced_event(job.namespace, body)
             except (ApiException, OSError) as err:
                 problems.append(f"event {event.reason}: {getattr(err, 'status', err)}")
+        for problem in problems:
+            log.warning(f"{job.namespace}/{job.name}: not posted: {problem}")
         return problems
 
     def read_job(self, namespace: str, name: str) -> dict | None:

@@ -25,6 +25,7 @@ store; see `decision.py`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 
@@ -115,8 +116,14 @@ def train_config(job: str, spec: PretrainJobSpec) -> dict:
 
 def spec_hash(spec: PretrainJobSpec) -> str:
     """Digest of everything that reaches a pod; a running generation with another hash restarts."""
-    doc = spec.model_dump(by_alias=True, mode="json",
-                          exclude={"suspend", "ttl_seconds_after_finished"})
+    return _spec_hash(spec.model_dump_json(by_alias=True))
+
+
+@functools.lru_cache(maxsize=4096)
+def _spec_hash(spec_json: str) -> str:
+    doc = json.loads(spec_json)
+    for key in ("suspend", "ttlSecondsAfterFinished"):
+        doc.pop(key, None)
     doc["faultTolerance"] = {k: v for k, v in doc["faultTolerance"].items()
                              if k not in _OPERATOR_ONLY}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
@@ -129,10 +136,21 @@ def data_digest(data) -> str:
 
 # --- children ---------------------------------------------------------------------------------
 def config_map(job: str, namespace: str, uid: str, spec: PretrainJobSpec) -> dict:
-    text = yaml.safe_dump(train_config(job, spec), sort_keys=False)
+    text = _config_text(job, spec.model_dump_json(by_alias=True))
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": _meta(job, uid, config_map_name(job), namespace),
             "data": {CONFIG_FILE: text}}
+
+
+@functools.lru_cache(maxsize=4096)
+def _config_text(job: str, spec_json: str) -> str:
+    """Pure, and the one costly render of a pass (YAML emitting): every pass checks the
+    ConfigMap for drift, so the text is remembered per (job, spec)."""
+    spec = PretrainJobSpec.model_validate_json(spec_json)
+    return yaml.dump(train_config(job, spec), Dumper=_DUMPER, sort_keys=False)
+
+
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)   # libyaml when PyYAML has it
 
 
 def service(job: str, namespace: str, uid: str) -> dict:

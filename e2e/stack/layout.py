@@ -9,6 +9,9 @@ developer, do not collide:
   CRUCIBLE_STACK_DIR    runtime state folder  (default $CRUCIBLE_CACHE/stack)
   CRUCIBLE_PORT_OFFSET  added to every port   (default 0)
   CRUCIBLE_KWOK_NODES   simulated GPU nodes   (default 4)
+  CRUCIBLE_KWOK_LEASE_SECONDS  node Lease duration (default 4: a dead node is NotReady in ~8 s;
+                        hundreds of nodes renewing every second swamp a small machine, so a
+                        large stack takes a longer lease and a proportionally longer grace)
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Layout:
     state: Path
     port_offset: int
     kwok_nodes: int
+    kwok_lease_s: int = 4
 
     @classmethod
     def from_env(cls) -> "Layout":
@@ -49,7 +53,10 @@ class Layout:
             # The node controller stops all evictions when every node is NotReady ("master
             # disruption mode"), so a node-failure test needs at least one healthy node left.
             raise StackError("CRUCIBLE_KWOK_NODES must be at least 2 (one to kill, one healthy)")
-        return cls(cache, state, _int_env("CRUCIBLE_PORT_OFFSET", 0), nodes)
+        lease = _int_env("CRUCIBLE_KWOK_LEASE_SECONDS", 4)
+        if lease < 1:
+            raise StackError("CRUCIBLE_KWOK_LEASE_SECONDS must be at least 1")
+        return cls(cache, state, _int_env("CRUCIBLE_PORT_OFFSET", 0), nodes, lease)
 
     @property
     def bin(self) -> Path:

@@ -23,8 +23,13 @@ from . import procs
 from .layout import KWOK_LABEL, KWOK_MANAGED, S3_BUCKET, Layout, StackError
 
 SERVICE_CIDR = "10.96.0.0/16"
-NODE_MONITOR_GRACE = "8s"          # node lifecycle controller: silence before Ready=Unknown
-KWOK_LEASE_SECONDS = 4             # KWOK renews a node Lease every quarter of this (1 s)
+# KWOK renews a node Lease every quarter of its duration (Layout.kwok_lease_s, default 4 s: every
+# second); the node lifecycle controller's grace (silence before Ready=Unknown) must exceed the
+# duration: twice it, and never under 8 s.
+def node_monitor_grace(l: Layout) -> str:
+    return f"{max(8, 2 * l.kwok_lease_s)}s"
+
+
 DEFAULT_TOLERATION_SECONDS = 30    # apiserver default for not-ready/unreachable (upstream: 300)
 
 
@@ -216,7 +221,7 @@ def _controller_manager(l: Layout) -> list[str]:
         f"--service-account-private-key-file={l.certs / 'sa.key'}",
         f"--root-ca-file={l.certs / 'ca.crt'}",
         "--use-service-account-credentials=false",
-        "--node-monitor-period=1s", f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
+        "--node-monitor-period=1s", f"--node-monitor-grace-period={node_monitor_grace(l)}",
         "--node-startup-grace-period=20s",
         # Taint several dead nodes at once (default 0.1 node/s), and never treat a small
         # cluster's zone as "partially disrupted", which would stop evictions there.
@@ -230,7 +235,7 @@ def _scheduler(l: Layout) -> list[str]:
 def _kwok(l: Layout) -> list[str]:
     return [f"--kubeconfig={l.kubeconfig}",
             f"--manage-nodes-with-label-selector={KWOK_LABEL}={KWOK_MANAGED}",
-            f"--node-lease-duration-seconds={KWOK_LEASE_SECONDS}",
+            f"--node-lease-duration-seconds={l.kwok_lease_s}",
             f"--config={l.cache / 'kwok' / 'stages.yaml'}",
             f"--server-address=127.0.0.1:{l.port('kwok')}",
             "--cidr=10.244.0.0/16",
