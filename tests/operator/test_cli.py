@@ -1,0 +1,45 @@
+"""`crucible-operator`: its commands, and that the operator never needs torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from crucible.operator import crd, main, rbac
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+
+
+def test_crd_and_rbac_commands_print_the_committed_manifests(capsys):
+    assert main.main(["crd"]) == 0
+    assert capsys.readouterr().out == crd.render()
+    assert main.main(["rbac"]) == 0
+    assert capsys.readouterr().out == rbac.render()
+
+
+def test_run_help_names_the_scope_options():
+    out = _run("-m", "crucible.operator.main", "run", "--help")
+    assert out.returncode == 0, out.stderr
+    for flag in ("--namespace", "--all-namespaces", "--interval", "--metrics-port", "--liveness"):
+        assert flag in out.stdout
+
+
+def test_bad_options_are_one_line_errors():
+    out = _run("-m", "crucible.operator.main", "run", "--interval", "0")
+    assert out.returncode == 2 and "--interval must be > 0" in out.stderr
+    out = _run("-m", "crucible.operator.main", "run", "-n", "a", "-A")
+    assert out.returncode == 2 and "not allowed with" in out.stderr
+
+
+def test_the_operator_imports_no_torch():
+    # The operator image has no torch (pyproject's `operator` extra).
+    probe = ("import sys, crucible.operator.handlers, crucible.operator.main; "
+             "sys.exit('torch' in sys.modules)")
+    out = _run("-c", probe)
+    assert out.returncode == 0, "crucible.operator imports torch"
