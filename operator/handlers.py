@@ -15,7 +15,7 @@ is a fence: the count of status writes this process made, so a pass never acts o
 than its own last write (the watch may lag the patch by a few milliseconds).
 
 Configuration comes from the environment (set by `crucible-operator run`, or by tests before
-`KopfRunner`): CRUCIBLE_OPERATOR_INTERVAL (s, default 10), CRUCIBLE_OPERATOR_WORKERS (16),
+`KopfRunner`): CRUCIBLE_OPERATOR_INTERVAL (s, default 10), CRUCIBLE_OPERATOR_WORKERS (32),
 CRUCIBLE_OPERATOR_METRICS_PORT (8080; "off" disables), CRUCIBLE_OPERATOR_METRICS_ADDRESS.
 Must not import torch.
 """
@@ -51,7 +51,7 @@ FENCE_WAIT_S = 10.0                   # then read the job from the API instead o
 class OperatorConfig:
     interval_s: float = 10.0
     debounce_s: float = 0.2
-    workers: int = 16
+    workers: int = 32
     metrics_port: int | None = 8080
     metrics_address: str = "0.0.0.0"
 
@@ -60,7 +60,7 @@ class OperatorConfig:
         env = os.environ
         port = env.get("CRUCIBLE_OPERATOR_METRICS_PORT", "8080")
         return cls(interval_s=float(env.get("CRUCIBLE_OPERATOR_INTERVAL", "10")),
-                   workers=int(env.get("CRUCIBLE_OPERATOR_WORKERS", "16")),
+                   workers=int(env.get("CRUCIBLE_OPERATOR_WORKERS", "32")),
                    metrics_port=None if port == "off" else int(port),
                    metrics_address=env.get("CRUCIBLE_OPERATOR_METRICS_ADDRESS", "0.0.0.0"))
 

@@ -92,17 +92,17 @@ class Kube:
         return True
 
     def apply(self, job: JobView, plan: Plan) -> Applied:
-        """Carry out the actions in order; a run of pod actions goes out concurrently (they
-        are independent, and a restart of a large job would otherwise take one round trip per
-        pod). The rest keep their order: the Role exists before the binding that names it."""
+        """Carry out the actions, independent ones concurrently, in three waves: everything
+        but RoleBindings and pods; then RoleBindings (the apiserver's escalation check reads the
+        Role they name, so it must exist); then pods (after their ConfigMap and Service). A
+        large job's start or restart is then a few round trips, not one per object."""
         out = Applied()
-        actions, i = list(plan.actions), 0
-        while i < len(actions):
-            j = i + 1
-            if actions[i].kind == "Pod":
-                while j < len(actions) and actions[j].kind == "Pod":
-                    j += 1
-            batch = actions[i:j]
+        waves = [[a for a in plan.actions if a.kind not in ("RoleBinding", "Pod")],
+                 [a for a in plan.actions if a.kind == "RoleBinding"],
+                 [a for a in plan.actions if a.kind == "Pod"]]
+        for batch in waves:
+            if not batch:
+                continue
             results = (self.fan_out.map(lambda a: self._attempt(job.namespace, a), batch)
                        if len(batch) > 1 else [self._attempt(job.namespace, batch[0])])
             for action, (changed, error) in zip(batch, results):
@@ -111,7 +111,6 @@ class Kube:
                     (out.transient if kind == "transient" else out.rejected).append(text)
                 elif changed and action.verb == "create" and action.kind == "Pod":
                     out.created_pods.append(action.name)
-            i = j
         return out
 
     def _attempt(self, namespace: str, action: Action) -> tuple[bool, tuple[str, str] | None]:
