@@ -45,6 +45,7 @@ from crucible.operator.observed import (ChildView, JobView, Observed, job_view, 
 FINALIZER = "crucible.dev/operator"   # kopf's: stops the daemon before the job goes
 WRITES = "writes"                     # status.tracking.writes: the fence counter
 FENCE_WAIT_S = 10.0                   # then read the job from the API instead of the watch
+FAN_OUT = 8                           # concurrent API calls within one pass (kube.Kube.apply)
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
     for group, plural in SELECTED:  # server-side: only what the operator made
         settings.watching.label_selectors[group, plural] = m.LABEL_JOB
     memo.config = cfg
-    memo.kube = Kube(api_client(2 * cfg.workers), fan_out=cfg.workers)
+    memo.kube = Kube(api_client(cfg.workers * FAN_OUT), fan_out=FAN_OUT)
     memo.executor = concurrent.futures.ThreadPoolExecutor(cfg.workers, "crucible-pass")
     memo.wakeups, memo.fences, memo.phases = {}, {}, {}
     memo.metrics_server = None
@@ -206,7 +207,6 @@ async def shutdown(memo: kopf.Memo, **_):
         metrics.REGISTRY.unregister(collector)
     if getattr(memo, "executor", None):
         memo.executor.shutdown(wait=False, cancel_futures=True)
-        memo.kube.fan_out.shutdown(wait=False, cancel_futures=True)
         memo.kube.events.shutdown(wait=True, cancel_futures=False)
 
 
@@ -222,8 +222,10 @@ def _comparable(status: dict) -> dict:
     return out
 
 
-def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime):
+def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime, queued: float):
     """decide -> apply -> status -> events (runs in a worker thread)."""
+    started = time.perf_counter()
+    metrics.RECONCILE_QUEUE_SECONDS.observe(started - queued)
     plan = decide(job, obs, now)
     applied = kube.apply(job, plan)
     written = None
@@ -241,6 +243,7 @@ def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime):
     # After the status patch landed; posted in the background: an event is a record for
     # people, and waiting for it would only delay the next pass.
     kube.events.submit(kube.post_events, job, events)
+    metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
     return plan, applied, written, events, []
 
 
@@ -262,13 +265,12 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -
     fence = memo.fences.get(job.uid, 0)
     if fenced and int((job.status.get("tracking") or {}).get(WRITES, 0)) < fence:
         return -1.0  # the watch has not delivered our last status write yet
-    started = time.perf_counter()
     obs = snapshot(key, indexes)
     now = dt.datetime.now(dt.timezone.utc)
     loop = asyncio.get_running_loop()
     try:
         plan, applied, written, events, problems = await loop.run_in_executor(
-            memo.executor, _execute, memo.kube, job, obs, now)
+            memo.executor, _execute, memo.kube, job, obs, now, time.perf_counter())
     except (ApiException, OSError) as err:
         metrics.RECONCILES.labels("error").inc()
         logger.warning(f"pass failed, retrying: {getattr(err, 'status', '')} "
@@ -280,7 +282,6 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -
     for failure in plan.restarts:
         metrics.RESTARTS.labels(failure.cause, failure.kind).inc()
     _log(logger, applied, events, problems)
-    metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
     metrics.RECONCILES.labels("error" if applied.transient else "ok").inc()
     if applied.transient:
         return 2.0

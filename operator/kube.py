@@ -38,9 +38,9 @@ class Applied:
 
 
 class Kube:
-    def __init__(self, api: client.ApiClient, fan_out: int = 16):
+    def __init__(self, api: client.ApiClient, fan_out: int = 8):
         self.api = api
-        self.fan_out = concurrent.futures.ThreadPoolExecutor(fan_out, "crucible-pods")
+        self.fan_out = fan_out  # concurrent calls per pass
         self.events = concurrent.futures.ThreadPoolExecutor(2, "crucible-events")
         self.core = client.CoreV1Api(api)
         self.coordination = client.CoordinationV1Api(api)
@@ -103,8 +103,12 @@ class Kube:
         for batch in waves:
             if not batch:
                 continue
-            results = (self.fan_out.map(lambda a: self._attempt(job.namespace, a), batch)
-                       if len(batch) > 1 else [self._attempt(job.namespace, batch[0])])
+            if len(batch) == 1:
+                results = [self._attempt(job.namespace, batch[0])]
+            else:  # this pass's own threads: a shared queue would make it wait for others'
+                workers = min(self.fan_out, len(batch))
+                with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                    results = list(pool.map(lambda a: self._attempt(job.namespace, a), batch))
             for action, (changed, error) in zip(batch, results):
                 if error is not None:
                     kind, text = error
