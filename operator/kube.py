@@ -92,14 +92,14 @@ class Kube:
         return True
 
     def apply(self, job: JobView, plan: Plan) -> Applied:
-        """Carry out the actions, independent ones concurrently, in three waves: everything
-        but RoleBindings and pods; then RoleBindings (the apiserver's escalation check reads the
-        Role they name, so it must exist); then pods (after their ConfigMap and Service). A
-        large job's start or restart is then a few round trips, not one per object."""
+        """Carry out the actions, independent ones concurrently, in two waves: first all but
+        RoleBindings and pods; then those, because the apiserver's escalation check reads the
+        Role a binding names, and pod admission needs the ServiceAccount to exist (a pod waits
+        for its ConfigMap on its own). A large job's start or restart is two round trips."""
         out = Applied()
-        waves = [[a for a in plan.actions if a.kind not in ("RoleBinding", "Pod")],
-                 [a for a in plan.actions if a.kind == "RoleBinding"],
-                 [a for a in plan.actions if a.kind == "Pod"]]
+        later = ("RoleBinding", "Pod")
+        waves = [[a for a in plan.actions if a.kind not in later],
+                 [a for a in plan.actions if a.kind in later]]
         for batch in waves:
             if not batch:
                 continue
