@@ -29,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -148,7 +149,9 @@ def main() -> int:
             time.sleep(0.5)
 
     metrics_port = 18000 + PORT_OFFSET
-    log = open(REPO / "bench" / "results" / "operator_scale.log", "w")
+    log_path = Path(tempfile.gettempdir()) / "operator_scale.log"
+    print(f"operator log: {log_path}")
+    log = open(log_path, "w")
     op_env = dict(os.environ, KUBECONFIG=kubeconfig)
     operator = subprocess.Popen([sys.executable, "-m", "crucible.operator.main", "run", "-A",
                                  "--interval", "10", "--metrics-port", str(metrics_port)],

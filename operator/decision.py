@@ -154,7 +154,8 @@ def _succeeded(p: Pass, current: dict[int, PodView]) -> bool:
     p.status["phase"] = SUCCEEDED
     p.status["completionTime"] = progress.iso(p.now)
     step = p.status.get("step")
-    message = f"pod {done[0].name} exited 0: training complete" + (f" at step {step}" if step else "")
+    message = f"pod {done[0].name} exited 0: training complete"
+    message += f" at step {step}" if step else ""
     p.cond(c.SUCCEEDED, True, "TrainingComplete", message)
     p.cond(c.RUNNING, False, "TrainingComplete", message)
     p.cond(c.RESTARTING, False, "TrainingComplete", message)

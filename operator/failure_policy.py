@@ -93,7 +93,8 @@ def _node_failures(p: Pass, current: dict[int, PodView]) -> bool:
                    f"replaced in {wait_s:.0f}s unless the node recovers")
             p.wake(wait_s)
             continue
-        failure = f.Failure("NodeFailure", f.INFRASTRUCTURE, f"{broken.message} under pod {pod.name}")
+        failure = f.Failure("NodeFailure", f.INFRASTRUCTURE,
+                            f"{broken.message} under pod {pod.name}")
         p.mark_handled(pod.uid)
         if pod.index == 0:
             p.bump("NodeFailure", failure.message + "; it hosted the c10d store", failure)

@@ -53,7 +53,8 @@ def pod_failure(pod: PodView, ft: FaultToleranceSpec) -> Failure | None:
         return None
     where = f"pod {pod.name}" + (f" on {pod.node}" if pod.node else "")
     if pod.reason == "Evicted":
-        return Failure("Evicted", INFRASTRUCTURE, f"{where} was evicted: {pod.message or ''}".strip())
+        return Failure("Evicted", INFRASTRUCTURE,
+                       f"{where} was evicted: {pod.message or ''}".strip())
     if pod.disruption:
         return Failure("Disrupted", INFRASTRUCTURE, f"{where} was disrupted ({pod.disruption})")
     if pod.terminated_reason == "OOMKilled":
@@ -111,9 +112,8 @@ def node_failure(name: str, node: NodeView | None, ft: FaultToleranceSpec) -> No
     for cond in node.conditions:
         if cond.type in ft.node_failure_conditions and cond.status == "True":
             detail = cond.message or cond.reason
-            return NodeFailure(name, f"Node{cond.type}",
-                               f"node {name} reports {cond.type}" + (f": {detail}" if detail else ""),
-                               cond.since)
+            said = f"node {name} reports {cond.type}" + (f": {detail}" if detail else "")
+            return NodeFailure(name, f"Node{cond.type}", said, cond.since)
     return None
 
 

@@ -237,7 +237,8 @@ def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime, queued: 
         written = writes
     events = list(plan.events)
     if applied.created_pods:
-        events.append(Event("Normal", "Created", f"created pod(s) {', '.join(applied.created_pods)}"))
+        names = ", ".join(applied.created_pods)
+        events.append(Event("Normal", "Created", f"created pod(s) {names}"))
     if applied.rejected:
         events.append(Event("Warning", "ApiRejected", "; ".join(applied.rejected)[:1024]))
     # After the status patch landed; posted in the background: an event is a record for

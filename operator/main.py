@@ -5,9 +5,9 @@ with the repository root on `sys.path` (as under `python -m pytest`), a regular 
 `operator` would shadow the standard library's `operator` module, which torch and many others
 import. A namespace portion never wins over a real module, so the stdlib stays reachable.
 
-  crucible-operator run [--namespace NS ... | --all-namespaces]   kopf run of crucible.operator.handlers
-  crucible-operator crd                                           the CRD YAML (manifests/crd/)
-  crucible-operator rbac                                          the operator's RBAC YAML (manifests/rbac/)
+  crucible-operator run [-n NS ... | -A]   kopf run of crucible.operator.handlers
+  crucible-operator crd                    the CRD YAML (manifests/crd/)
+  crucible-operator rbac                   the operator's RBAC YAML (manifests/rbac/)
 
 Run exactly one replica (Deployment strategy Recreate): kopf's peering is pausing, not leader
 election (research/operator.md section 5), so the operator runs `--standalone`.

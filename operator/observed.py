@@ -94,7 +94,8 @@ def pod_view(body: Mapping) -> PodView:
             exit_code, terminated_reason = _int(term.get("exitCode")), term.get("reason")
             terminated_message = term.get("message")
         elif state.get("waiting"):
-            waiting_reason, waiting_message = state["waiting"].get("reason"), state["waiting"].get("message")
+            waiting = state["waiting"]
+            waiting_reason, waiting_message = waiting.get("reason"), waiting.get("message")
     return PodView(
         name=meta.get("name", ""), uid=meta.get("uid", ""), job=labels.get(m.LABEL_JOB, ""),
         generation=_int(labels.get(m.LABEL_GENERATION)), index=_int(labels.get(m.LABEL_INDEX)),

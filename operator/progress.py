@@ -86,7 +86,8 @@ def lose_uncheckpointed(acc: dict, checkpoint_step: int | None) -> tuple[dict, i
     return acc, lost
 
 
-def goodput(acc: dict, start: dt.datetime | None, suspended_s: float, now: dt.datetime) -> float | None:
+def goodput(acc: dict, start: dt.datetime | None, suspended_s: float,
+            now: dt.datetime) -> float | None:
     if start is None:
         return None
     wall = (now - start).total_seconds() - suspended_s

@@ -105,3 +105,19 @@ def test_a_pod_exiting_0_completes_the_job_and_ttl_deletes_it(cluster, run_opera
             "crucible.dev", "v1alpha1", cluster.namespace, "pretrainjobs")["items"], 30,
             "job deleted by its TTL")
     assert_clean_exit(runner, "Succeeded: pod gpt-0-1 exited 0: training complete")
+
+
+def test_unschedulable_pods_are_reported_with_the_schedulers_reason(cluster, run_operator):
+    with run_operator(cluster.namespace) as runner:
+        cluster.create_job("gpt", nodes={"min": 1, "max": 1},
+                           scheduling={"nodeSelector": {"crucible.dev/pool": "tpu"}})
+        status = eventually(lambda: (s := cluster.status("gpt")) and any(
+            c["type"] == "PodsScheduled" and c["reason"] == "Unschedulable"
+            for c in s.get("conditions", [])) and s, 30, "PodsScheduled=False, Unschedulable")
+        scheduled = next(c for c in status["conditions"] if c["type"] == "PodsScheduled")
+        assert scheduled["status"] == "False"
+        assert "node(s) didn't match Pod's node affinity/selector" in scheduled["message"]
+        assert status["phase"] == "Pending"
+        assert "Unschedulable" in cluster.event_reasons("gpt")
+        cluster.delete_job("gpt")
+    assert_clean_exit(runner, "Unschedulable: pod gpt-0-0: 0/")
