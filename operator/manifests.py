@@ -32,6 +32,7 @@ import json
 import yaml
 
 from crucible.operator.crd import API_VERSION, KIND
+from crucible.trainer.launch import TORCHRUN_ENV
 from crucible.trainer.jobspec import PretrainJobSpec, TrainJobConfig
 from crucible.trainer.lease import lease_name
 
@@ -223,7 +224,7 @@ def torchrun_env(job: str, spec: PretrainJobSpec, generation: int, index: int) -
         # guess from DNS whether the endpoint is "this machine".
         {"name": "PET_RDZV_CONF", "value": f"is_host={1 if index == 0 else 0}"},
         {"name": "PET_MAX_RESTARTS", "value": str(ft.torchrun_max_restarts)},
-    ]
+    ] + [{"name": k, "value": v} for k, v in TORCHRUN_ENV.items()]  # trainer/launch.py
 
 
 def container_env(job: str, spec: PretrainJobSpec, generation: int, index: int) -> list[dict]:

@@ -57,6 +57,20 @@ class CheckpointError(RuntimeError):
     """Checkpoint storage cannot be used, or a checkpoint cannot be loaded into this model."""
 
 
+def failpoint(name: str) -> None:
+    """Chaos-testing hook: CRUCIBLE_FAILPOINT="before_upload:3,before_manifest:30" makes the
+    checkpoint thread pause there for that many seconds, so a test can kill a process or stop
+    the S3 server at a known point of a save. Unset in production; costs one dict lookup."""
+    spec = os.environ.get("CRUCIBLE_FAILPOINT")
+    if not spec:
+        return
+    for item in spec.split(","):
+        point, _, seconds = item.partition(":")
+        if point.strip() == name:
+            log.warning("failpoint %s: pausing %ss", name, seconds)
+            time.sleep(float(seconds or 0))
+
+
 # --- pure pieces -------------------------------------------------------------------------------
 def step_name(step: int) -> str:
     return f"step_{step}"
@@ -269,9 +283,16 @@ class Checkpointer:
         """Start saving `step`; returns the seconds training was blocked (waiting + staging)."""
         started = time.perf_counter()
         self.wait()
-        folder = (self.scratch / "staging" if self.remote else Path(self.uri)) / step_name(step)
-        if self.local_rank == 0:
+        if self.remote:
+            # One staging folder per rank: each rank uploads and then deletes only its own files.
+            folder = self.scratch / "staging" / f"rank{self.rank}" / step_name(step)
             shutil.rmtree(folder, ignore_errors=True)
+        else:
+            folder = Path(self.uri) / step_name(step)
+        if self.rank == 0:
+            # A save of this step that died earlier may have left shards and rank markers: they
+            # must not be mixed into this attempt's manifest.
+            storage.delete_tree(storage.join(self.uri, step_name(step)))
         dist.barrier(group=self.group)
         writer = FileSystemWriter(str(folder), sync_files=not self.remote)
         if self.spec.async_:
@@ -305,6 +326,7 @@ class Checkpointer:
             if self.rank == 0:
                 mine.append(folder / ".metadata")
             files = {p.name: file_digest(p) for p in mine}
+            failpoint("before_upload")
             if self.remote:
                 for path in mine:
                     with_retries(lambda p=path: storage.upload_file(p, storage.join(step_uri, p.name)),
@@ -335,6 +357,7 @@ class Checkpointer:
                                        "never finished their part")
                 time.sleep(0.2)
         files = {name: entry for m in markers.values() for name, entry in m["files"].items()}
+        failpoint("before_manifest")
         manifest = {"format": FORMAT_VERSION, "step": step, "tokens": tokens,
                     "world_size": self.world_size, "time": time.time(), "files": files,
                     "model_hash": self.model_hash, "config_hash": self.config_hash}

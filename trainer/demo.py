@@ -176,7 +176,10 @@ def run(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={args.nproc}", "-m", "crucible.trainer", "train",
            "--config", str(cfg_path), "--progress", "--summary-json", str(summary_path)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.nproc))}
+    from crucible.trainer.launch import TORCHRUN_ENV
+
+    env = {**os.environ, **TORCHRUN_ENV,
+           "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.nproc))}
     if subprocess.run(cmd, env=env).returncode != 0:
         raise UserError("training failed; see the output above")
 

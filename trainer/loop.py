@@ -135,6 +135,11 @@ class Run:
             f"{p.micro_batch} seqs x {p.seq_len} tokens x {p.accum_steps} accumulation, "
             f"{p.total_steps} steps, {p.flops_per_token / 1e6:.1f} MFLOP/token")
 
+        # Prove checkpoint storage works before anything expensive is built or trained.
+        self.ckpt = self._checkpointer()
+        if self.ckpt is not None:
+            self.ckpt.probe()
+
         torch.manual_seed(t.seed)
         self.model = parallel.build_sharded_model(
             self.model_cfg, env, parallel.build_mesh(env), precision=t.precision, seed=t.seed,
@@ -160,10 +165,8 @@ class Run:
         self.peak_flops, peak_source = device_peak_flops(env.device)
         log(f"MFU peak: {self.peak_flops / 1e12:.2f} TFLOP/s per device ({peak_source})")
 
-        self.ckpt = self._checkpointer()
         self.resumed_from = None
         if self.ckpt is not None:
-            self.ckpt.probe()
             manifest = self.ckpt.load(self.app)
             if manifest is not None:
                 self.resumed_from = manifest["step"]
@@ -301,7 +304,7 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None) -> RunSummary:
                         tokens_per_second=tps, mfu=mfu, step=state.step, step_seconds=step_s,
                         tokens_total=state.tokens_seen, checkpoint_age_seconds=age)
             metrics.write({"kind": "train", "step": state.step, "tokens": state.tokens_seen,
-                           "loss": loss_mean, "grad_norm": grad_norm, "lr": lr,
+                           "world_size": env.world_size, "loss": loss_mean, "grad_norm": grad_norm, "lr": lr,
                            "tokens_per_second": tps, "mfu": mfu, "step_seconds": step_s})
             if run.lease is not None:
                 run.lease.update(step=state.step, tokens=state.tokens_seen, loss=loss_mean,

@@ -27,6 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from crucible.trainer.launch import TORCHRUN_ENV
 from crucible.trainer.model import GPT
 
 
@@ -63,9 +64,19 @@ def init_distributed(timeout_s: float = 600.0) -> DistEnv:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
+        _warn_if_store_shared()
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
                                 device_id=device if backend == "nccl" else None)
     return DistEnv(rank, world, local_rank, device, backend)
+
+
+def _warn_if_store_shared() -> None:
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "torchrun shares its rendezvous store across restarts; set %s so a restarted or "
+            "re-joined worker group can rendezvous again", " ".join(f"{k}={v}" for k, v in TORCHRUN_ENV.items()))
 
 
 def build_mesh(env: DistEnv) -> DeviceMesh:

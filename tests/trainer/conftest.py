@@ -74,7 +74,11 @@ def crucible_cmd(*args: str, nproc: int = 1) -> list[str]:
             f"--nproc-per-node={nproc}", "-m", "crucible.trainer", *args]
 
 
-def run_crucible(*args: str, nproc: int = 1, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1" if nproc > 1 else os.environ.get("OMP_NUM_THREADS", "2"))
+def run_crucible(*args: str, nproc: int = 1, timeout: float = 300, env: dict | None = None,
+                 **kw) -> subprocess.CompletedProcess:
+    from crucible.trainer.launch import TORCHRUN_ENV
+
+    threads = "1" if nproc > 1 else os.environ.get("OMP_NUM_THREADS", "2")
+    env = {**os.environ, "OMP_NUM_THREADS": threads, **TORCHRUN_ENV, **(env or {})}
     return subprocess.run(crucible_cmd(*args, nproc=nproc), capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, env=env, **kw)

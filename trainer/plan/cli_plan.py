@@ -56,11 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--emit-job", action="store_true", help="print a PretrainJob manifest")
     parser.add_argument("--name", default=None, help="job name for --emit-job")
     parser.add_argument("--image", default="registry.example/crucible-trainer:0.1")
-    parser.add_argument("--data", default="s3://CHANGE-ME/tokens/train", help="training shards")
-    parser.add_argument("--val", default="s3://CHANGE-ME/tokens/val", help="held-out shards")
-    parser.add_argument("--tokenizer", default="s3://CHANGE-ME/tokenizer.json",
+    parser.add_argument("--data", default="s3://change-me/tokens/train", help="training shards")
+    parser.add_argument("--val", default="s3://change-me/tokens/val", help="held-out shards")
+    parser.add_argument("--tokenizer", default="s3://change-me/tokenizer.json",
                         help="tokenizer.json the shards were encoded with")
-    parser.add_argument("--checkpoint-uri", default=None, help="default s3://CHANGE-ME/runs/<name>")
+    parser.add_argument("--checkpoint-uri", default=None, help="default s3://change-me/runs/<name>")
 
 
 def _num(args, name: str, **kw):
@@ -146,6 +146,6 @@ def emit(plan: planner.Plan, inp: planner.PlanInputs, args) -> dict:
             micro_batch=inp.micro_batch, checkpoint_minutes=plan.checkpoint.daly_s / 60,
             activation_checkpointing=bool(fsdp and fsdp.layout.recompute == "full"),
             global_batch_tokens=inp.global_batch_tokens, data_train=args.data, data_val=args.val, tokenizer=args.tokenizer,
-            checkpoint_uri=args.checkpoint_uri or f"s3://CHANGE-ME/runs/{name}")
+            checkpoint_uri=args.checkpoint_uri or f"s3://change-me/runs/{name}")
     except ValueError as err:
         raise UserError(str(err), "pick another --name or fix the flags above") from None

@@ -1,0 +1,92 @@
+"""Run `crucible train` under torchrun in the background and break it on purpose.
+
+A `TrainProcess` keeps the whole output in a file, can wait for a line, find the worker
+processes torchrun started, and kill one of them or the whole agent (its process group)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from crucible.trainer.launch import TORCHRUN_ENV
+from tests.support.services import eventually
+from tests.trainer.conftest import REPO, crucible_cmd
+
+
+class TrainProcess:
+    def __init__(self, config: Path, log: Path, *, nproc: int = 2, env: dict | None = None,
+                 torchrun_args: list[str] | None = None, extra_args: list[str] | None = None):
+        import sys
+
+        self.log_path = log
+        if torchrun_args is None:
+            cmd = crucible_cmd("train", "--config", str(config), *(extra_args or []), nproc=nproc)
+        else:
+            cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args,
+                   f"--nproc-per-node={nproc}", "-m", "crucible.trainer", "train",
+                   "--config", str(config), *(extra_args or [])]
+        self.out = open(log, "w")
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **TORCHRUN_ENV, **(env or {})}
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.out, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)  # own process group: kill -PGID
+
+    def text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for(self, pattern: str, timeout_s: float = 120) -> re.Match:
+        def seen():
+            if self.proc.poll() is not None and not re.search(pattern, self.text()):
+                raise AssertionError(f"exited ({self.proc.returncode}) before /{pattern}/:\n"
+                                     + self.text()[-3000:])
+            return re.search(pattern, self.text())
+
+        return eventually(seen, timeout_s, f"/{pattern}/ in {self.log_path.name}")
+
+    def workers(self) -> list[int]:
+        """Pids of the trainer processes under this torchrun agent (children running the CLI)."""
+        found = []
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                ppid = int(re.search(r"PPid:\s+(\d+)", status.read_text()).group(1))
+                cmdline = (status.parent / "cmdline").read_bytes()
+            except (OSError, AttributeError):
+                continue
+            if ppid == self.proc.pid and b"crucible.trainer" in cmdline:
+                found.append(int(status.parent.name))
+        return sorted(found)
+
+    def kill_group(self) -> None:
+        """SIGKILL the agent and its workers, as a node dying would. torchrun starts each worker
+        in a session of its own, so the agent's process group alone would leave them running."""
+        for pid in self.workers():
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def finish(self, timeout_s: float = 300) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        finally:
+            self.out.close()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.kill_group()
+        self.out.close()
+
+
+def train_records(jsonl: Path) -> list[dict]:
+    return [r for r in (json.loads(l) for l in jsonl.read_text().splitlines() if l.strip())
+            if r["kind"] == "train"]
+
+
+def now() -> float:
+    return time.monotonic()

@@ -1,0 +1,219 @@
+"""Checkpoints survive what breaks real runs (CPU, `tiny`, torchrun, the stack's real S3 server).
+
+Each test names the fault it injects and asserts what may be lost: nothing beyond the last
+commit, and never a half-written checkpoint taken for a real one.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import time
+
+import pytest
+
+from tests.support.private_s3 import PrivateS3
+from tests.support.services import eventually
+from tests.trainer.chaos import TrainProcess, train_records
+from tests.trainer.conftest import job_config, run_crucible, write_config
+
+BATCH = 4096  # tokens per step: 32 sequences of 128
+
+
+@pytest.fixture
+def ckpt(s3):
+    """A fresh checkpoint prefix in the stack's bucket, and the env that reaches it."""
+    uri = f"s3://{s3.bucket}/chaos/{secrets.token_hex(4)}"
+    env = {"AWS_ENDPOINT_URL": s3.endpoint, "AWS_ACCESS_KEY_ID": s3.access_key,
+           "AWS_SECRET_ACCESS_KEY": s3.secret_key, "AWS_DEFAULT_REGION": s3.region}
+    return uri, env
+
+
+def config(corpus, tmp_path, name: str, uri: str, steps: int, every: int = 4, **checkpoint):
+    cfg = job_config(corpus, tmp_path / name, name="chaos", steps=steps, batch_tokens=BATCH,
+                     evalTokens=4096)
+    cfg["checkpoint"] = {"uri": uri, "everySteps": every, "everyMinutes": 0, "keep": 3, **checkpoint}
+    return write_config(cfg, tmp_path / f"{name}.yaml")
+
+
+def objects(s3, uri: str) -> set[str]:
+    bucket, _, prefix = uri[5:].partition("/")
+    pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+    return {o["Key"][len(prefix) + 1:] for page in pages for o in page.get("Contents", [])}
+
+
+def test_exact_resume_equals_a_straight_run(corpus, tmp_path, ckpt):
+    """Stop after N steps and resume for N more: per-step losses bitwise equal to 2N straight."""
+    uri, env = ckpt
+    straight = TrainProcess(config(corpus, tmp_path, "straight", uri + "/a", steps=16, every=8),
+                            tmp_path / "straight.log", env=env)
+    assert straight.finish() == 0, straight.text()[-3000:]
+    first = TrainProcess(config(corpus, tmp_path, "resumed", uri + "/b", steps=16, every=8),
+                         tmp_path / "first.log", env=env, extra_args=["--max-steps", "8"])
+    assert first.finish() == 0, first.text()[-3000:]
+    second = TrainProcess(tmp_path / "resumed.yaml", tmp_path / "second.log", env=env)
+    assert second.finish() == 0, second.text()[-3000:]
+    assert "resumed from s3://" in second.text() and "(step 8," in second.text()
+
+    a = train_records(tmp_path / "straight" / "metrics.jsonl")
+    b = train_records(tmp_path / "resumed" / "metrics.jsonl")
+    assert [r["step"] for r in b] == list(range(1, 17))
+    # fp32 on CPU with the same world size and seeds is deterministic: demand bitwise equality.
+    assert [(r["loss"], r["grad_norm"], r["lr"]) for r in a] == \
+           [(r["loss"], r["grad_norm"], r["lr"]) for r in b]
+
+
+def test_sigkill_of_a_worker_restarts_from_the_last_commit(corpus, tmp_path, ckpt):
+    uri, env = ckpt
+    run = TrainProcess(config(corpus, tmp_path, "kill", uri, steps=24, every=4),
+                       tmp_path / "kill.log", env=env,
+                       torchrun_args=["--standalone", "--max-restarts=3", "--monitor-interval=0.5"])
+    try:
+        run.wait_for(r"checkpoint step 8 committed")
+        victim = run.workers()[-1]
+        killed_at = time.time()
+        os.kill(victim, signal.SIGKILL)
+        assert run.finish() == 0, run.text()[-3000:]
+    finally:
+        run.close()
+    log = run.text()
+    resumed = [int(s) for s in __import__("re").findall(r"resumed from .*?\(step (\d+),", log)]
+    assert resumed and resumed[-1] >= 8, log[-3000:]
+    records = train_records(tmp_path / "kill" / "metrics.jsonl")
+    after = [r for r in records if r["time"] > killed_at]
+    assert after[0]["step"] == resumed[-1] + 1  # nothing between the commit and the kill is kept
+    assert records[-1]["step"] == 24
+    steps_lost = max(r["step"] for r in records if r["time"] <= killed_at) - resumed[-1]
+    assert 0 <= steps_lost <= 4 + 1  # at most one save interval (+ the step in flight)
+    recovery_s = after[0]["time"] - killed_at
+    assert recovery_s < 90, f"first step {recovery_s:.0f}s after the kill"
+    print(f"SIGKILL -> first step after resume: {recovery_s:.1f}s, steps lost: {steps_lost}")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_losing_an_agent_shrinks_the_world_and_a_new_agent_grows_it(corpus, tmp_path, ckpt):
+    """Two torchrun agents on loopback as two nodes (--nnodes=1:2, c10d). SIGKILL the agent that
+    does not host the c10d store: the other continues at world size 1 from the last commit;
+    a new agent joins and training goes back to world size 2."""
+    uri, env = ckpt
+    steps = 160  # long enough that both membership changes happen before the run ends
+    cfg = config(corpus, tmp_path, "elastic", uri, steps=steps, every=4)
+    port = _free_port()
+
+    def agent(name: str, host: bool) -> TrainProcess:
+        return TrainProcess(cfg, tmp_path / f"{name}.log", nproc=1, env=env, torchrun_args=[
+            "--nnodes=1:2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+            "--rdzv-id=elastic-test", f"--rdzv-conf=is_host={str(host).lower()},last_call_timeout=2",
+            "--max-restarts=5", "--monitor-interval=0.5"])
+
+    a = agent("a", host=True)
+    b = agent("b", host=False)
+    c = None
+    jsonl = tmp_path / "elastic" / "metrics.jsonl"
+    try:
+        _wait_records(jsonl, lambda r: r["world_size"] == 2 and r["step"] >= 5)
+        b.kill_group()
+        _wait_records(jsonl, lambda r: r["world_size"] == 1, timeout_s=180)
+        solo = train_records(jsonl)
+        c = agent("c", host=False)
+        _wait_records(jsonl, lambda r: r["world_size"] == 2 and r["time"] > solo[-1]["time"],
+                      timeout_s=180)
+        assert a.finish(timeout_s=600) == 0, a.text()[-3000:]
+        assert c.finish(timeout_s=120) == 0, c.text()[-3000:]
+    finally:
+        for p in (a, b, c):
+            if p is not None:
+                p.close()
+    records = train_records(jsonl)
+    sizes = [r["world_size"] for r in records]
+    first_solo = sizes.index(1)
+    assert 2 in sizes[:first_solo] and 2 in sizes[first_solo:]
+    assert records[-1]["step"] == steps
+    logs = a.text() + c.text()
+    assert "now 1)" in logs and "now 2)" in logs  # resumed at each world size from a commit
+
+
+def _wait_records(jsonl, predicate, timeout_s: float = 120):
+    return eventually(lambda: jsonl.exists() and any(predicate(r) for r in train_records(jsonl)),
+                      timeout_s, "training records", interval_s=0.1)
+
+
+def test_kill_during_a_save_before_its_manifest_leaves_no_checkpoint(corpus, tmp_path, ckpt, s3):
+    uri, env = ckpt
+    cfg = config(corpus, tmp_path, "torn", uri, steps=16, every=4)
+    first = TrainProcess(cfg, tmp_path / "first.log", env=env, extra_args=["--max-steps", "4"])
+    assert first.finish() == 0, first.text()[-3000:]
+    torn = TrainProcess(cfg, tmp_path / "torn.log", env={**env, "CRUCIBLE_FAILPOINT": "before_manifest:120"})
+    try:
+        torn.wait_for(r"failpoint before_manifest")
+        torn.kill_group()
+    finally:
+        torn.close()
+    left = objects(s3, uri)
+    assert "step_8/rank_0.json" in left and "step_8/rank_1.json" in left  # the save got far...
+    assert "step_8/manifest.json" not in left                             # ...but not committed
+    third = TrainProcess(cfg, tmp_path / "third.log", env=env)
+    assert third.finish() == 0, third.text()[-3000:]
+    assert "(step 4," in third.text()  # resumed from the last commit, not the torn step 8
+    assert "step_8/manifest.json" in objects(s3, uri) or "step_16/manifest.json" in objects(s3, uri)
+
+
+def test_s3_outage_during_an_upload_is_retried_and_training_goes_on(corpus, tmp_path):
+    server = PrivateS3.create(tmp_path / "s3")
+    server.start()
+    uri = "s3://crucible/outage"
+    cfg = config(corpus, tmp_path, "outage", uri, steps=20, every=4)
+    run = TrainProcess(cfg, tmp_path / "outage.log",
+                       env={**server.env(), "CRUCIBLE_FAILPOINT": "before_upload:3"})
+    jsonl = tmp_path / "outage" / "metrics.jsonl"
+    try:
+        run.wait_for(r"checkpoint of step 4 started")
+        server.stop()
+        down_at = time.time()
+        time.sleep(6)
+        server.start()
+        assert run.finish() == 0, run.text()[-3000:]
+    finally:
+        run.close()
+        server.stop()
+    log = run.text()
+    assert "retry 1/" in log, log[-3000:]
+    trained_while_down = [r for r in train_records(jsonl) if down_at < r["time"] < down_at + 6]
+    assert trained_while_down  # the loop did not wait for the store
+    commits = [int(s) for s in __import__("re").findall(r"checkpoint step (\d+) committed", log)]
+    assert commits and max(commits) == 20
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_commit(corpus, tmp_path, ckpt, s3):
+    uri, env = ckpt
+    cfg = config(corpus, tmp_path, "corrupt", uri, steps=12, every=4)
+    first = TrainProcess(cfg, tmp_path / "first.log", env=env, extra_args=["--max-steps", "8"])
+    assert first.finish() == 0, first.text()[-3000:]
+    bucket, _, prefix = uri[5:].partition("/")
+    key = f"{prefix}/step_8/__1_0.distcp"
+    data = bytearray(s3.client().get_object(Bucket=bucket, Key=key)["Body"].read())
+    data[len(data) // 2] ^= 0xFF
+    s3.client().put_object(Bucket=bucket, Key=key, Body=bytes(data))
+    second = TrainProcess(cfg, tmp_path / "second.log", env=env)
+    assert second.finish() == 0, second.text()[-3000:]
+    log = second.text()
+    assert "step_8 is corrupt: __1_0.distcp" in log and "falling back" in log
+    assert "(step 4," in log
+
+
+def test_bad_credentials_fail_before_any_training_step(corpus, tmp_path, ckpt):
+    uri, env = ckpt
+    cfg = config(corpus, tmp_path, "creds", uri, steps=8)
+    run = run_crucible("train", "--config", str(cfg), env={**env, "AWS_SECRET_ACCESS_KEY": "not-the-secret"})
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "checkpoint storage is not usable: S3 refused the credentials" in run.stderr
+    assert "not-the-secret" not in run.stderr + run.stdout  # never echo a secret
+    jsonl = tmp_path / "creds" / "metrics.jsonl"
+    assert "\nstep " not in run.stdout and (not jsonl.exists() or not train_records(jsonl))

@@ -1,0 +1,93 @@
+"""Checkpoint decisions as pure functions: retention, when to save, retries, verification."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from crucible.trainer import storage
+from crucible.trainer.checkpoint import (file_digest, parse_step, retention_plan, should_save,
+                                         step_name, verify, with_retries)
+
+
+@pytest.mark.parametrize("committed, keep, keep_every, deleted", [
+    ([], 3, 0, []),
+    ([10, 20, 30], 3, 0, []),
+    ([10, 20, 30, 40, 50], 3, 0, [10, 20]),
+    ([10, 20, 30, 40, 50], 2, 20, [10, 30]),             # 20 and 40 are kept forever
+    ([5, 10, 15, 1000], 2, 0, [5, 10]),
+    ([7], 2, 5, []),                                      # the newest commit always survives
+    ([100, 200, 300], 0, 0, [100, 200]),                  # even with keep=0
+])
+def test_retention_keeps_newest_and_multiples(committed, keep, keep_every, deleted):
+    assert retention_plan(committed, keep, keep_every) == deleted
+
+
+def test_save_on_step_multiples_or_after_the_interval():
+    kw = dict(seconds_since_save=0.0, every_minutes=0)
+    last, saved = 0, []
+    for step in range(1, 21):
+        if should_save(step, last_save_step=last, every_steps=5, **kw):
+            saved.append(step)
+            last = step
+    assert saved == [5, 10, 15, 20]
+    assert not should_save(7, last_save_step=5, every_steps=5, **kw)
+    assert should_save(10, last_save_step=7, every_steps=5, **kw)  # resumed at 7: next multiple
+    assert should_save(3, last_save_step=1, every_steps=0, seconds_since_save=601, every_minutes=10)
+    assert not should_save(3, last_save_step=1, every_steps=0, seconds_since_save=599, every_minutes=10)
+    assert not should_save(3, last_save_step=3, every_steps=1, seconds_since_save=1e9, every_minutes=1)
+
+
+def test_step_names_round_trip():
+    assert step_name(1200) == "step_1200" and parse_step("step_1200") == 1200
+    assert parse_step("step_x") is None and parse_step(".metadata") is None
+
+
+def test_retries_back_off_then_succeed_or_give_up():
+    calls, sleeps = [], []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionError("down")
+
+    with_retries(flaky, "upload", attempts=5, base_delay_s=1.0, sleep=sleeps.append)
+    assert len(calls) == 3 and sleeps == [1.0, 2.0]
+    with pytest.raises(ConnectionError):
+        with_retries(lambda: (_ for _ in ()).throw(ConnectionError("down")), "upload",
+                     attempts=3, sleep=sleeps.append)
+
+
+def test_verify_finds_missing_truncated_and_flipped_files(tmp_path):
+    (tmp_path / "a").write_bytes(b"x" * 1000)
+    (tmp_path / "b").write_bytes(b"y" * 10)
+    files = {name: file_digest(tmp_path / name) for name in ("a", "b")}
+    assert verify(tmp_path, files) is None
+    data = bytearray((tmp_path / "a").read_bytes())
+    data[500] ^= 0xFF
+    (tmp_path / "a").write_bytes(bytes(data))
+    assert "a: size/checksum" in verify(tmp_path, files)
+    (tmp_path / "b").unlink()
+    (tmp_path / "a").write_bytes(b"x" * 1000)
+    assert verify(tmp_path, files) == "b is missing"
+
+
+def test_storage_errors_are_explained_without_secrets():
+    from botocore.exceptions import ClientError, NoCredentialsError
+
+    denied = ClientError({"Error": {"Code": "SignatureDoesNotMatch", "Message": "x"}}, "PutObject")
+    assert "refused the credentials" in storage.explain(denied, "s3://b/p")
+    assert "AWS_ACCESS_KEY_ID" in storage.explain(NoCredentialsError(), "s3://b/p")
+    missing = ClientError({"Error": {"Code": "NoSuchBucket", "Message": "x"}}, "PutObject")
+    assert "does not exist" in storage.explain(missing, "s3://b/p")
+
+
+def test_local_storage_tree_operations(tmp_path):
+    root = str(tmp_path / "ck")
+    storage.write_bytes(storage.join(root, "step_1", ".metadata"), b"m")
+    storage.write_bytes(storage.join(root, "step_1", "manifest.json"), json.dumps({}).encode())
+    storage.write_bytes(storage.join(root, "step_2", "x"), b"x")
+    assert storage.list_dirs(root) == ["step_1", "step_2"]
+    assert storage.delete_tree(storage.join(root, "step_1")) == 2  # hidden files too
+    assert storage.list_dirs(root) == ["step_2"]
