@@ -17,6 +17,10 @@ Metric names, units and labels (every series carries `job` and `rank`):
   crucible_last_checkpoint_step         step of the newest committed checkpoint
   crucible_checkpoint_age_seconds       seconds since the newest commit
   crucible_restarts_total               torchrun worker-group restarts (this agent)
+  crucible_lr_scale                     the stability guard's multiplier on the LR schedule
+  crucible_spikes_total{verdict}        stability-guard verdicts other than ok (counter)
+  crucible_rollbacks_total              rollbacks to an earlier checkpoint (counter)
+  crucible_skipped_steps_total          updates not applied (counter)
 
 MFU's peak comes from `hardware.py` for known GPUs. On a CPU (or an unknown device) the peak is
 measured once with a fp32 matmul, and the log says so: CPU MFU is against that measured peak.
@@ -29,7 +33,7 @@ import math
 import time
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from crucible.trainer import hardware
 
@@ -50,6 +54,14 @@ TRAIN_GAUGES = {
     "last_checkpoint_step": "Step of the newest committed checkpoint",
     "checkpoint_age_seconds": "Seconds since the newest checkpoint was committed",
     "restarts_total": "Worker-group restarts by torchrun in this agent (TORCHELASTIC_RESTART_COUNT)",
+    "lr_scale": "Multiplier the stability guard applies to the LR schedule (1 unless lowered)",
+}
+
+# Counters (exposed with a _total suffix): name -> (help, extra labels beyond job and rank).
+COUNTERS = {
+    "spikes": ("Loss/gradient-norm anomalies by the stability guard's verdict", ("verdict",)),
+    "rollbacks": ("Rollbacks to an earlier checkpoint by the stability guard", ()),
+    "skipped_steps": ("Optimizer updates the stability guard did not apply", ()),
 }
 
 
@@ -89,6 +101,9 @@ class Metrics:
         self.labels = {"job": job, "rank": str(rank)}
         self.gauges = {name: Gauge(f"crucible_{name}", doc, ["job", "rank"], registry=self.registry)
                        for name, doc in TRAIN_GAUGES.items()}
+        self.counters = {name: Counter(f"crucible_{name}", doc, ["job", "rank", *labels],
+                                       registry=self.registry)
+                         for name, (doc, labels) in COUNTERS.items()}
         self.server = None
         self.port = None
         if enabled and port is not None:
@@ -99,9 +114,9 @@ class Metrics:
             jsonl_path.parent.mkdir(parents=True, exist_ok=True)
             self._jsonl = open(jsonl_path, "a", buffering=1)  # line-buffered: survives a kill
 
-    def gauge(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
-        """Register another gauge (checkpoint, guard) on this run's registry."""
-        return Gauge(f"crucible_{name}", doc, ["job", "rank", *labels], registry=self.registry)
+    def count(self, name: str, amount: float = 1.0, **labels: str) -> None:
+        if self.enabled:
+            self.counters[name].labels(**self.labels, **labels).inc(amount)
 
     def set(self, **values: float) -> None:
         if not self.enabled:
