@@ -89,7 +89,8 @@ def test_cli_module_imports_nothing_heavy():
     import sys
 
     code = ("import sys; import crucible.trainer.tokenizer.command; "
-            "heavy = {'numpy', 'tokenizers', 'sentencepiece', 'matplotlib', 'torch'} & set(sys.modules); "
+            "heavy = {'numpy', 'tokenizers', 'sentencepiece', 'matplotlib', 'torch'} "
+            "& set(sys.modules); "
             "print(sorted(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

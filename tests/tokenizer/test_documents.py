@@ -1,4 +1,4 @@
-"""Inputs: a real `crucible corpus run` output, JSONL with malformed lines, text trees; the split."""
+"""Inputs: a real `crucible corpus run` output, JSONL with bad lines, text trees; the split."""
 
 from __future__ import annotations
 

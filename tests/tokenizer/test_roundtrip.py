@@ -38,12 +38,14 @@ def random_byte_strings(rng: random.Random) -> list[str]:
 
 
 WHITESPACE = [" " * 1000, "\t" * 64, "\n" * 50, "\r\n" * 20, " \t \n\t\t  \r\n   ", "  lead",
-              "trail   ", "a  b   c    d", "\u00a0\u00a0nbsp\u00a0", "\u3000ideographic\u3000\u3000",
+              "trail   ", "a  b   c    d", "\u00a0\u00a0nbsp\u00a0",
+              "\u3000ideographic\u3000\u3000",
               "\u2028\u2029\u200b\ufeff", "\x0b\x0c\x1c\x1d\x1e\x1f\x85", ""]
 
 EDGE = ["\x00", "\x00" * 10 + "nul", "\U0010ffff\uffff\ufffe", "e\u0301\u0301\u0301",
-        "\U0001f469\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466", "\u05e9\u05dc\u05d5\u05dd abc",
-        "\ufdfd", "\U0001d54f\U0001d554\U0001d563", "ǅǈǋ ﬁ ﬀ ½ ²", f"quoted {EOT} and {PAD} tokens"]
+        "\U0001f469\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466",
+        "\u05e9\u05dc\u05d5\u05dd abc", "\ufdfd", "\U0001d54f\U0001d554\U0001d563",
+        "ǅǈǋ ﬁ ﬀ ½ ²", f"quoted {EOT} and {PAD} tokens"]
 
 
 def cases() -> list[str]:

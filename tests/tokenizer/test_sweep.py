@@ -145,11 +145,12 @@ def test_tao_predictor_matches_the_authors_figures():
     # The anchor: their 33M model's best N_v, 3,145,728 = 6,144 tokens x d = 512.
     assert vocab_law.optimal_vocab_size(33e6, 512) == 6144
     # The abstract: Llama2-70B "should have been at least 216K" (between the two approaches here)
-    assert vocab_law.approach1_vocab_size(70e9, 8192) < 216e3 < vocab_law.optimal_vocab_size(70e9, 8192)
+    assert vocab_law.approach1_vocab_size(70e9, 8192) < 216e3 \
+        < vocab_law.optimal_vocab_size(70e9, 8192)
 
 
 def test_tao_characters_per_token_fit():
-    """utils.py's fit gives 3.01 / 3.97 / 4.13 / 4.36 chars per token at 4K / 32K / 50,257 / 128,256."""
+    """utils.py's fit: 3.01 / 3.97 / 4.13 / 4.36 chars per token at 4K / 32K / 50,257 / 128,256."""
     got = [1 / vocab_law.tokens_per_char(v) for v in (4096, 32768, 50257, 128256)]
     assert [round(x, 2) for x in got] == [3.01, 3.97, 4.13, 4.36]
 

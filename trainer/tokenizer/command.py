@@ -115,6 +115,8 @@ def _train(args, docs, progress: bool) -> int:
     from crucible.trainer.tokenizer.documents import split_stream
     from crucible.trainer.tokenizer.metadata import read_metadata
 
+    if args.min_frequency is not None and args.kind != "bpe":
+        raise UserError("--min-frequency applies to --kind bpe only")
     start = time.perf_counter()
     path = trainers.train(args.kind, split_stream(docs, args.val_fraction, args.seed),
                           args.vocab_size, args.out, min_frequency=args.min_frequency,

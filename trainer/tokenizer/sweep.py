@@ -144,18 +144,20 @@ def recommend(points: Sequence[SweepPoint], reference_vocab: float,
         if p is best or (math.isfinite(se) and ratio - 1 <= z * se):
             band.append(p)
     chosen = min(band, key=lambda p: abs(math.log(p.vocab_size / reference_vocab)))
+
+    def above(p: SweepPoint, ref: SweepPoint) -> float:
+        return 100 * (p.cost.flops_per_byte / ref.cost.flops_per_byte - 1)
+
     if len(band) > 1:
-        reasons.append("within %.0f paired standard errors of that minimum (not distinguishable "
-                       "on this held-out text): %s" % (z, ", ".join(
-                           f"{p.vocab_size:,} (+{100 * (p.cost.flops_per_byte / best.cost.flops_per_byte - 1):.2f}%)"
-                           for p in band)))
+        reasons.append(f"within {z:.0f} paired standard errors of that minimum (not "
+                       "distinguishable on this held-out text): "
+                       + ", ".join(f"{p.vocab_size:,} (+{above(p, best):.2f}%)" for p in band))
         reasons.append(f"of those, nearest Tao et al. 2024's loss-optimal size for this model "
                        f"(~{reference_vocab:,.0f}): V = {chosen.vocab_size:,}")
     else:
         reasons.append(f"no other size is within {z:.0f} paired standard errors of it")
     others = sorted(candidates, key=lambda p: p.vocab_size)
-    deltas = [f"{p.vocab_size:,}: {100 * (p.cost.flops_per_byte / chosen.cost.flops_per_byte - 1):+.1f}%"
-              for p in others if p is not chosen]
+    deltas = [f"{p.vocab_size:,}: {above(p, chosen):+.1f}%" for p in others if p is not chosen]
     if deltas:
         reasons.append("compute per byte of the others relative to it: " + ", ".join(deltas))
     reasons.append(f"embedding + output parameters: {chosen.cost.embedding_params / 1e6:,.1f}M = "

@@ -61,7 +61,8 @@ def print_table(result: SweepResult, console=None) -> None:
     for p in result.points:
         c, cost = p.compression, p.cost
         mark = " *" if p.vocab_size == result.recommendation.vocab_size else ""
-        table.add_row(f"{p.requested:,}", f"{p.vocab_size:,}" + (" (short)" if p.stopped_short else ""),
+        short = " (short)" if p.stopped_short else ""
+        table.add_row(f"{p.requested:,}", f"{p.vocab_size:,}{short}",
                       f"{p.train_s:.1f}", f"{c.bytes_per_token:.3f}", f"{c.bytes_per_token_se:.3f}",
                       f"{c.tokens_per_doc_mean:,.0f}", f"{100 * c.coverage:.1f}%",
                       f"{cost.embedding_params / 1e6:,.1f}M", f"{100 * cost.embedding_share:.1f}%",

@@ -88,8 +88,10 @@ class VocabSize:
     def describe(self) -> str:
         if not self.stopped_short:
             note = f"{self.realised:,} tokens"
-            return note if self.requested == self.target else \
-                f"{note} (requested {self.requested:,}, rounded up to a multiple of {self.multiple})"
+            if self.requested == self.target:
+                return note
+            return (f"{note} (requested {self.requested:,}, rounded up to a multiple of "
+                    f"{self.multiple})")
         return (f"{self.realised:,} tokens: the trainer stopped at {self.learned:,} of the target "
                 f"{self.target:,} (the corpus has no more mergeable pairs at this frequency), "
                 f"padded with {self.reserved} reserved tokens to a multiple of {self.multiple}")
