@@ -4,15 +4,17 @@ reference the sweep's measurements are compared with.
 Owns: their predictors of the compute-optimal vocabulary for a model with N_nv non-vocabulary
 parameters, and their fitted tokens-per-character curve. Must not: measure anything (`sweep`).
 
-Coefficients are those of the authors' released code (sail-sg/scaling-with-vocab @ 6701cc20):
-- Approach 2, derivative-based (`optimal_Nv_predict.py::approach2_derivative`, the default the
-  README points to): N_v^opt = 3,145,728 · (N_nv / 33M)^0.8353974, where N_v = V·d counts one
+Coefficients are those of the authors' released code (sail-sg/scaling-with-vocab, read at
+optimal_Nv_predict.py @ 8a59af1a, approach2_derivative.py and utils.py @ 3502222b):
+- Approach 2, derivative-based (`optimal_Nv_predict.py::approach2_derivative`; the README's
+  "fast calculation method"): N_v^opt = 3,145,728 · (N_nv / 33M)^0.8353974, where N_v = V·d counts one
   V×d table. The anchor is the best vocabulary of their 33M model in IsoFLOPs runs; the exponent
   comes from minimising training FLOPs over V at fixed characters (`approach2_derivative.py`).
 - Approach 1, IsoFLOPs (`approach1_isoflops`): C = (N_nv / e^-2.4846510)², then
   N_v = e^-1.5890313 · C^0.4163623.
 - Tokens per character (`utils.py::D_to_H`): 0.00639222·ln²V − 0.15811069·ln V + 1.20470122,
-  V capped at 200K; for their corpus (SlimPajama) and BPE tokenizers.
+  V capped at 200K; fitted on their corpus, SlimPajama-627B (experiments/README.md), by
+  `fit_tokenization_func.py`.
 They fitted on models of 33M to 3B parameters (N_nv of 33M to 2.87B in `approach2_derivative.py`);
 outside that range the predictions are extrapolations and `in_fitted_range` says so.
 Check values (research/data-and-planning.md §3.4, by running their code): N_nv = 7B, d = 4096
