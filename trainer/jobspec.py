@@ -206,9 +206,42 @@ class CheckpointSpec(Spec):
 
 
 class SpikeGuardSpec(Spec):
-    """Loss-spike and divergence detection in the training loop."""
+    """Loss-spike and divergence detection in the training loop (docs/spikes.md). Thresholds are
+    robust z-scores (median/MAD) of log loss and log gradient norm over recent healthy steps."""
 
     enabled: bool = Field(True, description="Detect loss spikes and divergence and act on them.")
+    window: int = Field(128, ge=8, le=100000, description="Healthy steps the statistics use "
+                        "(llm.c's outlier detector: 128).")
+    min_history: int = Field(32, ge=4, description="Steps of history before any spike verdict.")
+    z_skip: float = Field(7.0, gt=0, description="Do not apply an update whose loss or gradient "
+                          "norm is this far out (llm.c skips at z > 7; OLMo 2 counts 7-sigma "
+                          "spikes).")
+    z_spike: float = Field(6.0, gt=0, description="An applied step this far out opens a spike "
+                           "episode, judged transient or not by what follows.")
+    z_normal: float = Field(3.0, gt=0, description="Back within this many MADs = recovered.")
+    recover_steps: int = Field(20, ge=1, description="K: an episode not recovered within K steps "
+                               "means rollback.")
+    growth_steps: int = Field(10, ge=2, description="Gradient norm above normal and higher "
+                              "than where it started for this many consecutive steps means "
+                              "rollback.")
+    divergence: float = Field(0.05, gt=0, description="Smoothed loss (median of 16 steps) this "
+                              "share above its best level means rollback (slow divergence).")
+    max_skips: int = Field(3, ge=1, description="More skipped updates than this within skipWindow "
+                           "steps means rollback.")
+    skip_window: int = Field(100, ge=1)
+    rollback_margin_steps: int = Field(100, ge=0, description="R: roll back to a commit at least "
+                                       "this many steps before the spike began (PaLM restarted "
+                                       "~100 steps before).")
+    data_skip_steps: int | None = Field(None, ge=0, description="Batches to skip after a "
+                                        "rollback, counted from the restored step; default: the "
+                                        "whole window from the restored step to the spike (PaLM "
+                                        "skipped 200-500 batches).")
+    lr_factor: float = Field(0.5, gt=0, le=1, description="LR multiplier after a rollback (the "
+                             "OPT-175B logbook lowered LR when restarting).")
+    cooldown_steps: int = Field(200, ge=0, description="Steps the lowered LR lasts after the "
+                                "restored step.")
+    max_rollbacks: int = Field(3, ge=1, description="Rollbacks without getting past the spike "
+                               "before the run aborts.")
 
 
 class FaultToleranceSpec(Spec):
