@@ -228,7 +228,8 @@ class SpikeGuardSpec(Spec):
                               "share above its best level means rollback (slow divergence).")
     max_skips: int = Field(3, ge=1, description="More skipped updates than this within skipWindow "
                            "steps means rollback.")
-    skip_window: int = Field(100, ge=1)
+    skip_window: int = Field(100, ge=1, description="Steps over which skipped updates are "
+                             "counted (maxSkips).")
     rollback_margin_steps: int = Field(100, ge=0, description="R: roll back to a commit at least "
                                        "this many steps before the spike began (PaLM restarted "
                                        "~100 steps before).")
