@@ -188,11 +188,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
     memo.config = cfg
     memo.kube = Kube(api_client(cfg.workers * FAN_OUT), fan_out=FAN_OUT)
     memo.executor = concurrent.futures.ThreadPoolExecutor(cfg.workers, "crucible-pass")
-    memo.wakeups, memo.fences, memo.phases = {}, {}, {}
+    memo.wakeups, memo.fences, memo.phases, memo.jobs = {}, {}, {}, {}
     memo.metrics_server = None
     if cfg.metrics_port is not None:
         memo.metrics_server = metrics.serve(cfg.metrics_port, lambda: memo.phases,
-                                            cfg.metrics_address)
+                                            cfg.metrics_address, lambda: memo.jobs)
         logger.info(f"metrics on http://{cfg.metrics_address}:"
                     f"{memo.metrics_server[0].server_port}/metrics")
     logger.info(f"reconciling {crd.NAME}: resync every {cfg.interval_s}s, "
@@ -202,9 +202,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
 @kopf.on.cleanup()
 async def shutdown(memo: kopf.Memo, **_):
     if getattr(memo, "metrics_server", None):
-        server, _thread, collector = memo.metrics_server
+        server, _thread, collectors = memo.metrics_server
         server.shutdown()
-        metrics.REGISTRY.unregister(collector)
+        for collector in collectors:
+            metrics.REGISTRY.unregister(collector)
     if getattr(memo, "executor", None):
         memo.executor.shutdown(wait=False, cancel_futures=True)
         memo.kube.events.shutdown(wait=True, cancel_futures=False)
@@ -280,6 +281,8 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -
     if written is not None:
         memo.fences[job.uid] = written
     memo.phases[job.uid] = plan.status.get("phase", "Pending")
+    memo.jobs[job.uid] = metrics.JobRecord(job.namespace, job.name, plan.status,
+                                           metrics.checkpoint_interval_s(job.spec))
     for failure in plan.restarts:
         metrics.RESTARTS.labels(failure.cause, failure.kind).inc()
     _log(logger, applied, events, problems)
@@ -335,6 +338,7 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
         memo.wakeups.pop(key, None)
         memo.fences.pop(uid, None)
         memo.phases.pop(uid, None)
+        memo.jobs.pop(uid, None)
 
 
 logging.getLogger("kubernetes.client.rest").setLevel(logging.WARNING)

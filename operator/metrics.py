@@ -4,16 +4,27 @@ Owns the metric names and labels; `handlers.py` and `kube.py` record into them. 
 Kubeflow's `training_operator_jobs_restarted_total` style with our prefix, and carry units
 (`_seconds`). Jobs by phase are read from the operator's last view at scrape time, so a deleted
 job stops counting without bookkeeping.
+
+Per-job series (`JobStatus`) are read the same way, from the status each job's last pass
+computed: phase, goodput, restarts, checkpoint and progress times. They carry `namespace` and
+`job` (the PretrainJob's name), the labels of the trainer's own series, so a dashboard or an
+alert rule can join the two planes; scrape with honor_labels (the chart's ServiceMonitor sets
+honorLabels) so Prometheus keeps them. Status counters never decrease, so the restart counts are
+exposed as counters; both kinds are always present (zero until a restart happens), as
+Prometheus' instrumentation guide asks of series known in advance.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from crucible.operator.crd import PHASES
+from crucible.operator.observed import parse_time
+from crucible.trainer.jobspec import CheckpointSpec
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -59,9 +70,88 @@ class JobsByPhase:
         yield family
 
 
-def serve(port: int, phases: Callable[[], Mapping[str, str]], address: str = "0.0.0.0"):
-    """Start the /metrics endpoint; returns (server, thread) so tests can shut it down."""
-    collector = JobsByPhase(phases)
-    REGISTRY.register(collector)
+@dataclass(frozen=True)
+class JobRecord:
+    """What one job's last pass left for the scrape: its name and the status it computed."""
+
+    namespace: str
+    name: str
+    status: Mapping
+    checkpoint_interval_s: float  # checkpoint.everyMinutes in seconds; 0: no time-based saves
+
+
+def checkpoint_interval_s(spec: Mapping) -> float:
+    """The job's time-based checkpoint interval (0 without a checkpoint URI or with everyMinutes 0)."""
+    ckpt = spec.get("checkpoint") or {}
+    if not ckpt.get("uri"):
+        return 0.0
+    return 60.0 * float(ckpt.get("everyMinutes", CheckpointSpec.model_fields["every_minutes"].default))
+
+
+def _timestamp(value) -> float | None:
+    parsed = parse_time(value)
+    return None if parsed is None else parsed.timestamp()
+
+
+class JobStatus:
+    """`crucible_operator_job_*{namespace,job}`: each job's last status, read at scrape time."""
+
+    def __init__(self, jobs: Callable[[], Mapping[str, JobRecord]]):
+        self._jobs = jobs
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        labels = ["namespace", "job"]
+        phase = GaugeMetricFamily("crucible_operator_job_phase", "1 for the job's phase, 0 for "
+                                  "the others.", labels=labels + ["phase"])
+        goodput = GaugeMetricFamily("crucible_operator_job_goodput", "Share of wall time that "
+                                    "produced progress still kept (status.goodput), 0..1.",
+                                    labels=labels)
+        restarts = CounterMetricFamily("crucible_operator_job_restarts", "Restarts by kind "
+                                       "(application counts against maxRestarts).",
+                                       labels=labels + ["kind"])
+        by_cause = CounterMetricFamily("crucible_operator_job_restarts_by_cause", "Restarts by "
+                                       "cause (status.restarts.byCause).", labels=labels + ["cause"])
+        progress = GaugeMetricFamily("crucible_operator_job_last_progress_timestamp_seconds",
+                                     "When the step last advanced (Unix time); the job's start "
+                                     "until its first step.", labels=labels)
+        checkpoint = GaugeMetricFamily("crucible_operator_job_last_checkpoint_timestamp_seconds",
+                                       "When the newest checkpoint was committed (Unix time); "
+                                       "the job's start until its first.", labels=labels)
+        interval = GaugeMetricFamily("crucible_operator_job_checkpoint_interval_seconds",
+                                     "checkpoint.everyMinutes in seconds (0: no time-based "
+                                     "saves).", labels=labels)
+        for job in self._jobs().values():
+            key, status = [job.namespace, job.name], job.status
+            current = status.get("phase", "Pending")
+            for name in PHASES:
+                phase.add_metric(key + [name], 1 if name == current else 0)
+            if status.get("goodput") is not None:
+                goodput.add_metric(key, float(status["goodput"]))
+            counts = status.get("restarts") or {}
+            for kind in ("application", "infrastructure"):
+                restarts.add_metric(key + [kind], float(counts.get(kind, 0)))
+            for cause, count in sorted((counts.get("byCause") or {}).items()):
+                by_cause.add_metric(key + [cause], float(count))
+            start = _timestamp(status.get("startTime"))
+            last = _timestamp(status.get("lastProgressTime")) or start
+            if last is not None:
+                progress.add_metric(key, last)
+            committed = _timestamp((status.get("lastCheckpoint") or {}).get("time")) or start
+            if committed is not None:
+                checkpoint.add_metric(key, committed)
+            interval.add_metric(key, job.checkpoint_interval_s)
+        yield from (phase, goodput, restarts, by_cause, progress, checkpoint, interval)
+
+
+def serve(port: int, phases: Callable[[], Mapping[str, str]], address: str = "0.0.0.0",
+          jobs: Callable[[], Mapping[str, JobRecord]] = dict):
+    """Start the /metrics endpoint; returns (server, thread, collectors) so tests can shut it
+    down and unregister the collectors."""
+    collectors = (JobsByPhase(phases), JobStatus(jobs))
+    for collector in collectors:
+        REGISTRY.register(collector)
     server, thread = start_http_server(port, addr=address, registry=REGISTRY)
-    return server, thread, collector
+    return server, thread, collectors

@@ -104,6 +104,12 @@ class Metrics:
         self.counters = {name: Counter(f"crucible_{name}", doc, ["job", "rank", *labels],
                                        registry=self.registry)
                          for name, (doc, labels) in COUNTERS.items()}
+        # Counters without extra labels exist from the start, at 0: Prometheus' instrumentation
+        # guide asks for series known in advance, so dashboards and alerts see 0, not nothing.
+        if enabled:
+            for name, (_, labels) in COUNTERS.items():
+                if not labels:
+                    self.counters[name].labels(**self.labels)
         self.server = None
         self.port = None
         if enabled and port is not None:
