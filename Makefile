@@ -4,6 +4,8 @@
 #   make venv    only the Python environment
 #   make stack   only build and start the local stack (e2e/stack.sh up)
 #   make test-data  Debian packages whose real text the corpus tests read (installs only what is missing)
+#   make images  build the operator and trainer images (needs a Docker engine; REGISTRY=host/path to
+#                prefix them, then `make images-push`)
 
 SHELL := /bin/bash
 CACHE ?= $(HOME)/.cache/crucible
@@ -16,7 +18,14 @@ DEPS_KEY := $(shell cat pyproject.toml setup.py | sha256sum | cut -c1-12)-$(shel
 STAMP := $(VENV)/.crucible-$(DEPS_KEY)
 PYTEST_ARGS ?=
 
-.PHONY: test demo venv stack stack-down test-data
+.PHONY: test demo venv stack stack-down test-data images images-push
+
+# Images: tagged with the package version; REGISTRY (e.g. registry.example/team) prefixes them.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+REGISTRY ?=
+IMAGE_PREFIX := $(if $(REGISTRY),$(REGISTRY)/,)
+OPERATOR_IMAGE := $(IMAGE_PREFIX)crucible-operator:$(VERSION)
+TRAINER_IMAGE := $(IMAGE_PREFIX)crucible-trainer:$(VERSION)
 
 test: venv stack test-data
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -50,3 +59,11 @@ test-data:
 	  echo "installing test text packages: $$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
+
+images:
+	docker build -f operator/Dockerfile -t $(OPERATOR_IMAGE) .
+	docker build -f trainer/Dockerfile -t $(TRAINER_IMAGE) .
+
+images-push: images
+	docker push $(OPERATOR_IMAGE)
+	docker push $(TRAINER_IMAGE)
