@@ -1,0 +1,266 @@
+"""The Helm chart: lint, render with default and other values, server-side dry run, install.
+
+The chart keeps no copy of the generated manifests: its CRD, RBAC rules, dashboard and alert
+rules are files/ and crds/ links to manifests/, and the tests here prove the rendered objects are
+what the generators (`crucible-operator crd|rbac`) produce.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client, dynamic
+from kubernetes.client.exceptions import ApiException
+
+from crucible.operator import crd, rbac
+from crucible.operator import manifests as m
+from tests.ship.conftest import CHART, REPO, by_kind, helm, render
+from tests.ship.monitoring_crds import ensure_monitoring_crds
+from tests.support.services import Kube, eventually
+
+HELM_LABELS = {"helm.sh/chart", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+               "app.kubernetes.io/managed-by"}
+ALERTS = REPO / "manifests" / "prometheus" / "crucible-alerts.yaml"
+DASHBOARD = REPO / "manifests" / "grafana" / "crucible-dashboard.json"
+
+# Every optional part on, and every value changed that changes a template's output.
+NON_DEFAULT = {
+    "image": {"repository": "registry.example/team/crucible-operator", "tag": "0.1.0-rc1",
+              "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "operator": {"watchNamespaces": ["team-a", "team-b"], "resyncIntervalSeconds": 5,
+                 "workers": 8, "verbose": True, "metricsPort": 9090, "healthPort": 9091,
+                 "nodeSelector": {"kubernetes.io/os": "linux"},
+                 "tolerations": [{"key": "ops", "operator": "Exists", "effect": "NoSchedule"}],
+                 "priorityClassName": "system-cluster-critical", "podLabels": {"team": "ml"}},
+    "serviceAccount": {"name": "ptj-operator", "annotations": {"example.com/role": "x"}},
+    "metrics": {"serviceMonitor": {"enabled": True, "interval": "15s",
+                                   "labels": {"release": "kube-prometheus-stack"}},
+                "trainerPodMonitor": {"enabled": True, "interval": "10s"}},
+    "dashboard": {"namespace": "monitoring", "labels": {"grafana_dashboard": "1", "team": "ml"}},
+    "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"},
+                       "runbookBaseUrl": "https://example.org/crucible/blob/v0.1.0/"},
+}
+
+
+def _strip_helm(doc: dict) -> dict:
+    doc = json.loads(json.dumps(doc))
+    labels = doc["metadata"].get("labels", {})
+    for key in HELM_LABELS:
+        labels.pop(key, None)
+    labels["app.kubernetes.io/name"] = "crucible-operator"
+    return doc
+
+
+def _rules(docs: list[dict]) -> list[dict]:
+    return [rule for role in by_kind(docs, "ClusterRole") for rule in role["rules"]]
+
+
+def _operator(docs: list[dict]) -> dict:
+    return by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_helm_lint_passes_strict():
+    out = helm("lint", "--strict", str(CHART))
+    assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
+
+
+def test_default_render_is_the_generated_rbac_and_crd():
+    docs = render(include_crds=True)
+    generated = {(d["kind"], d["metadata"]["name"]): d for d in rbac.documents()}
+    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+        [doc] = by_kind(docs, kind)
+        assert _strip_helm(doc) == generated[kind, rbac.NAME], kind
+    [definition] = by_kind(docs, "CustomResourceDefinition")
+    assert definition == yaml.safe_load(crd.render())
+    # Nothing optional is on by default; the dashboard ConfigMap is (it costs nothing).
+    assert sorted(d["kind"] for d in docs) == sorted([
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service",
+        "ConfigMap", "CustomResourceDefinition"])
+
+
+def test_operator_deployment_defaults():
+    docs = render()
+    [deploy] = by_kind(docs, "Deployment")
+    spec, pod = deploy["spec"], deploy["spec"]["template"]["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    container = _operator(docs)
+    assert container["image"] == "crucible-operator:0.1.0"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == m.RUN_UID == 1000
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False,
+                                            "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+    assert container["args"][:2] == ["run", "--all-namespaces"]
+    assert "--liveness=http://0.0.0.0:8081/healthz" in container["args"]
+    assert "--metrics-port=8080" in container["args"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 8080, "health": 8081}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
+    assert container["resources"]["limits"]["memory"] == "512Mi"
+    [service] = by_kind(docs, "Service")
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert service["spec"]["selector"].items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_non_default_values_render_every_optional_part():
+    docs = render(NON_DEFAULT, release="ml", namespace="ops")
+    container = _operator(docs)
+    assert container["image"] == "registry.example/team/crucible-operator:0.1.0-rc1"
+    assert container["args"][:3] == ["run", "--namespace=team-a", "--namespace=team-b"]
+    assert {"--interval=5", "--workers=8", "--metrics-port=9090", "--verbose",
+            "--liveness=http://0.0.0.0:9091/healthz"} <= set(container["args"])
+
+    # RBAC: the generated rules, split by scope; namespaced ones only in the watched namespaces.
+    roles = {r["metadata"]["name"]: r for r in by_kind(docs, "ClusterRole")}
+    assert set(roles) == {"ml-crucible-operator", "ml-crucible-operator-namespaced"}
+    generated = [{"apiGroups": g, "resources": r, "verbs": v} for g, r, v, _ in rbac.RULES]
+    assert sorted(map(json.dumps, _rules(docs))) == sorted(map(json.dumps, generated))
+    assert {res for rule in roles["ml-crucible-operator"]["rules"] for res in rule["resources"]} \
+        == {"nodes", "namespaces", "customresourcedefinitions"}
+    bindings = by_kind(docs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for binding in bindings + by_kind(docs, "ClusterRoleBinding"):
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ptj-operator",
+                                        "namespace": "ops"}]
+    assert not by_kind(docs, "Role"), "the chart grants through the generated ClusterRoles only"
+
+    # Monitoring objects keep Crucible's own labels (honorLabels) and select the right things.
+    [monitor] = by_kind(docs, "ServiceMonitor")
+    [service] = by_kind(docs, "Service")
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    [pods] = by_kind(docs, "PodMonitor")
+    assert pods["spec"]["selector"]["matchLabels"] == {m.LABEL_MANAGED_BY: m.MANAGER,
+                                                       m.LABEL_INDEX: "0"}
+    assert pods["spec"]["podMetricsEndpoints"][0] == {"port": "metrics", "path": "/metrics",
+                                                       "interval": "10s", "honorLabels": True}
+    assert pods["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    trainer_pod = m.pod("gpt", "team-a", "uid", _spec(), 0, 0)
+    assert {"name": "metrics", "containerPort": m.METRICS_PORT} in \
+        trainer_pod["spec"]["containers"][0]["ports"]
+    assert pods["spec"]["selector"]["matchLabels"].items() <= trainer_pod["metadata"]["labels"].items()
+
+    # The alert rules are the rule file's, with the runbook base URL in front.
+    [rule] = by_kind(docs, "PrometheusRule")
+    groups = yaml.safe_load(ALERTS.read_text())["groups"]
+    for group in groups:
+        for alert in group["rules"]:
+            alert["annotations"]["runbook_url"] = ("https://example.org/crucible/blob/v0.1.0/"
+                                                   + alert["annotations"]["runbook_url"])
+    assert rule["spec"]["groups"] == groups
+
+    # The dashboard ConfigMap holds the dashboard file as is, labelled for Grafana's sidecar.
+    [dashboard] = by_kind(docs, "ConfigMap")
+    assert dashboard["metadata"]["namespace"] == "monitoring"
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["crucible-pretraining.json"]) == json.loads(DASHBOARD.read_text())
+
+
+def _spec():
+    from crucible.trainer.jobspec import PretrainJobSpec
+
+    return PretrainJobSpec.model_validate({"image": "x", "nodes": {"min": 1, "max": 1},
+                                           "model": {"preset": "tiny"},
+                                           "data": {"train": "s3://bucket/t"},
+                                           "training": {"tokens": 1e6}})
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"replicas": 2}, "additional properties 'replicas' not allowed"),
+    ({"operator": {"workers": 0}}, "/operator/workers"),
+    ({"operator": {"watchNamespaces": ["team-*"]}}, "/operator/watchNamespaces/0"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+    ({"metrics": {"serviceMonitor": {"enabled": True, "interval": "often"}}},
+     "/metrics/serviceMonitor/interval"),
+])
+def test_schema_rejects_bad_values_naming_the_key(values, message, tmp_path):
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    out = helm("template", "x", str(CHART), "--values", str(path), check=False)
+    assert out.returncode != 0
+    assert message in out.stderr, out.stderr
+
+
+def _dry_run(kube: Kube, docs: list[dict], namespace: str) -> list[str]:
+    """Server-side apply with dryRun=All and fieldValidation=Strict; the apiserver's refusals."""
+    api = dynamic.DynamicClient(kube.client())
+    refused = []
+    for doc in docs:
+        resource = api.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        try:
+            api.server_side_apply(resource, body=doc, namespace=doc["metadata"].get("namespace"),
+                                  field_manager="crucible-chart-test", dry_run="All",
+                                  force_conflicts=True,
+                                  query_params=[("fieldValidation", "Strict")])
+        except ApiException as err:
+            refused.append(f"{doc['kind']}/{doc['metadata']['name']}: {err.status} {err.body}")
+    return refused
+
+
+@pytest.mark.stack
+def test_rendered_manifests_pass_a_server_side_dry_run(kube, namespace):
+    ensure_monitoring_crds(kube)
+    other = kube.create_namespace("ship-dry-run-b")
+    try:
+        values = json.loads(json.dumps(NON_DEFAULT))
+        values["operator"]["watchNamespaces"] = [namespace, other]
+        values["dashboard"]["namespace"] = other
+        default = render(release="dry", namespace=namespace, include_crds=True)
+        custom = render(values, release="dry", namespace=namespace)
+        assert _dry_run(kube, default, namespace) == []
+        assert _dry_run(kube, custom, namespace) == []
+        # The dry run is not a rubber stamp: a misspelt field is refused.
+        [deploy] = by_kind(default, "Deployment")
+        deploy["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
+        [refusal] = _dry_run(kube, [deploy], namespace)
+        assert "livenesProbe: field not declared in schema" in refusal
+    finally:
+        kube.delete_namespace(other)
+
+
+@pytest.mark.stack
+def test_helm_install_puts_the_operator_and_its_rbac_in_place(kube, release):
+    api = kube.client()
+    apps, rbac_api = client.AppsV1Api(api), client.RbacAuthorizationV1Api(api)
+    name = f"{release.name}-crucible-operator"
+    deploy = apps.read_namespaced_deployment(name, release.namespace)
+    assert deploy.spec.replicas == 1 and deploy.spec.strategy.type == "Recreate"
+    assert deploy.status.available_replicas == 1  # helm --wait saw it Available (KWOK runs it)
+    assert deploy.spec.template.spec.service_account_name == release.operator_account
+    assert deploy.spec.template.spec.containers[0].args[:2] == ["run",
+                                                               f"--namespace={release.jobs_namespace}"]
+    cluster_role = rbac_api.read_cluster_role(name)
+    namespaced = rbac_api.read_cluster_role(f"{name}-namespaced")
+    installed = [{"apiGroups": r.api_groups, "resources": r.resources, "verbs": r.verbs}
+                 for r in cluster_role.rules + namespaced.rules]
+    generated = [{"apiGroups": g, "resources": r, "verbs": v} for g, r, v, _ in rbac.RULES]
+    assert sorted(map(json.dumps, installed)) == sorted(map(json.dumps, generated))
+    binding = rbac_api.read_namespaced_role_binding(name, release.jobs_namespace)
+    assert binding.role_ref.name == f"{name}-namespaced"
+    assert [(s.name, s.namespace) for s in binding.subjects] == [(release.operator_account,
+                                                                  release.namespace)]
+    crb = rbac_api.read_cluster_role_binding(name)
+    assert crb.role_ref.name == name
+    # The CRD came from crds/ (or was there already) and is Established.
+    ext = client.ApiextensionsV1Api(api)
+    assert eventually(lambda: any(c.type == "Established" and c.status == "True" for c in
+                                  ext.read_custom_resource_definition(crd.NAME).status.conditions),
+                      30, "the PretrainJob CRD Established")
+    core = client.CoreV1Api(api)
+    assert core.read_namespaced_service(f"{name}-metrics", release.namespace)
+    dashboard = core.read_namespaced_config_map(f"{release.name}-crucible-dashboard",
+                                                release.namespace)
+    assert dashboard.metadata.labels["grafana_dashboard"] == "1"
+    status = helm("status", release.name, "--namespace", release.namespace,
+                  kubeconfig=kube.kubeconfig).stdout
+    assert "STATUS: deployed" in status
+    assert re.search(rf"rollout status deployment/{name}", status), "NOTES say what to do next"
