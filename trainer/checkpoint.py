@@ -264,6 +264,17 @@ class Checkpointer:
             return manifest
         return None
 
+    def discard_after(self, step: int) -> None:
+        """Delete every checkpoint newer than `step` (rank 0): after a rollback they belong to an
+        abandoned timeline, and a later resume must not pick them up."""
+        self.wait()
+        if self.rank == 0:
+            for name in storage.list_dirs(self.uri):
+                s = parse_step(name)
+                if s is not None and s > step:
+                    storage.delete_tree(storage.join(self.uri, name))
+        dist.barrier()
+
     def _fetch(self, step: int, manifest: dict) -> Path:
         """The folder holding the step's files on this node (downloaded once per node for S3)."""
         if not self.remote:

@@ -4,9 +4,10 @@ Pure and deterministic: it sees only numbers every rank agrees on (the all-reduc
 global gradient norm), so every rank reaches the same verdict without talking, and an offline
 replay of a run's metrics (`crucible diagnose`) gives the verdicts the run gave. No torch here.
 
-Statistics are robust z-scores of log loss and log gradient norm: (x - median) / (1.4826 MAD)
-over the last `window` healthy steps; steps inside a spike episode are kept out (unlike llm.c,
-whose window also swallows its outliers). Logs make a spike's size relative to the loss level.
+Statistics are robust z-scores of log loss and log gradient norm against a detrended baseline
+of healthy steps (`Baseline`: the level is a short rolling median, the spread the MAD of
+residuals over `window` steps); steps inside a spike episode are kept out (unlike llm.c, whose
+window also swallows its outliers). Logs make a spike's size relative to the loss level.
 
 Verdicts (defaults in jobspec.SpikeGuardSpec, with their sources):
   skip       before the update: a non-finite loss or gradient norm, or either beyond z_skip
@@ -25,6 +26,7 @@ Verdicts (defaults in jobspec.SpikeGuardSpec, with their sources):
 
 from __future__ import annotations
 
+import json
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -47,20 +49,43 @@ class Verdict:
         return self.kind == "ok"
 
 
-def robust_z(value: float, history: np.ndarray) -> float:
-    """How many (MAD-based) standard deviations `value` is above the history's median."""
-    median = float(np.median(history))
-    mad = float(np.median(np.abs(history - median)))
-    # A floor on the spread: a perfectly flat history would make any wiggle infinitely far out.
-    return (value - median) / max(MAD_TO_SIGMA * mad, 1e-3)
+class Baseline:
+    """A detrended robust baseline for one signal (log loss or log grad norm) of healthy steps.
+
+    The level is the median of the last `SMOOTH_STEPS` values, so it follows the loss down
+    while it falls fast early in training; the spread is the MAD of each value's residual from
+    the level at the time, over the last `window` values, so the trend does not widen it (a
+    plain rolling median/MAD would let early spikes through)."""
+
+    def __init__(self, window: int, values=(), residuals=()):
+        self.values: deque[float] = deque(values, maxlen=SMOOTH_STEPS)
+        self.residuals: deque[float] = deque(residuals, maxlen=window)
+
+    def __len__(self) -> int:
+        return len(self.residuals)
+
+    def level(self) -> float:
+        return float(np.median(np.fromiter(self.values, float)))
+
+    def z(self, value: float) -> float:
+        resid = np.fromiter(self.residuals, float)
+        typical = float(np.median(resid))  # the level's lag behind a trend, learned from history
+        spread = float(np.median(np.abs(resid - typical)))
+        # A floor on the spread: a perfectly flat history would make any wiggle infinitely far out.
+        return (value - self.level() - typical) / max(MAD_TO_SIGMA * spread, 1e-3)
+
+    def append(self, value: float) -> None:
+        if len(self.values) >= 4:
+            self.residuals.append(value - self.level())
+        self.values.append(value)
 
 
 class Guard:
     def __init__(self, cfg):
         """`cfg`: a jobspec.SpikeGuardSpec (or anything with the same attributes)."""
         self.cfg = cfg
-        self.loss_hist: deque[float] = deque(maxlen=cfg.window)   # log loss, healthy steps
-        self.grad_hist: deque[float] = deque(maxlen=cfg.window)   # log grad norm, healthy steps
+        self.loss = Baseline(cfg.window)     # log loss of healthy steps
+        self.grad = Baseline(cfg.window)     # log gradient norm of healthy steps
         self.recent: deque[float] = deque(maxlen=SMOOTH_STEPS)    # log loss, every applied step
         self.best = (math.inf, 0)            # (lowest smoothed log loss, its step)
         self.skips: deque[int] = deque()
@@ -71,13 +96,12 @@ class Guard:
 
     @property
     def ready(self) -> bool:
-        return len(self.loss_hist) >= self.cfg.min_history
+        return len(self.loss) >= self.cfg.min_history
 
     def z_scores(self, loss: float, grad_norm: float) -> tuple[float, float]:
         if not self.ready:
             return 0.0, 0.0
-        return (robust_z(math.log(loss), np.fromiter(self.loss_hist, float)),
-                robust_z(math.log(max(grad_norm, 1e-12)), np.fromiter(self.grad_hist, float)))
+        return self.loss.z(math.log(loss)), self.grad.z(math.log(max(grad_norm, 1e-12)))
 
     # -- before the update ----------------------------------------------------------------------
     def check_update(self, step: int, loss: float, grad_norm: float) -> Verdict:
@@ -108,8 +132,9 @@ class Guard:
             if self.episode is None:
                 self.episode = {"onset": step, "peak": math.inf, "peak_loss": loss}
             if len(self.skips) > cfg.max_skips:
-                return self._rollback(step, self.skips[0], f"{len(self.skips)} updates skipped "
-                                      f"within {cfg.skip_window} steps (more than {cfg.max_skips})")
+                return self._rollback(step, self.episode["onset"], f"{len(self.skips)} updates "
+                                      f"skipped within {cfg.skip_window} steps (more than "
+                                      f"{cfg.max_skips})")
             return self._episode_timeout(step, loss)
 
         z_loss, z_grad = self.z_scores(loss, grad_norm)
@@ -129,8 +154,8 @@ class Guard:
                                f"{ep['peak_loss']:.4g}{peak}) was back to normal "
                                f"{step - ep['onset']} step(s) later", ep["onset"])
             return self._episode_timeout(step, loss)
-        self.loss_hist.append(log_loss)
-        self.grad_hist.append(log_grad)
+        self.loss.append(log_loss)
+        self.grad.append(log_grad)
         if step > self.spike_region_end:
             self.rollbacks_in_a_row = 0
         return Verdict("ok", step)
@@ -188,15 +213,19 @@ class Guard:
 
     # -- Stateful -------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"loss_hist": list(self.loss_hist), "grad_hist": list(self.grad_hist),
-                "recent": list(self.recent), "best": list(self.best), "skips": list(self.skips),
-                "episode": self.episode, "grad_streak": self.grad_streak,
-                "rollbacks_in_a_row": self.rollbacks_in_a_row,
-                "spike_region_end": self.spike_region_end}
+        # One JSON string: checkpoint loaders (DCP) need the same nested keys at save and load
+        # time, and `episode`/`grad_streak` come and go.
+        return {"json": json.dumps({
+            "loss": [list(self.loss.values), list(self.loss.residuals)],
+            "grad": [list(self.grad.values), list(self.grad.residuals)],
+            "recent": list(self.recent), "best": list(self.best), "skips": list(self.skips),
+            "episode": self.episode, "grad_streak": self.grad_streak,
+            "rollbacks_in_a_row": self.rollbacks_in_a_row, "spike_region_end": self.spike_region_end})}
 
     def load_state_dict(self, state: dict) -> None:
-        self.loss_hist = deque(state["loss_hist"], maxlen=self.cfg.window)
-        self.grad_hist = deque(state["grad_hist"], maxlen=self.cfg.window)
+        state = json.loads(state["json"])
+        self.loss = Baseline(self.cfg.window, *state["loss"])
+        self.grad = Baseline(self.cfg.window, *state["grad"])
         self.recent = deque(state["recent"], maxlen=SMOOTH_STEPS)
         self.best = (float(state["best"][0]), int(state["best"][1]))
         self.skips = deque(int(s) for s in state["skips"])

@@ -25,6 +25,8 @@ from crucible.trainer import arch, optim, parallel
 from crucible.trainer.checkpoint import AppState, Checkpointer, Commit, should_save, stable_hash
 from crucible.trainer.data import Sampler, ShardSet
 from crucible.trainer.evaluate import EvalResult, evaluate
+from crucible.trainer.faults import Faults
+from crucible.trainer.guard import Guard, Verdict
 from crucible.trainer.jobspec import TrainJobConfig
 from crucible.trainer.lease import progress_lease
 from crucible.trainer.metrics import Metrics, device_peak_flops
@@ -32,6 +34,10 @@ from crucible.trainer.metrics import Metrics, device_peak_flops
 
 class PlanError(ValueError):
     """The batch arithmetic does not work out for this world size."""
+
+
+class GuardAbort(RuntimeError):
+    """The stability guard gave up: rolling back did not get the run past a spike."""
 
 
 @dataclass(frozen=True)
@@ -148,8 +154,13 @@ class Run:
         self.lr_scale = optim.LRScale()
         self.sampler = Sampler(self.train_shards, p.seq_len, t.seed)
         self.state = TrainState()
-        self.app = AppState(self.model, self.optimizer, {"train": self.state, "sampler": self.sampler,
-                                                         "lr_scale": self.lr_scale})
+        parts = {"train": self.state, "sampler": self.sampler, "lr_scale": self.lr_scale}
+        guard_spec = cfg.fault_tolerance.spike_guard
+        self.guard = Guard(guard_spec) if guard_spec.enabled else None
+        if self.guard is not None:
+            parts["guard"] = self.guard
+        self.app = AppState(self.model, self.optimizer, parts)
+        self.faults = Faults.from_env()
 
         out = Path(cfg.output_dir)
         jsonl = Path(cfg.metrics.jsonl) if cfg.metrics.jsonl else out / "metrics.jsonl"
@@ -197,34 +208,90 @@ class Run:
                               checkpoint=commit.for_lease())
 
     # -- one optimizer step ----------------------------------------------------------------------
-    def step(self) -> tuple[float, float, float]:
-        """Forward/backward over the accumulation micro-steps and one update.
+    def forward_backward(self) -> tuple[float, float, float]:
+        """Forward/backward over the accumulation micro-steps, then clip (not yet the update).
         Returns (this rank's mean loss, global grad norm before clipping, learning rate)."""
         t, p, env = self.cfg.training, self.plan, self.env
-        lr = optim.lr_at(self.state.step, t, p.total_steps) * self.lr_scale.value
+        step = self.state.step
+        faults = self.faults.take(step + 1)
+        lr = optim.lr_at(step, t, p.total_steps) * self.lr_scale.at(step)
+        if "lr_x100" in faults:
+            lr *= 100
         optim.set_lr(self.optimizer, lr)
         loss_sum = torch.zeros((), device=env.device)
         for micro in range(p.accum_steps):
-            x, y = self.sampler.batch(self.state.step, micro, global_batch=p.global_batch_seqs,
+            x, y = self.sampler.batch(step, micro, global_batch=p.global_batch_seqs,
                                       micro_batch=p.micro_batch, rank=env.rank, world_size=env.world_size)
             inputs = torch.from_numpy(x).to(env.device, non_blocking=True)  # (B, T)
             targets = torch.from_numpy(y).to(env.device, non_blocking=True)  # (B, T)
+            if "garbage" in faults:
+                gen = torch.Generator(device=env.device).manual_seed(step * 1000 + micro)
+                inputs, targets = torch.randint(0, self.train_shards.vocab_size, (2, *x.shape),
+                                                generator=gen, device=env.device)
             # Reduce-scatter gradients only once per step, after the last micro-batch.
             self.model.set_requires_gradient_sync(micro == p.accum_steps - 1)
             loss = self.model(inputs, targets)
+            if "nan" in faults:
+                loss = loss * float("nan")
             (loss / p.accum_steps).backward()
             loss_sum += loss.detach()
         grad_norm = optim.clip_grad_norm(self.model, t.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
         return float(loss_sum) / p.accum_steps, grad_norm, lr
 
-    def wants_save(self) -> bool:
-        """Rank 0's opinion (time-based saving must not be decided per rank)."""
+    def apply_update(self, apply: bool) -> None:
+        """Take the optimizer step, or (a skipped step) drop the gradients: no state changes."""
+        if apply:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def record(self, verdict: Verdict) -> None:
+        """Count, log and write a non-ok guard verdict (every rank reaches the same ones)."""
+        self.metrics.count("spikes", verdict=verdict.kind)
+        if verdict.kind == "skip":
+            self.metrics.count("skipped_steps")
+        self.metrics.write({"kind": "guard", "step": verdict.step, "verdict": verdict.kind,
+                            "onset": verdict.onset, "reason": verdict.reason})
+        self.log(f"stability guard at step {verdict.step}: {verdict.kind}: {verdict.reason}")
+
+    def rollback(self, verdict: Verdict) -> None:
+        """Reload a commit from before the spike, skip the data since, lower the LR for a while."""
+        spec = self.cfg.fault_tolerance.spike_guard
+        if self.ckpt is None:
+            raise GuardAbort(f"{verdict.reason}; a rollback needs checkpoint.uri")
+        self.ckpt.wait()
+        guard_state = self.guard.state_dict()  # the guard remembers across the rollback
+        manifest = self.ckpt.load(self.app, max_step=verdict.onset - spec.rollback_margin_steps)
+        if manifest is None:
+            manifest = self.ckpt.load(self.app, max_step=verdict.onset - 1)
+            if manifest is not None:
+                self.log(f"no commit {spec.rollback_margin_steps} steps before the spike at step "
+                         f"{verdict.onset}; rolling back to step {manifest['step']} (keep more: "
+                         "checkpoint.keepEvery)")
+        if manifest is None:
+            raise GuardAbort(f"{verdict.reason}; no committed checkpoint before step "
+                             f"{verdict.onset} to roll back to")
+        self.guard.load_state_dict(guard_state)
+        self.guard.rolled_back(verdict)
+        restored = manifest["step"]
+        self.ckpt.discard_after(restored)
+        skip_steps = spec.data_skip_steps if spec.data_skip_steps is not None else verdict.onset - restored
+        self.sampler.skip(skip_steps * self.plan.global_batch_seqs)
+        self.lr_scale.lower(spec.lr_factor, until_step=restored + spec.cooldown_steps)
+        self.metrics.count("rollbacks")
+        self.metrics.set(lr_scale=spec.lr_factor)
+        self.metrics.write({"kind": "rollback", "step": verdict.step, "to_step": restored,
+                            "skipped_batches": skip_steps, "sample_offset": self.sampler.sample_offset,
+                            "lr_scale": spec.lr_factor})
+        self.log(f"rolled back to step {restored}, skipping {skip_steps} batches of data, LR x"
+                 f"{spec.lr_factor:g} until step {restored + spec.cooldown_steps}")
+
+    def wants_save(self, step: int) -> bool:
+        """Rank 0's opinion on saving after `step` (time-based saving must not be decided per
+        rank)."""
         if self.ckpt is None or not self.env.is_main:
             return False
         spec = self.cfg.checkpoint
-        return should_save(self.state.step, last_save_step=self.ckpt.last_save_step,
+        return should_save(step, last_save_step=self.ckpt.last_save_step,
                            seconds_since_save=time.monotonic() - self.ckpt.last_save_time,
                            every_steps=spec.every_steps, every_minutes=spec.every_minutes)
 
@@ -284,14 +351,17 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None) -> RunSummary:
     try:
         while state.step < stop_at:
             step_started = time.perf_counter()
-            loss_local, grad_norm, lr = run.step()
+            loss_local, grad_norm, lr = run.forward_backward()
+            loss_sum, save_votes = parallel.all_reduce_sum(
+                [loss_local, float(run.wants_save(state.step + 1))], env.device)
+            loss_mean = loss_sum / env.world_size
+            # The guard sees only all-reduced numbers, so every rank reaches the same verdicts.
+            pre = run.guard.check_update(state.step + 1, loss_mean, grad_norm) if run.guard else None
+            applied = pre is None or pre.ok
+            run.apply_update(applied)
             state.step += 1
             state.tokens_seen += plan.tokens_per_step
-            loss_sum, save_votes = parallel.all_reduce_sum([loss_local, float(run.wants_save())],
-                                                           env.device)
-            loss_mean = loss_sum / env.world_size
-            if save_votes > 0:
-                run.save()
+            post = run.guard.observe(state.step, loss_mean, grad_norm, applied) if run.guard else None
 
             step_s = time.perf_counter() - step_started
             tps = plan.tokens_per_step / step_s
@@ -301,11 +371,23 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None) -> RunSummary:
             if run.ckpt is not None and run.ckpt.last_commit is not None:
                 age = time.time() - run.ckpt.last_commit.time
             metrics.set(train_loss=loss_mean, grad_norm=grad_norm, learning_rate=lr,
+                        lr_scale=run.lr_scale.at(state.step - 1),
                         tokens_per_second=tps, mfu=mfu, step=state.step, step_seconds=step_s,
                         tokens_total=state.tokens_seen, checkpoint_age_seconds=age)
             metrics.write({"kind": "train", "step": state.step, "tokens": state.tokens_seen,
-                           "world_size": env.world_size, "loss": loss_mean, "grad_norm": grad_norm, "lr": lr,
-                           "tokens_per_second": tps, "mfu": mfu, "step_seconds": step_s})
+                           "world_size": env.world_size, "loss": loss_mean, "grad_norm": grad_norm,
+                           "lr": lr, "applied": applied, "tokens_per_second": tps, "mfu": mfu,
+                           "step_seconds": step_s})
+            for verdict in (pre, post):
+                if verdict is not None and not verdict.ok:
+                    run.record(verdict)
+            if post is not None and post.kind == "abort":
+                raise GuardAbort(post.reason)
+            if post is not None and post.kind == "rollback":
+                run.rollback(post)
+                continue
+            if save_votes > 0:
+                run.save()
             if run.lease is not None:
                 run.lease.update(step=state.step, tokens=state.tokens_seen, loss=loss_mean,
                                  world_size=env.world_size)

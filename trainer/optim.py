@@ -67,15 +67,24 @@ def lr_at(step: int, spec: TrainingSpec, total_steps: int) -> float:
 
 @dataclass
 class LRScale:
-    """A multiplier on the schedule (1.0 unless the stability guard lowered it)."""
+    """A multiplier on the schedule: 1.0 unless the stability guard lowered it after a rollback,
+    in which case it holds `value` until step `until_step` (OPT-175B lowered the LR for a while
+    after restarting from an earlier checkpoint)."""
 
     value: float = 1.0
+    until_step: int = 0
+
+    def at(self, step: int) -> float:
+        return self.value if step < self.until_step else 1.0
+
+    def lower(self, factor: float, until_step: int) -> None:
+        self.value, self.until_step = factor, until_step
 
     def state_dict(self) -> dict:
-        return {"value": self.value}
+        return {"value": self.value, "until_step": self.until_step}
 
     def load_state_dict(self, state: dict) -> None:
-        self.value = float(state["value"])
+        self.value, self.until_step = float(state["value"]), int(state.get("until_step", 0))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -9,6 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+
+# Exit code of a run the stability guard gave up on: an application failure for the operator,
+# whose maxRestartsWithoutProgress then stops restarting a run that cannot get past its spike.
+GUARD_ABORT_EXIT = 3
+TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +49,19 @@ def run(args: argparse.Namespace) -> int:
         summary = loop.train(cfg, progress=args.progress, max_steps=args.max_steps)
     except (DataError, loop.PlanError, CheckpointError) as err:
         raise UserError(str(err)) from None
+    except loop.GuardAbort as err:
+        message = f"stopped by the stability guard: {err}"
+        _termination_message(message)
+        print(f"crucible train: {message}", file=sys.stderr)
+        return GUARD_ABORT_EXIT
     if args.summary_json and int(os.environ.get("RANK", "0")) == 0:
         with open(args.summary_json, "w") as f:
             json.dump(summary.to_dict(), f, indent=2, default=lambda o: o.__dict__)
     return 0
+
+
+def _termination_message(message: str) -> None:
+    """Leave the reason where Kubernetes shows it in the pod's status (kubectl describe)."""
+    if os.path.exists(TERMINATION_LOG) and os.access(TERMINATION_LOG, os.W_OK):
+        with open(TERMINATION_LOG, "w") as f:
+            f.write(message[:4000])

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from crucible.trainer.guard import Guard, replay, robust_z
+from crucible.trainer.guard import MAD_TO_SIGMA, Baseline, Guard, replay
 from crucible.trainer.jobspec import SpikeGuardSpec
 
 CFG = SpikeGuardSpec()
@@ -26,9 +26,16 @@ def kinds(verdicts) -> list[tuple[str, int]]:
     return [(v.kind, v.step) for v in verdicts]
 
 
-def test_robust_z_ignores_outliers_in_history():
-    hist = np.array([1.0] * 50 + [1.01] * 50 + [100.0] * 5)  # a few outliers do not widen the scale
-    assert robust_z(1.2, hist) == pytest.approx(0.19 / (1.4826 * 0.01))
+def test_baseline_follows_a_trend_and_outliers_do_not_widen_it():
+    rng = np.random.default_rng(0)
+    b = Baseline(window=128)
+    for i in range(200):  # log loss falling fast, 1% noise, and a few outliers
+        b.append(-0.01 * i + rng.normal(0, 0.01) + (0.5 if i % 50 == 49 else 0.0))
+    assert abs(b.z(-0.01 * 200)) < 3           # the next on-trend value is ordinary
+    assert b.z(-0.01 * 200 + 0.1) > 6           # a 10% jump is far out despite the trend
+    resid = np.fromiter(b.residuals, float)
+    spread = MAD_TO_SIGMA * np.median(np.abs(resid - np.median(resid)))
+    assert spread < 0.02                        # the outliers did not inflate the scale
 
 
 def test_no_false_alarm_over_10k_healthy_steps():
@@ -98,7 +105,7 @@ def test_many_skips_in_a_window_roll_back():
                                    ("transient", 212), ("skip", 221), ("transient", 222),
                                    ("skip", 231), ("rollback", 231)]
     assert "4 updates skipped within 100 steps" in verdicts[7].reason
-    assert verdicts[7].onset == 201
+    assert verdicts[7].onset == 231  # the episode that tipped it over
 
 
 def test_repeated_rollbacks_without_progress_abort():
