@@ -60,24 +60,32 @@ class Baseline:
     def __init__(self, window: int, values=(), residuals=()):
         self.values: deque[float] = deque(values, maxlen=SMOOTH_STEPS)
         self.residuals: deque[float] = deque(residuals, maxlen=window)
+        self._refresh()
 
     def __len__(self) -> int:
         return len(self.residuals)
 
+    def _refresh(self) -> None:
+        """Recompute the level and spread once per appended value, not once per question."""
+        self._level = float(np.median(np.fromiter(self.values, float))) if self.values else 0.0
+        resid = np.fromiter(self.residuals, float)
+        # `typical` is the level's lag behind a trend, learned from history.
+        self._typical = float(np.median(resid)) if len(resid) else 0.0
+        spread = float(np.median(np.abs(resid - self._typical))) if len(resid) else 0.0
+        # A floor on the spread: a perfectly flat history would make any wiggle infinitely far out.
+        self._scale = max(MAD_TO_SIGMA * spread, 1e-3)
+
     def level(self) -> float:
-        return float(np.median(np.fromiter(self.values, float)))
+        return self._level
 
     def z(self, value: float) -> float:
-        resid = np.fromiter(self.residuals, float)
-        typical = float(np.median(resid))  # the level's lag behind a trend, learned from history
-        spread = float(np.median(np.abs(resid - typical)))
-        # A floor on the spread: a perfectly flat history would make any wiggle infinitely far out.
-        return (value - self.level() - typical) / max(MAD_TO_SIGMA * spread, 1e-3)
+        return (value - self._level - self._typical) / self._scale
 
     def append(self, value: float) -> None:
         if len(self.values) >= 4:
-            self.residuals.append(value - self.level())
+            self.residuals.append(value - self._level)
         self.values.append(value)
+        self._refresh()
 
 
 class Guard:
