@@ -112,6 +112,10 @@ def inputs_from_args(args) -> planner.PlanInputs:
         raise UserError(str(err), "see `crucible plan --help`") from None
 
 
+DEFAULTS_DOC = ("Why the defaults are what they are (token budget, vocabulary, sharding, checkpoint "
+                "interval, spike and restart policy): docs/defaults.md")
+
+
 def run(args) -> int:
     from crucible.trainer.cli import UserError
 
@@ -131,6 +135,7 @@ def run(args) -> int:
         print(to_json(plan.sections, extra))
         return 0
     print(render(plan.sections), end="")
+    print(DEFAULTS_DOC)
     return 0
 
 
