@@ -28,6 +28,7 @@ measured once with a fp32 matmul, and the log says so: CPU MFU is against that m
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -63,6 +64,9 @@ COUNTERS = {
     "rollbacks": ("Rollbacks to an earlier checkpoint by the stability guard", ()),
     "skipped_steps": ("Optimizer updates the stability guard did not apply", ()),
 }
+# Label values known in advance (the guard's verdicts other than ok, trainer/guard.py): their
+# series exist at 0 from the start, so the first verdict is an increase Prometheus can see.
+KNOWN_LABELS = {"spikes": {"verdict": ("skip", "transient", "rollback", "abort")}}
 
 
 def measure_matmul_peak_flops(device, trials: int = 5, n: int = 1024) -> float:
@@ -104,12 +108,15 @@ class Metrics:
         self.counters = {name: Counter(f"crucible_{name}", doc, ["job", "rank", *labels],
                                        registry=self.registry)
                          for name, (doc, labels) in COUNTERS.items()}
-        # Counters without extra labels exist from the start, at 0: Prometheus' instrumentation
-        # guide asks for series known in advance, so dashboards and alerts see 0, not nothing.
+        # Counters exist from the start, at 0 (without extra labels, or with KNOWN_LABELS):
+        # Prometheus' instrumentation guide asks for series known in advance, so dashboards and
+        # alerts see 0 rather than nothing, and `increase` counts the first event.
         if enabled:
             for name, (_, labels) in COUNTERS.items():
-                if not labels:
-                    self.counters[name].labels(**self.labels)
+                known = KNOWN_LABELS.get(name, {})
+                if set(labels) == set(known):
+                    for values in itertools.product(*(known[label] for label in labels)):
+                        self.counters[name].labels(**self.labels, **dict(zip(labels, values)))
         self.server = None
         self.port = None
         if enabled and port is not None:

@@ -60,3 +60,12 @@ def test_every_alert_has_a_runbook_section_and_a_severity():
         assert anchor == alert["alert"].lower()
         assert alert["labels"]["severity"] in ("warning", "critical")
         assert {"summary", "description"} <= alert["annotations"].keys()
+
+
+def test_every_guard_verdict_has_a_series_from_the_start():
+    """CrucibleLossSpike counts `increase(crucible_spikes_total)`; a series first seen at 1 would
+    show no increase, so every verdict the guard can give is exported at 0 from the start."""
+    from crucible.trainer.metrics import KNOWN_LABELS
+
+    kinds = set(re.findall(r'Verdict\("(\w+)"', (REPO / "trainer" / "guard.py").read_text()))
+    assert kinds - {"ok"} == set(KNOWN_LABELS["spikes"]["verdict"])
