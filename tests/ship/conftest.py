@@ -99,8 +99,12 @@ def release(kube: Kube, tmp_path_factory) -> Release:
     jobs = kube.create_namespace("ship-jobs")
     tmp = tmp_path_factory.mktemp("release")
     values = tmp / "values.yaml"
+    # KWOK never pulls the image; on kind (e2e/kind/run.sh) the real one runs and must pass
+    # its probes for `helm install --wait` to return.
+    image = os.environ.get("CRUCIBLE_OPERATOR_IMAGE", "registry.invalid/crucible-operator:test")
+    repository, _, tag = image.rpartition(":")
     values.write_text(yaml.safe_dump({"operator": {"watchNamespaces": [jobs]},
-                                      "image": {"repository": "registry.invalid/crucible-operator"}}))
+                                      "image": {"repository": repository, "tag": tag}}))
     try:
         helm("install", name, str(CHART), "--namespace", ns, "--values", str(values), "--wait",
              "--timeout", "120s", kubeconfig=kube.kubeconfig)

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# End to end on a kind cluster, for users with Docker:
+#   e2e/kind/run.sh [up|chaos|pytest|down|all]      (default: all = up, chaos, pytest)
+# up:     build the images (make images), create the kind cluster, load the images, install the
+#         chart (operator on the control-plane node), start S3 (SeaweedFS), apply the CPU
+#         example PretrainJob (e2e/kind/pretrainjob.yaml);
+# chaos:  once a checkpoint is committed, delete a worker pod, then kill the node container
+#         under pod 0, and check the job resumes from its checkpoint and trains past it;
+# pytest: the repository's cluster tests that need only an apiserver, against this cluster
+#         (tests/conftest.py reads CRUCIBLE_STACK_ENV, written here to e2e/kind/.env);
+# down:   delete the cluster.
+# Needs: docker, kind, kubectl, helm, and the Python venv (`make venv`) for pytest.
+# Written for Docker hosts; it has not been run on the machine it was written on (no Docker
+# engine there), see README.md.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+cluster="${CRUCIBLE_KIND_CLUSTER:-crucible-e2e}"
+ctx="kind-$cluster"
+ns=crucible-e2e
+version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/pyproject.toml")"
+operator_image="crucible-operator:$version"
+trainer_image="crucible-trainer:$version"
+example_image="crucible-trainer-example:$version"
+venv="${CRUCIBLE_VENV:-$HOME/.cache/crucible/venv}"
+k() { kubectl --context "$ctx" "$@"; }
+say() { printf '\n== %s\n' "$*"; }
+die() { echo "kind e2e: $*" >&2; exit 1; }
+
+# Poll a command until it prints something non-empty, or fail after $1 seconds.
+wait_for() {
+  local timeout=$1 what=$2; shift 2
+  local deadline=$((SECONDS + timeout)) out
+  while ((SECONDS < deadline)); do
+    out="$("$@" 2>/dev/null || true)"
+    if [[ -n "$out" ]]; then echo "$out"; return 0; fi
+    sleep 3
+  done
+  die "timed out after ${timeout}s waiting for $what"
+}
+
+status() { k -n "$ns" get ptj example -o jsonpath="{.status.$1}"; }
+
+up() {
+  for tool in docker kind kubectl helm; do
+    command -v "$tool" >/dev/null || die "$tool is not on PATH"
+  done
+  say "images"
+  make -C "$repo" images
+  docker build -f "$here/Dockerfile.example" --build-arg "TRAINER_IMAGE=$trainer_image" \
+    -t "$example_image" "$here"
+  say "kind cluster $cluster"
+  if ! kind get clusters | grep -qx "$cluster"; then
+    kind create cluster --name "$cluster" --config "$here/cluster.yaml" --wait 120s
+  fi
+  kind load docker-image --name "$cluster" "$operator_image" "$example_image"
+  say "chart"
+  helm --kube-context "$ctx" upgrade --install crucible "$repo/charts/crucible" \
+    --namespace crucible-system --create-namespace --wait --timeout 180s \
+    --set image.repository=crucible-operator --set "image.tag=$version" \
+    --set-json 'operator.nodeSelector={"node-role.kubernetes.io/control-plane":""}' \
+    --set-json 'operator.tolerations=[{"key":"node-role.kubernetes.io/control-plane","operator":"Exists","effect":"NoSchedule"}]'
+  say "S3 and the example job"
+  k create namespace "$ns" --dry-run=client -o yaml | k apply -f -
+  k apply -f "$here/seaweedfs.yaml"
+  k -n "$ns" rollout status deployment/seaweedfs --timeout 180s
+  k -n "$ns" delete pod make-bucket --ignore-not-found
+  k -n "$ns" run make-bucket --image "$example_image" --restart Never \
+    --overrides '{"spec":{"containers":[{"name":"make-bucket","image":"'"$example_image"'","envFrom":[{"secretRef":{"name":"s3-creds"}}],"command":["python3","-c","import boto3; s3 = boto3.client(\"s3\"); s3.create_bucket(Bucket=\"crucible\") if \"crucible\" not in [b[\"Name\"] for b in s3.list_buckets()[\"Buckets\"]] else None"]}]}}'
+  wait_for 180 "the bucket (kubectl -n $ns logs make-bucket)" bash -c \
+    "kubectl --context $ctx -n $ns get pod make-bucket -o jsonpath='{.status.phase}' | grep -x Succeeded"
+  k apply -f "$here/pretrainjob.yaml"
+  wait_for 300 "the example job Running" bash -c \
+    "kubectl --context $ctx -n $ns get ptj example -o jsonpath='{.status.phase}' | grep -x Running"
+}
+
+chaos() {
+  say "wait for a committed checkpoint"
+  local ckpt gen step pod0 node restarts
+  ckpt=$(wait_for 900 "a checkpoint" status lastCheckpoint.step)
+  echo "checkpoint at step $ckpt"
+
+  say "delete a worker pod: the survivors re-rendezvous, the operator recreates it"
+  gen=$(status podGeneration)
+  step=$(status step)
+  k -n "$ns" delete pod "example-$gen-1" --wait=false
+  wait_for 300 "step to pass $step after the pod deletion" bash -c \
+    "s=\$(kubectl --context $ctx -n $ns get ptj example -o jsonpath='{.status.step}'); (( s > $step )) && echo \$s"
+  wait_for 300 "the pod recreated and Running" bash -c \
+    "kubectl --context $ctx -n $ns get pod example-$gen-1 -o jsonpath='{.status.phase}' | grep -x Running"
+
+  say "kill the node under pod 0: the operator restarts the group elsewhere, it resumes"
+  gen=$(status podGeneration)
+  pod0="example-$gen-0"
+  node=$(k -n "$ns" get pod "$pod0" -o jsonpath='{.spec.nodeName}')
+  ckpt=$(status lastCheckpoint.step)
+  echo "pod 0 on $node; newest checkpoint step $ckpt"
+  docker kill "$node"
+  wait_for 300 "a new generation" bash -c \
+    "g=\$(kubectl --context $ctx -n $ns get ptj example -o jsonpath='{.status.podGeneration}'); (( g > $gen )) && echo \$g"
+  wait_for 600 "the new generation to train past step $ckpt" bash -c \
+    "s=\$(kubectl --context $ctx -n $ns get ptj example -o jsonpath='{.status.step}'); (( s > $ckpt )) && echo \$s"
+  pod0="example-$(status podGeneration)-0"
+  k -n "$ns" logs "$pod0" | grep -m1 "resumed from" || die "$pod0 did not resume from a checkpoint"
+  restarts=$(k -n "$ns" get ptj example -o jsonpath='{.status.restarts.byCause}')
+  echo "restarts by cause: $restarts"
+  [[ "$restarts" == *NodeFailure* ]] || die "no NodeFailure restart recorded"
+  k get node "$node" -o jsonpath='{.spec.unschedulable}' | grep -qx true || die "$node not cordoned"
+  docker start "$node"
+  say "chaos survived: resumed from step $ckpt after a pod deletion and a node loss"
+}
+
+pytest_suite() {
+  say "pytest against the kind cluster"
+  local kubeconfig="$here/.kubeconfig"
+  kind get kubeconfig --name "$cluster" > "$kubeconfig"
+  local workers
+  workers=$(k get nodes -l '!node-role.kubernetes.io/control-plane' \
+    -o jsonpath='{range .items[*]}{.metadata.name},{end}')
+  cat > "$here/.env" <<ENV
+export KUBECONFIG=$kubeconfig
+export CRUCIBLE_KWOK_NODES=${workers%,}
+export CRUCIBLE_KWOK_LABEL=crucible.dev/kwok-not-used
+ENV
+  # The chart tests install a second release serving their own namespace, with the real operator
+  # image; the CRD and invalid-spec tests need only the apiserver. The other cluster tests drive
+  # KWOK's fake pods and the local stack's file-SD Prometheus, which kind does not have.
+  (cd "$repo" && CRUCIBLE_STACK_ENV="$here/.env" CRUCIBLE_OPERATOR_IMAGE="$operator_image" \
+    "$venv/bin/python" -m pytest tests/ship/test_chart.py tests/operator/test_invalid_specs.py -q)
+}
+
+down() { kind delete cluster --name "$cluster"; }
+
+case "${1:-all}" in
+  up) up ;;
+  chaos) chaos ;;
+  pytest) pytest_suite ;;
+  down) down ;;
+  all) up; chaos; pytest_suite ;;
+  *) die "usage: $0 [up|chaos|pytest|down|all]" ;;
+esac
