@@ -76,8 +76,12 @@ class ProgressLease:
             if step != self._last_step:
                 self._values["step_time"] = _now().isoformat()
                 self._last_step = step
-            self._values.update(step=step, tokens=tokens, world_size=world_size,
-                                loss=None if loss is None else f"{loss:.6g}")
+            self._values.update(step=step, tokens=tokens)
+            # Fields not given keep their last value (a checkpoint commit reports no loss).
+            if world_size is not None:
+                self._values["world_size"] = world_size
+            if loss is not None:
+                self._values["loss"] = f"{loss:.6g}"
             if checkpoint:
                 self._values.update(checkpoint_step=checkpoint.get("step"),
                                     checkpoint_uri=checkpoint.get("uri"),
