@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,17 +57,17 @@ def helm(*args: str, kubeconfig: Path | None = None, check: bool = True,
 
 
 def render(values: dict | None = None, *, release: str = "crucible",
-           namespace: str = "crucible-system", include_crds: bool = False,
-           tmp: Path | None = None) -> list[dict]:
+           namespace: str = "crucible-system", include_crds: bool = False) -> list[dict]:
     """`helm template` with these values; the documents, parsed."""
     args = ["template", release, str(CHART), "--namespace", namespace]
     if include_crds:
         args.append("--include-crds")
-    if values:
-        path = (tmp or Path("/tmp")) / f"values-{secrets.token_hex(4)}.yaml"
-        path.write_text(yaml.safe_dump(values))
-        args += ["--values", str(path)]
-    out = helm(*args).stdout
+    with tempfile.TemporaryDirectory() as tmp:
+        if values:
+            path = Path(tmp) / "values.yaml"
+            path.write_text(yaml.safe_dump(values))
+            args += ["--values", str(path)]
+        out = helm(*args).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
