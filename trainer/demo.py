@@ -26,6 +26,7 @@ from pathlib import Path
 
 MAN_SECTIONS = ("man1", "man5", "man8")
 DEMO_VOCAB = 4096
+VAL_FRACTION = 0.05
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -141,6 +142,7 @@ def plot_losses(metrics_jsonl: Path, png: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     from crucible.trainer.cli import UserError
     from crucible.trainer.tokenizer.bpe import train_bpe
+    from crucible.trainer.tokenizer.documents import split_stream
     from crucible.trainer.tokenizer.encode import encode_to_shards
 
     import yaml
@@ -165,8 +167,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"  {len(docs)} documents, {sum(map(len, docs)) / 1e6:.1f} M characters kept; report: {report}")
 
     _stage(f"3/5 tokenizer: byte-level BPE, {DEMO_VOCAB} tokens, and shards")
-    tokenizer = train_bpe(docs, DEMO_VOCAB, out / "tokenizer" / "tokenizer.json")
-    written = encode_to_shards(tokenizer, docs, out / "shards", val_fraction=0.05)
+    # The tokenizer learns from the training side of the same document split the shards use,
+    # so held-out text stays unseen by every stage.
+    tokenizer = train_bpe(split_stream(docs, VAL_FRACTION, keep="train"), DEMO_VOCAB,
+                          out / "tokenizer" / "tokenizer.json")
+    written = encode_to_shards(tokenizer, docs, out / "shards", val_fraction=VAL_FRACTION)
     print(f"  tokenizer: {tokenizer}; shards: {sum(len(v) for v in written.values())} files")
 
     _stage(f"4/5 training: tiny GPT, FSDP2 on {args.nproc} CPU processes (torchrun)")

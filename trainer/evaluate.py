@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from crucible.trainer.data import ShardSet
+from crucible.trainer.data import DataError, ShardSet
 
 
 @dataclass(frozen=True)
@@ -30,13 +30,15 @@ class EvalResult:
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, val: ShardSet, *, seq_len: int, micro_batch: int, tokens: int,
              rank: int, world_size: int, device: torch.device) -> EvalResult:
-    per_step = micro_batch * world_size
     available = (val.num_tokens - 1) // seq_len
+    # A small validation set still gets scored: shrink the batch so every rank has a window.
+    micro_batch = max(1, min(micro_batch, available // world_size))
+    per_step = micro_batch * world_size
     windows = min(available, max(1, tokens // seq_len))
-    windows = max(per_step, windows // per_step * per_step)  # equal work on every rank
-    if windows > available:
-        raise ValueError(f"validation shards hold {val.num_tokens} tokens, fewer than one eval "
-                         f"batch ({per_step} sequences of {seq_len + 1})")
+    windows = windows // per_step * per_step  # equal work on every rank
+    if windows == 0:
+        raise DataError(f"validation shards hold {val.num_tokens} tokens, fewer than one "
+                         f"sequence of {seq_len + 1} per rank ({world_size} ranks)")
     was_training = model.training
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)

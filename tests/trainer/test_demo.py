@@ -11,7 +11,7 @@ def test_demo_runs_every_stage_and_reports(tmp_path):
     out = tmp_path / "demo"
     run = run_crucible("demo", "--out", str(out), "--steps", "6", "--man-pages", "40",
                        timeout=900)
-    assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-3000:])
+    assert run.returncode == 0, f"stdout:\n{run.stdout[-3000:]}\nstderr:\n{run.stderr[-5000:]}"
     for stage in ("1/5 raw text", "2/5 corpus", "3/5 tokenizer", "4/5 training", "5/5 summary"):
         assert stage in run.stdout
     summary = json.loads((out / "summary.json").read_text())
