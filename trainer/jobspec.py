@@ -206,8 +206,9 @@ class CheckpointSpec(Spec):
 
 
 class SpikeGuardSpec(Spec):
-    """Loss-spike and divergence detection in the training loop (docs/spikes.md). Thresholds are
-    robust z-scores (median/MAD) of log loss and log gradient norm over recent healthy steps."""
+    """Loss-spike and divergence detection in the training loop (docs/defaults.md, "Spike
+    policy"). Thresholds are robust z-scores of log loss and log gradient norm against a
+    detrended baseline of recent healthy steps."""
 
     enabled: bool = Field(True, description="Detect loss spikes and divergence and act on them.")
     window: int = Field(128, ge=8, le=100000, description="Healthy steps the statistics use "
