@@ -104,6 +104,13 @@ def stable_hash(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def job_hashes(cfg) -> tuple[str, str]:
+    """(model hash, config hash) of a TrainJobConfig: a checkpoint loads only into the same
+    architecture; other training settings may differ (a warning says so)."""
+    settings = cfg.model_dump(mode="json", include={"model", "data", "training"})
+    return stable_hash(cfg.model.to_arch().to_dict()), stable_hash(settings)
+
+
 def file_digest(path: Path) -> dict:
     import xxhash
 

@@ -19,6 +19,7 @@ from crucible.trainer import __version__
 # (subcommand, module under crucible.trainer, one-line help). Grows as capabilities land.
 COMMANDS: list[tuple[str, str, str]] = [
     ("train", "train", "Train a GPT from random init (run under torchrun for several processes)."),
+    ("eval", "eval_cmd", "Score a committed checkpoint on held-out text (loss, bits per byte)."),
     ("diagnose", "diagnose", "Replay the stability guard over a run's loss/grad-norm history "
      "(JSONL or CSV): verdicts with reasons, and a PNG."),
     ("demo", "demo", "The whole path on this machine in a few minutes: corpus, tokenizer, FSDP "

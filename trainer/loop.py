@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from crucible.trainer import arch, optim, parallel
-from crucible.trainer.checkpoint import AppState, Checkpointer, Commit, should_save, stable_hash
+from crucible.trainer.checkpoint import AppState, Checkpointer, Commit, job_hashes, should_save
 from crucible.trainer.data import Sampler, ShardSet
 from crucible.trainer.evaluate import EvalResult, evaluate
 from crucible.trainer.faults import Faults
@@ -190,11 +190,11 @@ class Run:
         if not spec.uri:
             self.log("checkpoint.uri is not set: this run keeps no checkpoints")
             return None
-        cfg_dump = self.cfg.model_dump(mode="json", include={"model", "data", "training"})
+        model_hash, config_hash = job_hashes(self.cfg)
         return Checkpointer(spec, job=self.cfg.name, rank=self.env.rank,
                             world_size=self.env.world_size, local_rank=self.env.local_rank,
-                            model_hash=stable_hash(self.model_cfg.to_dict()),
-                            config_hash=stable_hash(cfg_dump), on_commit=self._on_commit)
+                            model_hash=model_hash, config_hash=config_hash,
+                            on_commit=self._on_commit)
 
     def _on_commit(self, commit: Commit, upload_s: float | None) -> None:
         """Rank 0, from the checkpoint thread (or at resume): publish the newest commit."""
