@@ -7,7 +7,9 @@ This module is the single source of truth for
   of the spec plus the job's name and where to put metrics), which is what the operator mounts.
 
 Field names are camelCase, as in every Kubernetes resource; unknown fields are rejected so a typo
-never silently falls back to a default. Torch-free: the operator imports it.
+never silently falls back to a default. Torch-free: the operator imports it. It is longer than
+the house's ~400 lines because every field carries the description `kubectl explain` shows:
+splitting the spec across modules would scatter one resource's documentation.
 
 Rules that span fields are written twice on purpose, once for each enforcer: a pydantic validator
 (for `crucible train` and the operator) and a CEL rule (`x-kubernetes-validations`, attached with
