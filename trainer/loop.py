@@ -240,11 +240,16 @@ class Run:
         grad_norm = optim.clip_grad_norm(self.model, t.grad_clip)
         return float(loss_sum) / p.accum_steps, grad_norm, lr
 
-    def apply_update(self, apply: bool) -> None:
-        """Take the optimizer step, or (a skipped step) drop the gradients: no state changes."""
+    def apply_update(self, apply: bool) -> float:
+        """Take the optimizer step, or (a skipped step) drop the gradients: no state changes.
+        Returns the update's norm over all ranks (0 when skipped)."""
+        update_sq = 0.0
         if apply:
             self.optimizer.step()
+            update_sq = optim.adam_update_sq(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
+        (total,) = parallel.all_reduce_sum([update_sq], self.env.device)
+        return math.sqrt(total)
 
     def record(self, verdict: Verdict) -> None:
         """Count, log and write a non-ok guard verdict (every rank reaches the same ones)."""
@@ -360,7 +365,7 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None) -> RunSummary:
             # The guard sees only all-reduced numbers, so every rank reaches the same verdicts.
             pre = run.guard.check_update(state.step + 1, loss_mean, grad_norm) if run.guard else None
             applied = pre is None or pre.ok
-            run.apply_update(applied)
+            update_norm = run.apply_update(applied)
             state.step += 1
             state.tokens_seen += plan.tokens_per_step
             post = run.guard.observe(state.step, loss_mean, grad_norm, applied) if run.guard else None
@@ -373,12 +378,14 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None) -> RunSummary:
             if run.ckpt is not None and run.ckpt.last_commit is not None:
                 age = time.time() - run.ckpt.last_commit.time
             metrics.set(train_loss=loss_mean, grad_norm=grad_norm, learning_rate=lr,
+                        update_norm=update_norm,
                         lr_scale=run.lr_scale.at(state.step - 1),
                         tokens_per_second=tps, mfu=mfu, step=state.step, step_seconds=step_s,
                         tokens_total=state.tokens_seen, checkpoint_age_seconds=age)
             metrics.write({"kind": "train", "step": state.step, "tokens": state.tokens_seen,
                            "world_size": env.world_size, "loss": loss_mean, "grad_norm": grad_norm,
-                           "lr": lr, "applied": applied, "tokens_per_second": tps, "mfu": mfu,
+                           "lr": lr, "applied": applied, "update_norm": update_norm,
+                           "tokens_per_second": tps, "mfu": mfu,
                            "step_seconds": step_s})
             for verdict in (pre, post):
                 if verdict is not None and not verdict.ok:

@@ -3,6 +3,7 @@
 Metric names, units and labels (every series carries `job` and `rank`):
   crucible_train_loss            mean cross-entropy of the last step, nats/token
   crucible_grad_norm             global gradient L2 norm before clipping
+  crucible_update_norm           L2 norm of the last AdamW update, lr·m̂/(√v̂+ε) (0 if skipped)
   crucible_learning_rate         learning rate of the last step
   crucible_tokens_per_second     training throughput of the last log interval, all ranks
   crucible_mfu                   model FLOPs utilisation, 0..1 (PaLM App. B definition)
@@ -41,6 +42,7 @@ from crucible.trainer import hardware
 TRAIN_GAUGES = {
     "train_loss": "Mean training cross-entropy of the last step (nats/token)",
     "grad_norm": "Global gradient L2 norm before clipping",
+    "update_norm": "L2 norm of the last AdamW update (0 when the guard skipped it)",
     "learning_rate": "Learning rate of the last step",
     "tokens_per_second": "Training tokens per second over the last log interval (all ranks)",
     "mfu": "Model FLOPs utilisation (0..1) against the device peak",

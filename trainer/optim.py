@@ -100,3 +100,27 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
     if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2: the norm of the whole model
         norm = norm.full_tensor()
     return float(norm)
+
+
+@torch.no_grad()
+def adam_update_sq(optimizer: torch.optim.AdamW) -> float:
+    """This rank's share of ||Δθ||² for the AdamW step just taken, from the optimizer state
+    (lr·m̂/(√v̂+ε) per parameter, decoupled weight decay left out). Summed over ranks, its root
+    is the update norm the stability guard logs: Adam instability (Molybog et al. 2023) shows
+    up as a large update that no longer follows the gradient. Reads each moment once, in the
+    local shards; one temporary per parameter, as AdamW's own foreach step makes."""
+    total = 0.0
+    for group in optimizer.param_groups:
+        beta1, beta2 = group["betas"]
+        for param in group["params"]:
+            state = optimizer.state.get(param)
+            if not state or "exp_avg" not in state:
+                continue
+            step = float(state["step"])
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            if hasattr(m, "to_local"):  # sharded (FSDP2): this rank's slice only
+                m, v = m.to_local(), v.to_local()
+            denom = (v / (1 - beta2**step)).sqrt_().add_(group["eps"])
+            update = (m / (1 - beta1**step)).div_(denom)
+            total += float(update.square().sum()) * group["lr"] ** 2
+    return total

@@ -47,6 +47,9 @@ def test_each_injected_fault_gets_its_verdict(runs):
     # NaN loss: not applied ("non-finite loss"), then recoverable.
     nan = next(r for r in records(jsonl, "guard") if r["step"] == NAN)
     assert nan["verdict"] == "skip" and nan["reason"].startswith("non-finite loss")
+    steps = {r["step"]: r for r in records(jsonl, "train")}
+    assert steps[NAN]["applied"] is False and steps[NAN]["update_norm"] == 0.0  # nothing moved
+    assert steps[NAN + 1]["update_norm"] > 0
     # One update at 100x LR wrecks the weights: the guard rolls back within a few steps.
     rollback = next(r for r in records(jsonl, "guard") if r["verdict"] == "rollback")
     assert BAD_LR < rollback["onset"] <= BAD_LR + 2

@@ -59,3 +59,22 @@ def test_weight_decay_only_on_matrices_not_embeddings_norms_or_biases():
     assert {"wte.weight", "wpe.weight", "ln_f.weight", "h.0.attn.c_attn.bias"} <= plain
     assert not any(".ln_" in n or n.endswith(".bias") for n in decayed)
     assert len(decayed) + len(plain) == len(list(model.parameters()))
+
+
+def test_update_norm_from_adam_state_equals_the_real_parameter_change():
+    import torch
+
+    from crucible.trainer.optim import adam_update_sq
+
+    torch.manual_seed(0)
+    model = GPT(arch.preset("tiny", vocab_size=97))
+    model.init_weights()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    x = torch.randint(0, 97, (2, 4, 32))
+    for _ in range(3):  # a few steps, so bias correction and both moments matter
+        before = [p.detach().clone() for p in model.parameters()]
+        model(x[0], x[1]).backward()
+        opt.step()
+        opt.zero_grad()
+        moved = sum(float((p.detach() - b).square().sum()) for p, b in zip(model.parameters(), before))
+        assert math.sqrt(adam_update_sq(opt)) == pytest.approx(math.sqrt(moved), rel=1e-3)
