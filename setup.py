@@ -1,5 +1,5 @@
-"""Package list for setuptools: `operator/` and `trainer/` are the sources of `crucible.operator`
-and `crucible.trainer`.
+"""Package list for setuptools: `api/`, `operator/` and `trainer/` are the sources of
+`crucible.api`, `crucible.operator` and `crucible.trainer`.
 
 Why a setup.py: pyproject's automatic discovery names packages after their folders, and the
 folders cannot be named `crucible/operator` without a `crucible/` tree at the root. `operator/`
@@ -8,9 +8,15 @@ library's `operator` module, which torch imports), so `crucible.operator` is a n
 and must be listed by hand, as must every subpackage below it.
 """
 
+import os
+
 from setuptools import find_namespace_packages, setup
 
-SOURCES = {"crucible.operator": "operator", "crucible.trainer": "trainer"}
+# A folder that is absent is skipped: the operator image is built from `api/` and `operator/`
+# only, with no trainer code in its build context.
+SOURCES = {name: folder for name, folder in {"crucible.api": "api", "crucible.operator": "operator",
+                                             "crucible.trainer": "trainer"}.items()
+           if os.path.isdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), folder))}
 
 
 def packages() -> list[str]:

@@ -37,9 +37,10 @@ def stack_env() -> dict[str, str] | None:
 def save_and_restore(model_name: str, uri: str, repeats: int) -> list[dict]:
     import torch
 
-    from crucible.trainer import arch, optim, parallel
+    from crucible.api import arch
+    from crucible.api.spec import CheckpointSpec, TrainingSpec
+    from crucible.trainer import optim, parallel
     from crucible.trainer.checkpoint import AppState, Checkpointer
-    from crucible.trainer.jobspec import CheckpointSpec, TrainingSpec
 
     env = parallel.init_distributed()
     mesh = parallel.build_mesh(env)
@@ -73,9 +74,10 @@ def save_and_restore(model_name: str, uri: str, repeats: int) -> list[dict]:
 def kill_and_resume(work: Path, extra_env: dict) -> dict:
     """Tiny model, 2 workers under torchrun --max-restarts: SIGKILL one after a commit."""
     import pydoc_data.topics as topics
+
     import yaml
 
-    from crucible.trainer.launch import TORCHRUN_ENV
+    from crucible.api.launch import TORCHRUN_ENV
     from crucible.trainer.tokenizer.bpe import train_bpe
     from crucible.trainer.tokenizer.encode import encode_to_shards
 

@@ -33,8 +33,9 @@ def measured_bf16_peak(torch, n: int = 8192, iters: int = 20) -> float:
 
 
 def bench_model(torch, name: str, a, env, mesh) -> dict:
-    from crucible.trainer import arch, optim, parallel
-    from crucible.trainer.jobspec import TrainingSpec
+    from crucible.api import arch
+    from crucible.api.spec import TrainingSpec
+    from crucible.trainer import optim, parallel
 
     cfg = arch.preset(name)
     model = parallel.build_sharded_model(cfg, env, mesh, precision="bf16", seed=0,

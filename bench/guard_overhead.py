@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
+from crucible.api.spec import SpikeGuardSpec
 from crucible.trainer.guard import Guard, replay
-from crucible.trainer.jobspec import SpikeGuardSpec
 
 
 def healthy(steps: int, seed: int) -> list[tuple[int, float, float]]:

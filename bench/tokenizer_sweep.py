@@ -5,7 +5,7 @@ bench/tokenizer_bench.py, byte-level BPE at 4K…128K, recommendations for every
 
 Runs `crucible tokenizer sweep`'s code once for gpt2-124m (the default planned model), writing
 tokenizer_sweep.json and tokenizer_sweep.png, then re-costs the same measured compression for
-every preset in trainer/arch.py (costing is a pure function of the model and bytes per token,
+every preset in api/arch.py (costing is a pure function of the model and bytes per token,
 so no tokenizer is retrained) and prints each preset's recommendation beside Tao et al. 2024's.
 The held-out set is `encode`'s validation split (fraction 0.05, seed 0).
 """
@@ -31,7 +31,7 @@ def main() -> int:
     sys.path.insert(0, str(REPO / "bench"))
     from tokenizer_bench import build_corpus
 
-    from crucible.trainer.arch import PRESETS, preset
+    from crucible.api.arch import PRESETS, preset
     from crucible.trainer.tokenizer import sweep_report
     from crucible.trainer.tokenizer.documents import split_documents
     from crucible.trainer.tokenizer.sweep import (DEFAULT_SIZES, model_cost, recommend,
@@ -61,7 +61,7 @@ def main() -> int:
         rec = recommend(points, ref.approach2_vocab)
         best = min(points, key=lambda p: p.cost.flops_per_byte)
         presets[name] = {
-            "d_model": cfg.d_model, "n_layer": cfg.n_layer, "seq_len": cfg.seq_len,
+            "dim": cfg.dim, "layers": cfg.layers, "seq_len": cfg.seq_len,
             "non_vocab_params": ref.non_vocab_params, "tao_approach2": round(ref.approach2_vocab),
             "tao_approach1": round(ref.approach1_vocab), "tao_in_range": ref.in_fitted_range,
             "least_compute_per_byte": best.vocab_size, "recommended": rec.vocab_size,

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from crucible.operator.observed import parse_time
-from crucible.operator.progress import iso
+from crucible.api.progress import format_time, parse_time
 
 RUNNING = "Running"
 RESTARTING = "Restarting"
@@ -28,7 +27,7 @@ def set_condition(conditions: list[dict], type_: str, status: bool | None, reaso
     """A new list with `type_` set; status None means Unknown."""
     value = "Unknown" if status is None else ("True" if status else "False")
     old = next((c for c in conditions if c.get("type") == type_), None)
-    since = old.get("lastTransitionTime") if old and old.get("status") == value else iso(now)
+    since = old.get("lastTransitionTime") if old and old.get("status") == value else format_time(now)
     new = {"type": type_, "status": value, "reason": reason, "message": message[:1024],
            "lastTransitionTime": since, "observedGeneration": generation}
     rest = [c for c in conditions if c.get("type") != type_]

@@ -35,14 +35,15 @@ import datetime as dt
 
 from pydantic import ValidationError
 
+from crucible.api.progress import format_time, parse_time
+from crucible.api.spec import PretrainJobSpec, explain
 from crucible.operator import conditions as c
 from crucible.operator import failure_policy as policy
 from crucible.operator import manifests as m
 from crucible.operator import progress
-from crucible.operator.observed import JobView, Observed, PodView, parse_time
+from crucible.operator.observed import JobView, Observed, PodView
 from crucible.operator.plan import (FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, SUSPENDED,
                                     TERMINAL, Action, Event, Pass, Plan)
-from crucible.trainer.jobspec import PretrainJobSpec, explain
 
 __all__ = ["decide", "Plan", "Action", "Event", "PENDING", "RUNNING", "RESTARTING", "SUSPENDED",
            "SUCCEEDED", "FAILED"]
@@ -110,7 +111,7 @@ def _suspend(p: Pass):
     for pod in p.obs.pods:
         p.delete(pod)
     if p.phase != SUSPENDED:
-        p.track["suspendedSince"] = progress.iso(p.now)
+        p.track["suspendedSince"] = format_time(p.now)
         p.event("Normal", "Suspended", f"suspended: deleting {len(p.obs.pods)} pod(s); the job, "
                 "its Lease and its checkpoints stay")
     p.status["phase"] = SUSPENDED
@@ -152,7 +153,7 @@ def _succeeded(p: Pass, current: dict[int, PodView]) -> bool:
     if not done:
         return False
     p.status["phase"] = SUCCEEDED
-    p.status["completionTime"] = progress.iso(p.now)
+    p.status["completionTime"] = format_time(p.now)
     step = p.status.get("step")
     message = f"pod {done[0].name} exited 0: training complete"
     message += f" at step {step}" if step else ""
@@ -195,7 +196,7 @@ def _phase(p: Pass, current: dict[int, PodView]):
         age = (p.now - lease.step_time).total_seconds()
         ok = age < ft.hang_timeout_seconds
         p.cond(c.PROGRESSING, ok, "StepAdvancing" if ok else "NoProgress",
-               f"step {lease.step} at {progress.iso(lease.step_time)}")
+               f"step {lease.step} at {format_time(lease.step_time)}")
     elif not c.get(p.conds, c.PROGRESSING):
         p.cond(c.PROGRESSING, None, "NoProgressReport", "the trainer has not reported a step yet")
     step = p.status.get("step")

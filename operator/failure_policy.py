@@ -10,11 +10,12 @@ decision.py's docstring and docs/operator.md; the classification itself is failu
 
 from __future__ import annotations
 
+from crucible.api.progress import format_time, parse_time
 from crucible.operator import conditions as c
 from crucible.operator import failures as f
 from crucible.operator import manifests as m
 from crucible.operator import progress
-from crucible.operator.observed import PodView, parse_time
+from crucible.operator.observed import PodView
 from crucible.operator.plan import RUNNING, Pass
 
 MAX_BAD_NODES = 32     # anti-affinity list per job; older entries drop off
@@ -72,7 +73,7 @@ def _application_failure(p: Pass, failure: f.Failure):
                f"{ft.max_restarts_without_progress})")
     else:
         p.track["noProgressFailures"] = streak
-        p.track["lastFailureTime"] = progress.iso(p.now)
+        p.track["lastFailureTime"] = format_time(p.now)
         p.bump(failure.cause, failure.message + f" (application restart {used + 1} of "
                f"{ft.max_restarts})", failure)
 
@@ -119,7 +120,7 @@ def _quarantine(p: Pass, broken: f.NodeFailure, node):
         "crucible.dev/failure-reason": broken.reason,
         "crucible.dev/failure-message": broken.message[:500],
         "crucible.dev/failure-job": f"{p.job.namespace}/{p.job.name}",
-        "crucible.dev/failure-time": progress.iso(p.now)}}}
+        "crucible.dev/failure-time": format_time(p.now)}}}
     if cordon:
         patch["spec"] = {"unschedulable": True}
         patch["metadata"]["annotations"]["crucible.dev/cordoned-by"] = (
@@ -170,7 +171,7 @@ def replace_and_create(p: Pass, current: dict[int, PodView]):
         body = m.pod(p.job.name, p.job.namespace, p.job.uid, p.spec, p.gen, index,
                      avoid_nodes=p.track.get("badNodes", []))
         p.act("create", "Pod", body["metadata"]["name"], body)
-        p.status.setdefault("startTime", progress.iso(p.now))
+        p.status.setdefault("startTime", format_time(p.now))
     p.track["members"] = {str(i): pod.uid for i, pod in current.items() if i is not None}
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
+from crucible.api.spec import FaultToleranceSpec
 from crucible.operator.observed import UNREACHABLE_TAINTS, NodeView, PodView
-from crucible.trainer.jobspec import FaultToleranceSpec
 
 INFRASTRUCTURE = "infrastructure"
 APPLICATION = "application"

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from crucible.api.progress import format_time
 from crucible.operator import crd, metrics
 from crucible.operator.decision import Action, Event, Plan
 from crucible.operator.observed import JobView
-from crucible.operator.progress import iso
 
 COMPONENT = "crucible-operator"
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class Kube:
     def post_events(self, job: JobView, events: list[Event]) -> list[str]:
         """Post events; an event that cannot be posted is logged, never fatal."""
         problems = []
-        now = iso(dt.datetime.now(dt.timezone.utc))
+        now = format_time(dt.datetime.now(dt.timezone.utc))
         for event in events:
             body = {
                 "metadata": {"generateName": f"{job.name}.", "namespace": job.namespace},

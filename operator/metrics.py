@@ -22,9 +22,9 @@ from typing import Callable, Mapping
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from crucible.api.progress import parse_time
+from crucible.api.spec import CheckpointSpec
 from crucible.operator.crd import PHASES
-from crucible.operator.observed import parse_time
-from crucible.trainer.jobspec import CheckpointSpec
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 

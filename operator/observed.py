@@ -12,36 +12,16 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from crucible.api.names import PREFIX
+from crucible.api.progress import ProgressReport, parse_time
 from crucible.operator import manifests as m
-from crucible.trainer.lease import PREFIX as LEASE_PREFIX
 
 UNREACHABLE_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
-
-
-def parse_time(value) -> dt.datetime | None:
-    """RFC 3339 (as the API and trainer/lease.py write it) -> aware datetime; None if absent."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, dt.datetime):
-        return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
-    text = str(value).replace("Z", "+00:00")
-    try:
-        parsed = dt.datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
 
 
 def _int(value) -> int | None:
     try:
         return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _float(value) -> float | None:
-    try:
-        return float(value)
     except (TypeError, ValueError):
         return None
 
@@ -150,37 +130,13 @@ def node_view(body: Mapping) -> NodeView:
         taints=tuple((t.get("key", ""), t.get("effect", ""), parse_time(t.get("timeAdded")))
                      for t in spec.get("taints") or []),
         annotations=tuple(sorted((k, v) for k, v in (meta.get("annotations") or {}).items()
-                                 if k.startswith("crucible.dev/"))),
+                                 if k.startswith(PREFIX))),
     )
 
 
-@dataclass(frozen=True)
-class LeaseView:
-    """The trainer's progress report (trainer/lease.py writes these annotations)."""
-
-    step: int | None = None
-    step_time: dt.datetime | None = None
-    tokens: int | None = None
-    loss: float | None = None
-    checkpoint_step: int | None = None
-    checkpoint_uri: str | None = None
-    checkpoint_time: str | None = None
-    world_size: int | None = None
-    renew_time: dt.datetime | None = None
-
-
-def lease_view(body: Mapping) -> LeaseView:
-    ann = (body.get("metadata") or {}).get("annotations") or {}
-
-    def get(key: str):
-        return ann.get(LEASE_PREFIX + key)
-
-    return LeaseView(step=_int(get("step")), step_time=parse_time(get("step-time")),
-                     tokens=_int(get("tokens")), loss=_float(get("loss")),
-                     checkpoint_step=_int(get("checkpoint-step")),
-                     checkpoint_uri=get("checkpoint-uri"), checkpoint_time=get("checkpoint-time"),
-                     world_size=_int(get("world-size")),
-                     renew_time=parse_time((body.get("spec") or {}).get("renewTime")))
+def lease_view(body: Mapping) -> ProgressReport:
+    """The trainer's progress report on its Lease (`crucible.api.progress`)."""
+    return ProgressReport.from_annotations((body.get("metadata") or {}).get("annotations"))
 
 
 @dataclass(frozen=True)
@@ -220,7 +176,7 @@ class Observed:
     # deleted. A node missing from this mapping is unknown and judged by nobody.
     nodes: Mapping[str, NodeView | None] = field(default_factory=dict)
     children: frozenset[ChildView] = frozenset()
-    lease: LeaseView | None = None
+    lease: ProgressReport | None = None
 
     def has_child(self, kind: str, name: str) -> bool:
         return any(c.kind == kind and c.name == name for c in self.children)

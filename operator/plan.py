@@ -12,11 +12,12 @@ import copy
 import datetime as dt
 from dataclasses import dataclass, field
 
+from crucible.api.progress import format_time, parse_time
+from crucible.api.spec import PretrainJobSpec
 from crucible.operator import conditions as c
 from crucible.operator import failures as f
 from crucible.operator import progress
-from crucible.operator.observed import JobView, Observed, PodView, parse_time
-from crucible.trainer.jobspec import PretrainJobSpec
+from crucible.operator.observed import JobView, Observed, PodView
 
 PENDING, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED = (
     "Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
@@ -115,7 +116,7 @@ class Pass:
 
     def lose_work(self):
         """Every restart sends the trainer back to its last committed checkpoint."""
-        self.track["lastDisruption"] = progress.iso(self.now)
+        self.track["lastDisruption"] = format_time(self.now)
         ckpt = (self.obs.lease.checkpoint_step if self.obs.lease else None)
         if ckpt is None:
             ckpt = (self.status.get("lastCheckpoint") or {}).get("step")
@@ -140,7 +141,7 @@ class Pass:
 
     def fail(self, reason: str, message: str):
         self.status["phase"] = FAILED
-        self.status["completionTime"] = progress.iso(self.now)
+        self.status["completionTime"] = format_time(self.now)
         self.cond(c.FAILED, True, reason, message)
         self.cond(c.RUNNING, False, reason, message)
         self.cond(c.RESTARTING, False, reason, message)

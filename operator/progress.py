@@ -1,6 +1,6 @@
 """Training progress from the trainer's Lease: status fields, goodput, and hang detection.
 
-Owns three pure computations over `LeaseView` and the job's status:
+Owns three pure computations over `ProgressReport` and the job's status:
 
 - `report`: step, tokensSeen, loss, worldSize, lastProgressTime and lastCheckpoint for status;
 - goodput, "the share of wall time that produced kept progress" (DESIGN.md). Time counts as
@@ -21,14 +21,10 @@ from __future__ import annotations
 
 import datetime as dt
 
-from crucible.operator.observed import LeaseView, parse_time
+from crucible.api.progress import ProgressReport, format_time, parse_time
 
 
-def iso(t: dt.datetime | None) -> str | None:
-    return None if t is None else t.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def report(lease: LeaseView | None, status: dict) -> dict:
+def report(lease: ProgressReport | None, status: dict) -> dict:
     """Status fields from the Lease (values the Lease lacks keep their previous value)."""
     out = {}
     if lease is None:
@@ -42,15 +38,16 @@ def report(lease: LeaseView | None, status: dict) -> dict:
     if lease.world_size is not None:
         out["worldSize"] = lease.world_size
     if lease.step_time is not None:
-        out["lastProgressTime"] = iso(lease.step_time)
+        out["lastProgressTime"] = format_time(lease.step_time)
     if lease.checkpoint_step is not None:
         out["lastCheckpoint"] = {k: v for k, v in {
             "step": lease.checkpoint_step, "uri": lease.checkpoint_uri,
-            "time": lease.checkpoint_time}.items() if v is not None}
+            "time": lease.checkpoint_time and format_time(lease.checkpoint_time)}.items()
+            if v is not None}
     return out
 
 
-def advance(acc: dict, lease: LeaseView | None) -> dict:
+def advance(acc: dict, lease: ProgressReport | None) -> dict:
     """Fold one Lease reading into the goodput accumulators (returns a new dict)."""
     acc = dict(acc)
     if lease is None or lease.step is None or lease.step_time is None:
@@ -62,7 +59,7 @@ def advance(acc: dict, lease: LeaseView | None) -> dict:
                                          + (lease.step_time - last_time).total_seconds(), 3)
         acc["steps"] = acc.get("steps", 0) + (lease.step - last_step)
     if last_step is None or lease.step != last_step:
-        acc["lastStep"], acc["lastStepTime"] = lease.step, iso(lease.step_time)
+        acc["lastStep"], acc["lastStepTime"] = lease.step, format_time(lease.step_time)
     return acc
 
 
@@ -96,7 +93,7 @@ def goodput(acc: dict, start: dt.datetime | None, suspended_s: float,
     return round(min(1.0, acc.get("productiveSeconds", 0.0) / wall), 4)
 
 
-def hang_since(lease: LeaseView | None, *others: dt.datetime | None) -> dt.datetime | None:
+def hang_since(lease: ProgressReport | None, *others: dt.datetime | None) -> dt.datetime | None:
     """Start of the hang clock: the newest of the last step and the given (re)start times."""
     times = [t for t in (lease.step_time if lease else None, *others) if t is not None]
     return max(times) if times else None

@@ -25,6 +25,7 @@ Retention (`retention_plan`, pure) keeps the newest `keep` commits and every `ke
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import logging
@@ -44,8 +45,8 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+from crucible.api.spec import CheckpointSpec
 from crucible.trainer import storage
-from crucible.trainer.jobspec import CheckpointSpec
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def job_hashes(cfg) -> tuple[str, str]:
     """(model hash, config hash) of a TrainJobConfig: a checkpoint loads only into the same
     architecture; other training settings may differ (a warning says so)."""
     settings = cfg.model_dump(mode="json", include={"model", "data", "training"})
-    return stable_hash(cfg.model.to_arch().to_dict()), stable_hash(settings)
+    return stable_hash(cfg.model.to_arch().fingerprint()), stable_hash(settings)
 
 
 def file_digest(path: Path) -> dict:
@@ -179,9 +180,9 @@ class Commit:
     time: float
     bytes: int
 
-    def for_lease(self) -> dict:
-        iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.time))
-        return {"step": self.step, "uri": self.uri, "time": iso}
+    def for_lease(self) -> tuple[int, str, dt.datetime]:
+        """(step, uri, commit time): what the progress report says of the newest commit."""
+        return self.step, self.uri, dt.datetime.fromtimestamp(self.time, dt.timezone.utc)
 
 
 # --- the checkpointer ---------------------------------------------------------------------------

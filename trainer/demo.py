@@ -140,12 +140,12 @@ def plot_losses(metrics_jsonl: Path, png: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import yaml
+
     from crucible.trainer.cli import UserError
     from crucible.trainer.tokenizer.bpe import train_bpe
     from crucible.trainer.tokenizer.documents import split_stream
     from crucible.trainer.tokenizer.encode import encode_to_shards
-
-    import yaml
 
     out = Path(args.out).resolve()
     for stale in ("raw", "corpus", "tokenizer", "shards", "train"):
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={args.nproc}", "-m", "crucible.trainer", "train",
            "--config", str(cfg_path), "--progress", "--summary-json", str(summary_path)]
-    from crucible.trainer.launch import TORCHRUN_ENV
+    from crucible.api.launch import TORCHRUN_ENV
 
     env = {**os.environ, **TORCHRUN_ENV,
            "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.nproc))}

@@ -62,7 +62,7 @@ def read_history(path: Path) -> list[dict]:
 
 
 def _guard_spec(config: str | None):
-    from crucible.trainer.jobspec import ConfigError, SpikeGuardSpec, load_train_config
+    from crucible.api.spec import ConfigError, SpikeGuardSpec, load_train_config
 
     if not config:
         return SpikeGuardSpec()

@@ -37,8 +37,8 @@ class _Weights:
 
 
 def run(args: argparse.Namespace) -> int:
+    from crucible.api.spec import ConfigError, load_train_config
     from crucible.trainer.cli import UserError
-    from crucible.trainer.jobspec import ConfigError, load_train_config
 
     try:
         cfg = load_train_config(args.config)

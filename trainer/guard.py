@@ -9,7 +9,7 @@ of healthy steps (`Baseline`: the level is a short rolling median, the spread th
 residuals over `window` steps); steps inside a spike episode are kept out (unlike llm.c, whose
 window also swallows its outliers). Logs make a spike's size relative to the loss level.
 
-Verdicts (defaults in jobspec.SpikeGuardSpec, with their sources):
+Verdicts (defaults in spec.SpikeGuardSpec, with their sources):
   skip       before the update: a non-finite loss or gradient norm, or either beyond z_skip
              (llm.c's outlier detector skips at z > 7): the update is not applied at all;
   transient  a spike (a skipped step, or an applied one beyond z_spike) after which the loss and
@@ -90,7 +90,7 @@ class Baseline:
 
 class Guard:
     def __init__(self, cfg):
-        """`cfg`: a jobspec.SpikeGuardSpec (or anything with the same attributes)."""
+        """`cfg`: a spec.SpikeGuardSpec (or anything with the same attributes)."""
         self.cfg = cfg
         self.loss = Baseline(cfg.window)     # log loss of healthy steps
         self.grad = Baseline(cfg.window)     # log gradient norm of healthy steps

@@ -1,21 +1,11 @@
-"""Rank 0's progress report to the operator: a `coordination.k8s.io/v1` Lease `<job>-progress`.
+"""Rank 0's progress report to the operator: patches the job's `<job>-progress` Lease.
 
-Contract with the operator (DESIGN.md, "Progress"): the operator creates the Lease (owned by the
-PretrainJob, so it is garbage-collected with it) and the trainer only patches it, which keeps
-the trainer's RBAC to get/patch on one named Lease. Every `interval_s` seconds a background thread
-writes the newest values as annotations:
-
-  crucible.dev/step             optimizer steps completed
-  crucible.dev/step-time        RFC 3339 time the step counter last advanced (hang detection)
-  crucible.dev/tokens           tokens trained on
-  crucible.dev/loss             training loss of the last step
-  crucible.dev/checkpoint-step  newest committed checkpoint: step, URI and commit time
-  crucible.dev/checkpoint-uri
-  crucible.dev/checkpoint-time
-  crucible.dev/world-size       ranks in the current rendezvous
-
-and sets `spec.renewTime`/`holderIdentity` (the pod). The thread keeps renewing while the loop is
-stuck, so hang detection must look at `step-time`, not at `renewTime`.
+The report's fields, annotation keys and time format are `crucible.api.progress.ProgressReport`;
+this module only carries it: the operator creates the Lease (owned by the PretrainJob, so it is
+garbage-collected with it) and the trainer only patches it, which keeps the trainer's RBAC to
+get/patch on one named Lease. Every `interval_s` seconds a background thread writes the newest
+report as annotations and sets `spec.renewTime`/`holderIdentity` (the pod). The thread keeps
+renewing while the loop is stuck, so hang detection must look at `step-time`, not `renewTime`.
 
 Outside Kubernetes (no POD_NAMESPACE, or CRUCIBLE_PROGRESS_LEASE=off) there is no Lease and
 `progress_lease` returns None. A failed patch is logged and retried at the next interval; it
@@ -24,28 +14,21 @@ never stops training.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import os
 import threading
 
+from crucible.api import launch
+from crucible.api.names import progress_lease_name
+from crucible.api.progress import ProgressReport
+
 log = logging.getLogger(__name__)
-
-PREFIX = "crucible.dev/"
-
-
-def lease_name(job: str) -> str:
-    return f"{job}-progress"
 
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
-
-
-def annotations(values: dict) -> dict[str, str]:
-    """The Lease annotations for a progress snapshot (pure; the operator parses the same keys)."""
-    return {PREFIX + key.replace("_", "-"): str(value) for key, value in values.items()
-            if value is not None}
 
 
 def _api():
@@ -59,10 +42,9 @@ def _api():
 
 class ProgressLease:
     def __init__(self, namespace: str, job: str, holder: str, interval_s: float = 5.0):
-        self.namespace, self.name, self.holder = namespace, lease_name(job), holder
+        self.namespace, self.name, self.holder = namespace, progress_lease_name(job), holder
         self.interval_s = interval_s
-        self._values: dict = {}
-        self._last_step: int | None = None
+        self._report = ProgressReport()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._api = _api()
@@ -70,32 +52,36 @@ class ProgressLease:
         self._thread.start()
 
     def update(self, *, step: int, tokens: int, loss: float | None = None,
-               checkpoint: dict | None = None, world_size: int | None = None) -> None:
-        """Record the newest progress; cheap, called every step from the training loop."""
+               checkpoint: tuple[int, str, dt.datetime] | None = None,
+               world_size: int | None = None) -> None:
+        """Record the newest progress; cheap, called every step from the training loop.
+        `checkpoint`: (step, uri, commit time) of the newest committed checkpoint."""
         with self._lock:
-            if step != self._last_step:
-                self._values["step_time"] = _now().isoformat()
-                self._last_step = step
-            self._values.update(step=step, tokens=tokens)
+            report = self._report
+            changes: dict = {"step": step, "tokens": tokens}
+            if step != report.step:
+                changes["step_time"] = _now()
             # Fields not given keep their last value (a checkpoint commit reports no loss).
             if world_size is not None:
-                self._values["world_size"] = world_size
+                changes["world_size"] = world_size
             if loss is not None:
-                self._values["loss"] = f"{loss:.6g}"
+                changes["loss"] = loss
             if checkpoint:
-                self._values.update(checkpoint_step=checkpoint.get("step"),
-                                    checkpoint_uri=checkpoint.get("uri"),
-                                    checkpoint_time=checkpoint.get("time"))
+                changes.update(zip(("checkpoint_step", "checkpoint_uri", "checkpoint_time"),
+                                   checkpoint))
+            self._report = dataclasses.replace(report, **changes)
 
     def flush(self) -> None:
         from kubernetes.client.exceptions import ApiException
 
         with self._lock:
-            values = dict(self._values)
-        if not values:
+            annotations = self._report.to_annotations()
+        if not annotations:
             return
-        body = {"metadata": {"annotations": annotations(values)},
-                "spec": {"holderIdentity": self.holder, "renewTime": _now().isoformat()}}
+        body = {"metadata": {"annotations": annotations},
+                # A MicroTime: the API wants exactly six fractional digits.
+                "spec": {"holderIdentity": self.holder,
+                         "renewTime": _now().strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}
         try:
             self._api.patch_namespaced_lease(self.name, self.namespace, body)
         except (ApiException, OSError) as err:
@@ -113,8 +99,8 @@ class ProgressLease:
 
 
 def progress_lease(job: str, interval_s: float = 5.0) -> ProgressLease | None:
-    namespace = os.environ.get("POD_NAMESPACE")
+    namespace = os.environ.get(launch.ENV_POD_NAMESPACE)
     if not namespace or os.environ.get("CRUCIBLE_PROGRESS_LEASE", "on") == "off":
         return None
-    holder = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME", "unknown")
+    holder = os.environ.get(launch.ENV_POD_NAME) or os.environ.get("HOSTNAME", "unknown")
     return ProgressLease(namespace, job, holder, interval_s)

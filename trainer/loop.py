@@ -23,13 +23,14 @@ from pathlib import Path
 
 import torch
 
-from crucible.trainer import arch, optim, parallel
+from crucible.api import arch
+from crucible.api.spec import TrainJobConfig
+from crucible.trainer import optim, parallel
 from crucible.trainer.checkpoint import AppState, Checkpointer, Commit, job_hashes, should_save
 from crucible.trainer.data import Sampler, ShardSet
 from crucible.trainer.evaluate import EvalResult, evaluate
 from crucible.trainer.faults import Faults
 from crucible.trainer.guard import Guard, Verdict
-from crucible.trainer.jobspec import TrainJobConfig
 from crucible.trainer.lease import progress_lease
 from crucible.trainer.metrics import Metrics, device_peak_flops
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from crucible.trainer.arch import GPTConfig
+from crucible.api.arch import GPTConfig
 
 
 def rope_tables(cfg: GPTConfig, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,15 +44,15 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
-        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)  # q, k, v at once
-        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.c_attn = nn.Linear(cfg.dim, 3 * cfg.dim, bias=cfg.bias)  # q, k, v at once
+        self.c_proj = nn.Linear(cfg.dim, cfg.dim, bias=cfg.bias)
         if cfg.qk_norm:
             self.q_norm = nn.LayerNorm(cfg.head_dim, bias=False)
             self.k_norm = nn.LayerNorm(cfg.head_dim, bias=False)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         B, T, C = x.size()
-        nh, hd = self.cfg.n_head, self.cfg.head_dim
+        nh, hd = self.cfg.heads, self.cfg.head_dim
         q, k, v = self.c_attn(x).split(C, dim=2)  # each (B, T, C)
         q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
         k = k.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
@@ -70,8 +70,8 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.bias)
-        self.c_proj = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)
+        self.c_fc = nn.Linear(cfg.dim, cfg.ffn_dim, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2's tanh GELU
@@ -82,9 +82,9 @@ class Block(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln_1 = nn.LayerNorm(cfg.dim, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln_2 = nn.LayerNorm(cfg.dim, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -96,12 +96,12 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.dim)
         if cfg.position == "learned":
-            self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)
-        self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+            self.wpe = nn.Embedding(cfg.seq_len, cfg.dim)
+        self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(cfg.dim, bias=cfg.bias)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tied_embeddings:
             self.lm_head.weight = self.wte.weight  # one tensor, two uses (GPT-2, Press & Wolf 2017)
         if cfg.position == "rope":
@@ -117,7 +117,7 @@ class GPT(nn.Module):
         sharded path uses it so every world size starts from the same weights); without it,
         tensors are filled in place from torch's global RNG.
         """
-        residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layer)
+        residual_std = 0.02 / math.sqrt(2 * self.cfg.layers)
         for name, param in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 std = residual_std

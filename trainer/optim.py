@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from crucible.trainer.jobspec import TrainingSpec
+from crucible.api.spec import TrainingSpec
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:

@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from crucible.trainer.launch import TORCHRUN_ENV
+from crucible.api.launch import TORCHRUN_ENV
 from crucible.trainer.model import GPT
 
 

@@ -26,13 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from crucible.api.spec import ConfigError, load_train_config
     from crucible.trainer.cli import UserError
-    from crucible.trainer.jobspec import ConfigError, load_train_config
 
     try:
         cfg = load_train_config(args.config)
     except ConfigError as err:
-        raise UserError(str(err), hint="fields and defaults: see trainer/jobspec.py or "
+        raise UserError(str(err), hint="fields and defaults: see api/spec.py or "
                         "`kubectl explain pretrainjob.spec`") from None
 
     import logging

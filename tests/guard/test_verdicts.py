@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
+from crucible.api.spec import SpikeGuardSpec
 from crucible.trainer.guard import MAD_TO_SIGMA, Baseline, Guard, replay
-from crucible.trainer.jobspec import SpikeGuardSpec
 
 CFG = SpikeGuardSpec()
 

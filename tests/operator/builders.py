@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import datetime as dt
 
+from crucible.api.spec import PretrainJobSpec
 from crucible.operator import manifests as m
 from crucible.operator.observed import (ChildView, JobView, Observed, job_view, lease_view,
                                         node_view, pod_view)
-from crucible.trainer.jobspec import PretrainJobSpec
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
 JOB, NS, UID = "gpt", "team-a", "uid-job-1"

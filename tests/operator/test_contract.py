@@ -33,6 +33,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from crucible.api.launch import output_dir
+from crucible.api.names import LABEL_JOB
 from tests.operator.cluster import free_port
 from tests.operator.conftest import assert_clean_exit
 from tests.operator.test_progress_lease import trainer_kubeconfig
@@ -150,7 +152,8 @@ class LocalPod:
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
     def train_steps(self) -> list[int]:
-        path = self.cwd / "run" / "metrics.jsonl"
+        job = self.raw["metadata"]["labels"][LABEL_JOB]
+        path = self.cwd / output_dir(job) / "metrics.jsonl"
         if not path.exists():
             return []
         return [r["step"] for r in map(json.loads, path.read_text().splitlines())

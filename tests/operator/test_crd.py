@@ -1,4 +1,4 @@
-"""The CRD is generated from jobspec.py, committed, and says what the pydantic models say."""
+"""The CRD is generated from api/spec.py, committed, and says what the pydantic models say."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ from pathlib import Path
 
 import yaml
 
-from crucible.operator import crd, rbac
+from crucible.api import arch
+from crucible.api.spec import PretrainJobSpec
+from crucible.operator import crd
 from crucible.operator import manifests as m
+from crucible.operator import rbac
 from crucible.operator.decision import decide
-from crucible.trainer import arch
-from crucible.trainer.jobspec import PretrainJobSpec
 from tests.operator import builders as b
 
 REPO = Path(__file__).resolve().parents[2]

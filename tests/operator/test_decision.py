@@ -129,7 +129,7 @@ def test_failures_with_no_step_in_between_fail_fast():
 
 
 def job_spec(job):
-    from crucible.trainer.jobspec import PretrainJobSpec
+    from crucible.api.spec import PretrainJobSpec
     return PretrainJobSpec.model_validate(job.spec)
 
 

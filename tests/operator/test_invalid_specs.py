@@ -18,8 +18,8 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from crucible.api.spec import PretrainJobSpec
 from crucible.operator import crd
-from crucible.trainer.jobspec import PretrainJobSpec
 from tests.operator.cluster import job_body
 
 pytestmark = pytest.mark.stack

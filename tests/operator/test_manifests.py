@@ -8,8 +8,8 @@ import re
 
 import pytest
 
+from crucible.api.spec import TrainJobConfig, load_train_config
 from crucible.operator import manifests as m
-from crucible.trainer.jobspec import TrainJobConfig, load_train_config
 from tests.operator import builders as b
 
 
@@ -90,7 +90,7 @@ def test_job_config_is_mounted_and_the_trainer_accepts_it(tmp_path):
     path.write_text(cm["data"][m.CONFIG_FILE])
     cfg = load_train_config(path)
     assert isinstance(cfg, TrainJobConfig) and cfg.name == "gpt"
-    assert cfg.checkpoint.uri == "s3://bucket/runs/gpt" and cfg.output_dir == "run"
+    assert cfg.checkpoint.uri == "s3://bucket/runs/gpt" and cfg.output_dir == "runs/gpt"
     assert _pod()["spec"]["containers"][0]["workingDir"] == m.SCRATCH_DIR  # writable emptyDir
     mounts = {v["mountPath"]: v["name"] for v in _pod()["spec"]["containers"][0]["volumeMounts"]}
     assert mounts[m.CONFIG_DIR] == "config"

@@ -9,7 +9,7 @@
 
 import pytest
 
-from crucible.trainer import arch
+from crucible.api import arch
 from crucible.trainer.plan import memory as mem
 
 
@@ -61,7 +61,7 @@ def test_generalised_mlp_width_keeps_34_at_4h_and_grows_with_width():
 def test_estimate_adds_states_activations_logits():
     cfg = arch.preset("gpt2-124m")
     est = mem.estimate(cfg, micro_batch=8, capacity_bytes=80e9, stage=3, dp=8)
-    layers = cfg.n_layer * mem.layer_activation_bytes(1024, 8, 768, 12)
+    layers = cfg.layers * mem.layer_activation_bytes(1024, 8, 768, 12)
     assert est.activations_bytes == pytest.approx(layers)
     assert est.logits_bytes == 4 * 1024 * 8 * cfg.vocab_size
     assert est.states.total_bytes == pytest.approx(16 * arch.param_count(cfg) / 8)

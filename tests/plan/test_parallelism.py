@@ -4,7 +4,7 @@ interleaved, §2.2; TP moves 8·b·s·h·(t−1)/t per layer per micro-batch, §
 
 import pytest
 
-from crucible.trainer import arch
+from crucible.api import arch
 from crucible.trainer.hardware import accelerator
 from crucible.trainer.plan import parallelism as par
 
@@ -34,7 +34,7 @@ H100 = accelerator("h100")
 
 
 def test_tensor_parallel_traffic_formula():
-    cfg = arch.GPTConfig(n_layer=24, n_head=16, d_model=2048, seq_len=2048)
+    cfg = arch.GPTConfig(layers=24, heads=16, dim=2048, seq_len=2048)
     cost = par.cost_layout(cfg, par.Layout(dp=2, tp=4, pp=1, stage=1, recompute="selective"), H100,
                            global_batch_tokens=2048 * 2 * 2, micro_batch=2, mfu=0.4)
     per_layer = 8 * 2 * 2048 * 2048 * (4 - 1) / 4 * par.BYTES_PER_COMM_VALUE
@@ -50,7 +50,7 @@ def test_small_model_gets_pure_data_parallelism():
 
 
 def test_large_model_needs_sharding_or_model_parallelism():
-    cfg = arch.GPTConfig(n_layer=80, n_head=64, d_model=8192, seq_len=4096)  # ~65B
+    cfg = arch.GPTConfig(layers=80, heads=64, dim=8192, seq_len=4096)  # ~65B
     rec = par.recommend(cfg, H100, 64, global_batch_tokens=4 * 2**20, micro_batch=1, mfu=0.4)
     lay = rec.best.layout
     assert rec.best.memory.fits
@@ -59,6 +59,6 @@ def test_large_model_needs_sharding_or_model_parallelism():
 
 
 def test_nothing_fits_says_so():
-    cfg = arch.GPTConfig(n_layer=96, n_head=96, d_model=12288, seq_len=2048)  # GPT-3 175B
+    cfg = arch.GPTConfig(layers=96, heads=96, dim=12288, seq_len=2048)  # GPT-3 175B
     rec = par.recommend(cfg, H100, 1, global_batch_tokens=2048, micro_batch=1, mfu=0.4)
     assert rec.best is None and "no layout" in rec.reasons[0]

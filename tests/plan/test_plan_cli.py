@@ -8,8 +8,8 @@ import sys
 import pytest
 import yaml
 
+from crucible.api.spec import PretrainJobSpec
 from crucible.trainer.cli import main
-from crucible.trainer.jobspec import PretrainJobSpec
 from crucible.trainer.plan import planner, scaling
 
 
@@ -115,8 +115,8 @@ def test_model_shape_from_a_config_file(capsys, tmp_path):
     path.write_text("n_layer = 24\nn_head = 16\nn_embd = 1024\n")  # nanoGPT GPT-2 medium
     rc, out, _ = _run(capsys, "--model", str(path), "--tokens", "7B", "--json")
     assert rc == 0
-    from crucible.trainer import arch
-    medium = arch.GPTConfig(n_layer=24, n_head=16, d_model=1024, seq_len=1024, position="learned")
+    from crucible.api import arch
+    medium = arch.GPTConfig(layers=24, heads=16, dim=1024, seq_len=1024, position="learned")
     assert json.loads(out)["figures"]["budget.params"]["value"] == arch.param_count(medium)
     rc, _, err = _run(capsys, "--model", "no-such-model", "--tokens", "7B")
     assert rc == 2 and "neither a preset" in err

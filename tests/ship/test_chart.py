@@ -16,8 +16,9 @@ import yaml
 from kubernetes import client, dynamic
 from kubernetes.client.exceptions import ApiException
 
-from crucible.operator import crd, rbac
+from crucible.operator import crd
 from crucible.operator import manifests as m
+from crucible.operator import rbac
 from tests.ship.conftest import CHART, REPO, by_kind, helm, render
 from tests.ship.monitoring_crds import ensure_monitoring_crds
 from tests.support.services import Kube, eventually
@@ -166,7 +167,7 @@ def test_non_default_values_render_every_optional_part():
 
 
 def _spec():
-    from crucible.trainer.jobspec import PretrainJobSpec
+    from crucible.api.spec import PretrainJobSpec
 
     return PretrainJobSpec.model_validate({"image": "x", "nodes": {"min": 1, "max": 1},
                                            "model": {"preset": "tiny"},

@@ -61,7 +61,7 @@ def test_sweep_prints_a_table_and_writes_json_and_png(jsonl, tmp_path, capsys):
     assert "recommended vocabulary" in out and "outside their fitted" in out
     doc = json.loads((tmp_path / "sweep.json").read_text())
     assert [p["requested"] for p in doc["points"]] == [512, 1024, 2048]
-    assert doc["model"]["name"] == "tiny" and doc["model"]["d_model"] == 128
+    assert doc["model"]["name"] == "tiny" and doc["model"]["dim"] == 128
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
     assert (tmp_path / f"v{doc['recommendation']['vocab_size']}" / "tokenizer.json").is_file()
 

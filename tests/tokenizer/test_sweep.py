@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from crucible.trainer.arch import flops_per_token, param_count, preset
+from crucible.api.arch import flops_per_token, param_count, preset
 from crucible.trainer.tokenizer import sweep_report, vocab_law
 from crucible.trainer.tokenizer.compression import Compression, ratio_se
 from crucible.trainer.tokenizer.documents import split_documents
@@ -48,7 +48,7 @@ def test_bytes_per_token_rises_with_vocabulary_size_on_held_out_text(result):
 
 def test_embedding_share_is_vd_over_total_params_and_compute_per_byte_follows(result):
     res, _ = result
-    d = res.model.d_model
+    d = res.model.dim
     for p in res.points:
         v = p.vocab_size
         total = param_count(replace(res.model, vocab_size=v))
@@ -77,7 +77,7 @@ def test_report_files(result, capsys):
     doc = json.loads((out / "sweep.json").read_text())
     assert [p["vocab"]["realised"] for p in doc["points"]] == list(SIZES)
     assert doc["recommendation"]["vocab_size"] == res.recommendation.vocab_size
-    assert doc["reference_tao2024"]["d_model"] == 768
+    assert doc["reference_tao2024"]["dim"] == 768
     assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     sweep_report.print_table(res)
     text = capsys.readouterr().out
@@ -158,6 +158,6 @@ def test_tao_characters_per_token_fit():
 def test_reference_uses_the_model_non_vocabulary_parameters():
     cfg = preset("gpt2-124m")
     ref = reference_for(cfg)
-    assert ref.non_vocab_params == param_count(cfg) - cfg.vocab_size * cfg.d_model
+    assert ref.non_vocab_params == param_count(cfg) - cfg.vocab_size * cfg.dim
     assert ref.in_fitted_range and 8000 < ref.approach2_vocab < 10000
     assert not reference_for(preset("tiny")).in_fitted_range

@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from crucible.trainer.launch import TORCHRUN_ENV
+from crucible.api.launch import TORCHRUN_ENV
 from tests.support.services import eventually
 from tests.trainer.conftest import REPO, crucible_cmd
 

@@ -76,7 +76,7 @@ def crucible_cmd(*args: str, nproc: int = 1) -> list[str]:
 
 def run_crucible(*args: str, nproc: int = 1, timeout: float = 300, env: dict | None = None,
                  **kw) -> subprocess.CompletedProcess:
-    from crucible.trainer.launch import TORCHRUN_ENV
+    from crucible.api.launch import TORCHRUN_ENV
 
     threads = "1" if nproc > 1 else os.environ.get("OMP_NUM_THREADS", "2")
     env = {**os.environ, "OMP_NUM_THREADS": threads, **TORCHRUN_ENV, **(env or {})}

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from crucible.trainer import arch
+from crucible.api import arch
 from crucible.trainer.model import GPT, apply_rope, rope_tables
 
 
@@ -81,7 +81,7 @@ def test_init_scheme_matches_gpt2():
     std = model.h[0].mlp.c_fc.weight.std().item()
     assert 0.018 < std < 0.022
     residual = model.h[0].attn.c_proj.weight.std().item()
-    assert residual == pytest.approx(0.02 / (2 * model.cfg.n_layer) ** 0.5, rel=0.1)
+    assert residual == pytest.approx(0.02 / (2 * model.cfg.layers) ** 0.5, rel=0.1)
     assert model.lm_head.weight is model.wte.weight
 
 

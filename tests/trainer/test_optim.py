@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from crucible.trainer import arch
-from crucible.trainer.jobspec import TrainingSpec
+from crucible.api import arch
+from crucible.api.spec import TrainingSpec
 from crucible.trainer.model import GPT
 from crucible.trainer.optim import lr_at, param_groups
 

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import yaml
 
-from crucible.trainer.arch import PRESETS, preset
+from crucible.api.arch import PRESETS, preset
 from crucible.trainer.hardware import ACCELERATORS
+from crucible.trainer.plan import configs
 from crucible.trainer.plan import cost as costs
-from crucible.trainer.plan import configs, manifest, planner, scaling
+from crucible.trainer.plan import manifest, planner, scaling
 from crucible.trainer.plan.quantities import QuantityError, parse_fraction, parse_quantity
 from crucible.trainer.plan.report import render, to_json
 

@@ -1,8 +1,8 @@
 """Read someone else's training config into one `Setup` the reviewer can judge.
 
 Owns parsing of four formats, and nothing about what is good or bad (that is `review`):
-- a PretrainJob manifest (crucible.dev/v1alpha1), validated by `jobspec.PretrainJobSpec`;
-- Crucible's job config (`jobspec.TrainJobConfig`, what `crucible train --config` reads);
+- a PretrainJob manifest (crucible.dev/v1alpha1), validated by `spec.PretrainJobSpec`;
+- Crucible's job config (`spec.TrainJobConfig`, what `crucible train --config` reads);
 - a torchtitan TOML job config (sections job/model/optimizer/lr_scheduler/training/parallelism/
   checkpoint/activation_checkpoint, as in torchtitan/models/llama3/train_configs/llama3_8b.toml);
 - a nanoGPT config (`config/train_gpt2.py` style: plain assignments over train.py's defaults).
@@ -21,8 +21,8 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from crucible.trainer.arch import GPTConfig, param_count
-from crucible.trainer.jobspec import PretrainJobSpec, TrainJobConfig, explain
+from crucible.api.arch import GPTConfig, param_count
+from crucible.api.spec import PretrainJobSpec, TrainJobConfig, explain
 from crucible.trainer.plan import recipes
 
 
@@ -109,6 +109,8 @@ def load(path: str | Path, *, gpus: int | None = None) -> Setup:
 
 
 def _common(path: Path, spec, source: str) -> Setup:
+    """What a PretrainJob spec and a job config share. The operator's restart policy exists
+    only in a PretrainJob, so a job config leaves it unset."""
     t, ck, ft = spec.training, spec.checkpoint, spec.fault_tolerance
     return Setup(
         source=source, path=str(path), model=spec.model.to_arch(), tokens=t.tokens,
@@ -121,8 +123,9 @@ def _common(path: Path, spec, source: str) -> Setup:
         checkpoint_every_s=ck.every_minutes * 60 if ck.every_minutes else None,
         checkpoint_every_steps=ck.every_steps or None, checkpoint_async=ck.async_,
         eval_every_steps=t.eval_every, eval_tokens=t.eval_tokens, data_train=spec.data.train,
-        data_val=spec.data.val, tokenizer=spec.data.tokenizer, max_restarts=ft.max_restarts,
-        hang_timeout_s=ft.hang_timeout_seconds, spike_guard=ft.spike_guard.enabled)
+        data_val=spec.data.val, tokenizer=spec.data.tokenizer,
+        max_restarts=getattr(ft, "max_restarts", None),
+        hang_timeout_s=getattr(ft, "hang_timeout_seconds", None), spike_guard=ft.spike_guard.enabled)
 
 
 def _pretrain_job(path: Path, spec_doc: dict) -> Setup:
@@ -240,7 +243,7 @@ def _nanogpt(path: Path, text: str, gpus: int | None) -> Setup:
                 skipped.append(stmt.targets[0].id)
     notes = [f"not literal, ignored: {', '.join(skipped)}"] if skipped else []
     v = values
-    cfg = GPTConfig(n_layer=int(v["n_layer"]), n_head=int(v["n_head"]), d_model=int(v["n_embd"]),
+    cfg = GPTConfig(layers=int(v["n_layer"]), heads=int(v["n_head"]), dim=int(v["n_embd"]),
                     seq_len=int(v["block_size"]), vocab_size=int(v["vocab_size"]),
                     position="learned", bias=bool(v["bias"]))
     # train.py divides gradient_accumulation_steps by the world size, so tokens per iteration

@@ -14,8 +14,8 @@ from dataclasses import replace
 
 from pydantic import ValidationError
 
-from crucible.trainer.arch import PRESETS, GPTConfig
-from crucible.trainer.jobspec import PretrainJobSpec, explain
+from crucible.api.arch import PRESETS, GPTConfig
+from crucible.api.spec import PretrainJobSpec, explain
 from crucible.trainer.plan import recipes
 
 API_VERSION = "crucible.dev/v1alpha1"
@@ -29,7 +29,7 @@ def model_fields(cfg: GPTConfig, preset: str | None) -> dict:
         if cfg.seq_len != PRESETS[preset].seq_len:
             out["seqLen"] = cfg.seq_len
         return out
-    out = {"layers": cfg.n_layer, "heads": cfg.n_head, "dim": cfg.d_model, "seqLen": cfg.seq_len,
+    out = {"layers": cfg.layers, "heads": cfg.heads, "dim": cfg.dim, "seqLen": cfg.seq_len,
            "vocabSize": cfg.vocab_size}
     if not cfg.tied_embeddings:
         out["tiedEmbeddings"] = False

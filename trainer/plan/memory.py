@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from crucible.trainer.arch import GPTConfig, param_count
+from crucible.api.arch import GPTConfig, param_count
 
 ZeroStage = Literal[0, 1, 2, 3]
 Recompute = Literal["none", "selective", "full"]
@@ -162,9 +162,9 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
     n = params if params is not None else param_count(cfg)
     states = model_states(n, stage, dp, precision, model_parallel=tp * pp)
     stored: Recompute = "selective" if flash_attention and recompute == "none" else recompute
-    per_layer = layer_activation_bytes(cfg.seq_len, micro_batch, cfg.d_model, cfg.n_head,
+    per_layer = layer_activation_bytes(cfg.seq_len, micro_batch, cfg.dim, cfg.heads,
                                        cfg.ffn_dim, tp, sequence_parallel, stored,
                                        precision.activation_bytes)
-    acts = cfg.n_layer * per_layer  # 1F1B: p micro-batches × L/p layers (Korthikanti §4.2.3)
+    acts = cfg.layers * per_layer  # 1F1B: p micro-batches × L/p layers (Korthikanti §4.2.3)
     logits = logits_bytes(cfg.seq_len, micro_batch, cfg.vocab_size, tp) if pp == 1 else 0.0
     return MemoryEstimate(states, acts, logits, capacity_bytes, USABLE_FRACTION)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from crucible.trainer.arch import GPTConfig, flops_per_token, param_count
+from crucible.api.arch import GPTConfig, flops_per_token, param_count
 from crucible.trainer.hardware import Accelerator
 from crucible.trainer.plan import memory as mem
 
@@ -92,7 +92,7 @@ def recompute_overhead(cfg: GPTConfig, recompute: mem.Recompute) -> float:
     if recompute == "full":
         return (train / 3) / train  # one more forward: 2N of the 6N
     # selective: QKᵀ and attention·V again, 4·s·h FLOPs per token per layer (forward)
-    return 4 * cfg.seq_len * cfg.d_model * cfg.n_layer / train
+    return 4 * cfg.seq_len * cfg.dim * cfg.layers / train
 
 
 def cost_layout(cfg: GPTConfig, layout: Layout, gpu: Accelerator, *, global_batch_tokens: float,
@@ -100,7 +100,7 @@ def cost_layout(cfg: GPTConfig, layout: Layout, gpu: Accelerator, *, global_batc
                 flash_attention: bool = False) -> LayoutCost:
     """Memory, traffic and step time for one layout (all estimates, see module docstring)."""
     n = param_count(cfg)
-    s, h, b = cfg.seq_len, cfg.d_model, micro_batch
+    s, h, b = cfg.seq_len, cfg.dim, micro_batch
     est = mem.estimate(cfg, micro_batch=b, capacity_bytes=gpu.memory_bytes, stage=layout.stage,
                        dp=layout.dp, tp=layout.tp, pp=layout.pp, recompute=layout.recompute,
                        precision=precision, flash_attention=flash_attention)
@@ -118,7 +118,7 @@ def cost_layout(cfg: GPTConfig, layout: Layout, gpu: Accelerator, *, global_batc
     dp_exposed = max(0.0, dp_s - compute_s * 2 / 3)  # overlap with the backward pass
     # Tensor parallel: 8·b·s·h·(t−1)/t values per layer per micro-batch, over NVLink.
     tp_bytes = (8 * b * s * h * (layout.tp - 1) / layout.tp * BYTES_PER_COMM_VALUE
-                * cfg.n_layer / layout.pp * micro)
+                * cfg.layers / layout.pp * micro)
     tp_s = tp_bytes / gpu.nvlink_one_way_bytes_per_s if layout.tp > 1 else 0.0
     # Pipeline: b·s·h values forward and back per micro-batch per stage boundary.
     pp_bytes = 2 * b * s * h * BYTES_PER_COMM_VALUE * micro if layout.pp > 1 else 0.0
@@ -131,10 +131,10 @@ def candidate_layouts(cfg: GPTConfig, gpus: int, gpus_per_node: int) -> list[Lay
     """Every dp·tp·pp = gpus with tp a power of two within a node dividing the heads, pp
     dividing the layers, each ZeRO stage and recomputation mode."""
     out = []
-    tps = [t for t in (1, 2, 4, 8, 16) if t <= min(gpus_per_node, gpus) and cfg.n_head % t == 0]
+    tps = [t for t in (1, 2, 4, 8, 16) if t <= min(gpus_per_node, gpus) and cfg.heads % t == 0]
     for tp in tps:
-        for pp in range(1, min(cfg.n_layer, gpus // tp) + 1):
-            if (gpus % (tp * pp)) or cfg.n_layer % pp:
+        for pp in range(1, min(cfg.layers, gpus // tp) + 1):
+            if (gpus % (tp * pp)) or cfg.layers % pp:
                 continue
             dp = gpus // (tp * pp)
             for stage in (0, 1, 2, 3):

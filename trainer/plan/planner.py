@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from crucible.trainer.arch import GPTConfig, flops_per_token, non_embedding_params, param_count
+from crucible.api.arch import GPTConfig, flops_per_token, non_embedding_params, param_count
 from crucible.trainer.hardware import Accelerator, accelerator
 from crucible.trainer.plan import cost as costs
 from crucible.trainer.plan import memory as mem
@@ -167,7 +167,7 @@ def _budget_section(plan: Plan, inp: PlanInputs, how: str) -> Section:
     s.add("tokens_per_param", "tokens per parameter", plan.tokens / plan.params, "1", "D/N",
           "≈20 is compute-optimal (Chinchilla Table 3)")
     cfg = plan.model
-    s.add("shape", "model shape", f"L={cfg.n_layer} d={cfg.d_model} heads={cfg.n_head} "
+    s.add("shape", "model shape", f"L={cfg.layers} d={cfg.dim} heads={cfg.heads} "
           f"seq={cfg.seq_len} V={cfg.vocab_size}", "1",
           "derived: 12·L·d²+V·d ≈ N, d/L≈128 (GPT-3 Table 2.1)" if plan.model_is_derived else "given")
     if plan.model_is_derived:
@@ -236,8 +236,8 @@ def _memory_section(plan: Plan, inp: PlanInputs, precision: mem.Precision) -> Se
     for rc, formula in (("none", "L·sbh(34 + 5as/h), scores stored (no FlashAttention)"),
                         ("selective", "L·sbh·34 (= none with FlashAttention/SDPA)"),
                         ("full", "L·2sbh")):
-        acts = cfg.n_layer * mem.layer_activation_bytes(cfg.seq_len, inp.micro_batch, cfg.d_model,
-                                                        cfg.n_head, cfg.ffn_dim, 1, True, rc,
+        acts = cfg.layers * mem.layer_activation_bytes(cfg.seq_len, inp.micro_batch, cfg.dim,
+                                                        cfg.heads, cfg.ffn_dim, 1, True, rc,
                                                         precision.activation_bytes)
         s.add(f"activations.{rc}", f"activations, recompute={rc}", acts, "B", formula, kor)
     s.add("logits", "fp32 logits", mem.logits_bytes(cfg.seq_len, inp.micro_batch, cfg.vocab_size),
@@ -293,7 +293,7 @@ def _parallel_section(plan: Plan, inp: PlanInputs, batch: float) -> Section:
 def _cost_section(plan: Plan, inp: PlanInputs, money: costs.Cost, train_flops: float) -> Section:
     s = Section("Time and cost")
     s.add("flops_per_token", "training FLOPs per token", flops_per_token(plan.model), "FLOP",
-          "6·N_matmul + 12·L·d·T", "PaLM App. B (trainer/arch.py)")
+          "6·N_matmul + 12·L·d·T", "PaLM App. B (api/arch.py)")
     s.add("train_flops", "training FLOPs (model)", train_flops, "FLOP", "FLOPs/token × D", "PaLM App. B")
     s.add("mfu", "assumed MFU", inp.mfu, "1", "given" if inp.mfu != costs.DEFAULT_MFU else "default",
           "38–52% reported: Megatron Table 1, Llama 3 Table 4", percent=True)

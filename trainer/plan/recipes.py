@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from crucible.trainer.arch import GPTConfig
+from crucible.api.arch import GPTConfig
 
 GPT3_WARMUP_TOKENS = 375e6  # GPT-3 App. B
 GPT3_MIN_LR_RATIO = 0.1  # GPT-3 App. B: cosine decay to 10% of the peak
@@ -26,9 +26,9 @@ class Gpt3Row:
 
     name: str
     params: float
-    n_layer: int
-    d_model: int
-    n_head: int
+    layers: int
+    dim: int
+    heads: int
     batch_tokens: float
     lr: float
 
@@ -76,7 +76,7 @@ class LlamaFlavor:
         attn = 2 * self.dim * self.dim + 2 * self.dim * self.n_kv_heads * head_dim
         block = attn + 3 * self.dim * self.ffn_dim
         d_ff = round((block - 4 * self.dim * self.dim) / (2 * self.dim))
-        return GPTConfig(n_layer=self.n_layers, n_head=self.n_heads, d_model=self.dim,
+        return GPTConfig(layers=self.n_layers, heads=self.n_heads, dim=self.dim,
                          seq_len=seq_len, vocab_size=self.vocab_size, d_ff=d_ff,
                          tied_embeddings=False)
 
@@ -87,7 +87,7 @@ LLAMA3_FLAVORS = {
     "405B": LlamaFlavor(16384, 126, 128, 8, 53248),
 }
 
-# GPT-3 Table 2.1 keeps d_model/n_layer between ~43 and 128; 128 for the 6.7B–175B models.
+# GPT-3 Table 2.1 keeps dim/layers between ~43 and 128; 128 for the 6.7B–175B models.
 TARGET_ASPECT = 128
 HEAD_DIM = 128
 
@@ -101,13 +101,13 @@ def shape_for_params(params: float, seq_len: int, vocab_size: int = 50304) -> GP
     if params < 1e6:
         raise ValueError(f"{params:g} parameters is too small to shape a GPT; give --model")
     best, best_score = None, math.inf
-    for n_layer in range(2, 257):
-        d = (-vocab_size + math.sqrt(vocab_size**2 + 48 * n_layer * params)) / (24 * n_layer)
-        d_model = max(HEAD_DIM, round(d / HEAD_DIM) * HEAD_DIM)
-        count = 12 * n_layer * d_model**2 + vocab_size * d_model
-        score = abs(math.log(count / params)) * 4 + abs(math.log((d_model / n_layer) / TARGET_ASPECT))
+    for layers in range(2, 257):
+        d = (-vocab_size + math.sqrt(vocab_size**2 + 48 * layers * params)) / (24 * layers)
+        dim = max(HEAD_DIM, round(d / HEAD_DIM) * HEAD_DIM)
+        count = 12 * layers * dim**2 + vocab_size * dim
+        score = abs(math.log(count / params)) * 4 + abs(math.log((dim / layers) / TARGET_ASPECT))
         if score < best_score:
-            best, best_score = (n_layer, d_model), score
-    n_layer, d_model = best
-    return GPTConfig(n_layer=n_layer, n_head=d_model // HEAD_DIM, d_model=d_model,
+            best, best_score = (layers, dim), score
+    layers, dim = best
+    return GPTConfig(layers=layers, heads=dim // HEAD_DIM, dim=dim,
                      seq_len=seq_len, vocab_size=vocab_size)

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from crucible.trainer.arch import embedding_params, flops_per_token, param_count
+from crucible.api.arch import embedding_params, flops_per_token, param_count
 from crucible.trainer.hardware import Accelerator
 from crucible.trainer.plan import memory as mem
 from crucible.trainer.plan import parallelism as par
@@ -79,7 +79,7 @@ def _data(s: Setup, ctx: Context) -> list[Finding]:
     out = []
     if not s.data_train:
         out.append(_f("error", "data", "no-train-data", "no training data is named",
-                      "a run needs tokenized training shards", "jobspec.DataSpec.train"))
+                      "a run needs tokenized training shards", "spec.DataSpec.train"))
     if not s.data_val:
         out.append(_f("warning", "data", "no-val-data", "no held-out data: eval loss cannot be "
                       "measured", "overfitting, data bugs and regressions show only in held-out "
@@ -88,7 +88,7 @@ def _data(s: Setup, ctx: Context) -> list[Finding]:
         out.append(_f("note", "data", "no-tokenizer", "data.tokenizer is not set, so the shards' "
                       "tokenizer hash and vocabulary cannot be checked against the model",
                       "a model whose vocabSize is below the tokenizer's reads out-of-range ids",
-                      "jobspec.DataSpec.tokenizer"))
+                      "spec.DataSpec.tokenizer"))
     return out
 
 
@@ -144,7 +144,7 @@ def _schedule(s: Setup, ctx: Context) -> list[Finding]:
                           f"{s.global_batch_tokens:.0f} tokens is not a multiple of seqLen × "
                           f"microBatch × data-parallel ranks = {unit}", "every optimizer step "
                           "must be a whole number of micro-batches on every rank",
-                          "jobspec.TrainingSpec.globalBatchTokens"))
+                          "spec.TrainingSpec.globalBatchTokens"))
     if s.warmup_steps is not None and s.lr:
         if s.warmup_steps == 0 and s.lr >= 1e-5:
             out.append(_f("error", "batch and LR", "no-warmup", f"peak LR {s.lr:g} from step 0 "
@@ -249,8 +249,8 @@ def _parallelism(s: Setup, ctx: Context) -> list[Finding]:
                       f"spans nodes ({g.gpus_per_node} GPUs each)", "TP all-reduces every layer; "
                       "over the network instead of NVLink it stalls compute",
                       "Narayanan et al. 2021 §3, takeaway #1"))
-    if s.model and s.model.n_head % s.tp:
-        out.append(_f("error", "parallelism", "tp-heads", f"{s.model.n_head} heads do not split "
+    if s.model and s.model.heads % s.tp:
+        out.append(_f("error", "parallelism", "tp-heads", f"{s.model.heads} heads do not split "
                       f"over tensor parallel degree {s.tp}", "each rank must own whole heads",
                       "Narayanan et al. 2021 §2.3"))
     if s.pp > 1 and s.global_batch_tokens and s.model and s.micro_batch and s.dp:
@@ -266,7 +266,7 @@ def _parallelism(s: Setup, ctx: Context) -> list[Finding]:
         if s.global_batch_tokens % unit:
             out.append(_f("warning", "parallelism", "elastic-batch", f"at nodes.min={s.nodes_min} "
                           f"the global batch is not a multiple of {unit} tokens", "after a "
-                          "scale-down the step can no longer keep the same batch", "jobspec.NodesSpec"))
+                          "scale-down the step can no longer keep the same batch", "spec.NodesSpec"))
     return out
 
 

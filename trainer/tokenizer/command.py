@@ -208,7 +208,7 @@ def _sizes(text: str) -> list[int]:
 def _model(name: str, seq_len: int | None):
     from dataclasses import replace
 
-    from crucible.trainer.arch import PRESETS, preset
+    from crucible.api.arch import PRESETS, preset
 
     if name in PRESETS:
         return preset(name, **({"seq_len": seq_len} if seq_len else {}))

@@ -4,7 +4,7 @@ the planned model, and recommend one with its reasons.
 Owns: `run_sweep` (training and measuring each size), `model_cost` and `recommend` (pure).
 Must not: print or plot (`sweep_report`), read inputs (`documents`).
 
-What a size costs the planned model (trainer/arch.py, the same counts the trainer and planner use):
+What a size costs the planned model (api/arch.py, the same counts the trainer and planner use):
 - embedding + output parameters: V·d for tied embeddings (×2 untied), and their share of all
   parameters;
 - training compute per byte of text = FLOPs per token / bytes per token, with FLOPs per token
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from crucible.trainer.arch import (GPTConfig, embedding_params, flops_per_token,
-                                   non_embedding_params, param_count)
+from crucible.api.arch import (GPTConfig, embedding_params, flops_per_token, non_embedding_params,
+                               param_count)
 from crucible.trainer.tokenizer import trainers, vocab_law
 from crucible.trainer.tokenizer.codec import open_codec
 from crucible.trainer.tokenizer.compression import Compression, measure, paired_ratio_se
@@ -93,7 +93,7 @@ class Reference:
     """Tao et al. 2024's predictions for the planned model."""
 
     non_vocab_params: int
-    d_model: int
+    dim: int
     approach2_vocab: float
     approach1_vocab: float
     in_fitted_range: bool
@@ -112,8 +112,8 @@ class SweepResult:
 
 def reference_for(cfg: GPTConfig) -> Reference:
     n_nv = non_embedding_params(cfg)
-    return Reference(n_nv, cfg.d_model, vocab_law.optimal_vocab_size(n_nv, cfg.d_model),
-                     vocab_law.approach1_vocab_size(n_nv, cfg.d_model),
+    return Reference(n_nv, cfg.dim, vocab_law.optimal_vocab_size(n_nv, cfg.dim),
+                     vocab_law.approach1_vocab_size(n_nv, cfg.dim),
                      vocab_law.in_fitted_range(n_nv))
 
 

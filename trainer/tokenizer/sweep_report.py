@@ -49,7 +49,7 @@ def print_table(result: SweepResult, console=None) -> None:
     console = console or Console(width=max(132, Console().width))  # 11 columns need the room
     m, ref = result.model, result.reference
     title = (f"vocabulary sweep ({result.kind}) for {result.model_name or 'the model'}: "
-             f"d={m.d_model}, L={m.n_layer}, T={m.seq_len}, "
+             f"d={m.dim}, L={m.layers}, T={m.seq_len}, "
              f"{'tied' if m.tied_embeddings else 'untied'} embeddings; held-out "
              f"{result.corpus.get('held_out_documents', 0):,} docs, "
              f"{result.corpus.get('held_out_bytes', 0) / 1e6:.2f} MB")
@@ -71,7 +71,7 @@ def print_table(result: SweepResult, console=None) -> None:
     console.print(table)
     rng = "" if ref.in_fitted_range else " (outside their fitted 33M-2.87B: an extrapolation)"
     console.print(f"Tao et al. 2024 for N_nv = {ref.non_vocab_params / 1e6:,.1f}M, d = "
-                  f"{ref.d_model}: V ~ {ref.approach2_vocab:,.0f} (Approach 2), "
+                  f"{ref.dim}: V ~ {ref.approach2_vocab:,.0f} (Approach 2), "
                   f"{ref.approach1_vocab:,.0f} (Approach 1){rng}")
     rec = result.recommendation
     console.print(f"[bold]recommended vocabulary: {rec.vocab_size:,}[/bold]  ({rec.tokenizer})")
@@ -113,7 +113,7 @@ def plot(result: SweepResult, path: str | Path) -> Path:
 
     emb_ax.plot(v, [100 * p.cost.embedding_share for p in points], marker="o")
     emb_ax.set_ylabel("embedding + output share of params (%)")
-    emb_ax.set_title(f"vocabulary parameters (d = {result.model.d_model})")
+    emb_ax.set_title(f"vocabulary parameters (d = {result.model.dim})")
 
     cov_ax.plot(v, [100 * p.compression.coverage for p in points], marker="o",
                 label=f"docs that fit in {result.model.seq_len} tokens")

@@ -42,15 +42,15 @@ def optimal_vocab_params(n_nv: float) -> float:
     return N_V_ANCHOR * (n_nv / N_NV_ANCHOR) ** GAMMA
 
 
-def optimal_vocab_size(n_nv: float, d_model: int) -> float:
-    """Approach 2's vocabulary size V = N_v / d for a model of width `d_model`."""
-    return optimal_vocab_params(n_nv) / d_model
+def optimal_vocab_size(n_nv: float, dim: int) -> float:
+    """Approach 2's vocabulary size V = N_v / d for a model of width `dim`."""
+    return optimal_vocab_params(n_nv) / dim
 
 
-def approach1_vocab_size(n_nv: float, d_model: int) -> float:
+def approach1_vocab_size(n_nv: float, dim: int) -> float:
     """Approach 1 (IsoFLOPs): V at the compute budget for which N_nv is compute-optimal."""
     flops = (n_nv / math.exp(APPROACH1_LOG_K_NNV)) ** 2
-    return math.exp(APPROACH1_LOG_K_NV) * flops ** APPROACH1_ALPHA_NV / d_model
+    return math.exp(APPROACH1_LOG_K_NV) * flops ** APPROACH1_ALPHA_NV / dim
 
 
 def tokens_per_char(vocab_size: float) -> float:

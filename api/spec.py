@@ -3,8 +3,13 @@
 This module is the single source of truth for
 - the `PretrainJob` custom resource's `spec` (the operator generates the CRD's OpenAPI schema,
   descriptions included, from `PretrainJobSpec`), and
-- `crucible train --config job.yaml` (`TrainJobConfig`: the model/data/training/checkpoint parts
-  of the spec plus the job's name and where to put metrics), which is what the operator mounts.
+- `crucible train --config job.yaml` (`TrainJobConfig`), and the one projection from the first
+  to the second, `TrainJobConfig.from_job`: what the operator writes into the job's ConfigMap and
+  what `crucible train` reads from a whole PretrainJob manifest.
+
+Which spec fields reach the pods is declared here, on the fields: those only the operator reads
+carry `OPERATOR_ONLY`, and `pod_facing(spec)` is everything else. The operator's drift hash is
+computed from `pod_facing` alone, so changing an operator-only knob never restarts a run.
 
 Field names are camelCase, as in every Kubernetes resource; unknown fields are rejected so a typo
 never silently falls back to a default. Torch-free: the operator imports it. It is longer than
@@ -21,20 +26,59 @@ from __future__ import annotations
 
 import math
 import re
+import typing
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from crucible.trainer import arch
+from crucible.api import arch, launch
+from crucible.api.names import JOB_NAME_PATTERN, KIND, MAX_JOB_NAME_LENGTH
 
 
 class Spec(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
                               frozen=True)
+
+
+class OperatorOnly:
+    """Marks a spec field that only the operator reads (`Annotated[int, OPERATOR_ONLY]`): it never
+    reaches a pod, so changing it on a running job restarts nothing."""
+
+    def __repr__(self) -> str:
+        return "OPERATOR_ONLY"
+
+
+OPERATOR_ONLY = OperatorOnly()
+
+
+def model_type(annotation) -> type[BaseModel] | None:
+    """The pydantic model inside a field's annotation (`X`, `X | None`, `list[X]`), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = model_type(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _operator_only(model: type[BaseModel]) -> dict:
+    """model_dump's `exclude` for every OPERATOR_ONLY field, at any depth."""
+    out: dict = {}
+    for name, field in model.model_fields.items():
+        if any(isinstance(meta, OperatorOnly) for meta in field.metadata):
+            out[name] = True
+        elif (sub := model_type(field.annotation)) is not None and (nested := _operator_only(sub)):
+            out[name] = nested
+    return out
+
+
+def pod_facing(spec: BaseModel) -> dict:
+    """The fields of a spec (or part of one) that reach the pods, as the API spells them."""
+    return spec.model_dump(by_alias=True, mode="json", exclude=_operator_only(type(spec)))
 
 
 def cel(rule: str, message: str) -> dict:
@@ -59,11 +103,11 @@ def _known_model(*spec_fields: str) -> str:
 QUANTITY = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
             r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
 
-_ARCH_TO_SPEC = {"n_layer": "layers", "n_head": "heads", "d_model": "dim", "seq_len": "seqLen",
-                 "vocab_size": "vocabSize"}
+# GPTConfig's field names are the spec's, in snake_case: an arch error names the spec field.
+_ARCH_FIELD = re.compile(r"\b(layers|heads|dim|seq_len|vocab_size)\b")
 
 
-_DIM, _HEADS = _preset_lookup("d_model", "dim"), _preset_lookup("n_head", "heads")
+_DIM, _HEADS = _preset_lookup("dim", "dim"), _preset_lookup("heads", "heads")
 
 
 class ModelSpec(Spec):
@@ -85,7 +129,7 @@ class ModelSpec(Spec):
                                json_schema_extra={"enum": sorted(arch.PRESETS)})
     layers: int | None = Field(None, ge=1, le=256, description="Transformer blocks.")
     heads: int | None = Field(None, ge=1, le=256, description="Attention heads per block.")
-    dim: int | None = Field(None, ge=8, le=65536, description="Model width d_model.")
+    dim: int | None = Field(None, ge=8, le=65536, description="Model width (d_model in the GPT papers).")
     seq_len: int | None = Field(None, ge=8, le=1 << 20, description="Context length in tokens.")
     vocab_size: int | None = Field(None, ge=2, le=1 << 22, description="Embedding rows; must be "
                                    ">= the tokenizer's vocabulary (pad to a multiple of 64).")
@@ -101,15 +145,13 @@ class ModelSpec(Spec):
         try:
             self.to_arch()  # surfaces divisibility errors now, in the spec's own field names
         except ValueError as err:
-            message = str(err)
-            for arch_name, spec_name in _ARCH_TO_SPEC.items():
-                message = message.replace(arch_name, f"model.{spec_name}")
+            message = _ARCH_FIELD.sub(lambda m: "model." + to_camel(m.group(1)), str(err))
             raise ValueError(message) from None
         return self
 
     def to_arch(self) -> arch.GPTConfig:
         overrides = {k: v for k, v in {
-            "n_layer": self.layers, "n_head": self.heads, "d_model": self.dim,
+            "layers": self.layers, "heads": self.heads, "dim": self.dim,
             "seq_len": self.seq_len, "vocab_size": self.vocab_size,
             "tied_embeddings": self.tied_embeddings, "qk_norm": self.qk_norm}.items()
             if v is not None}
@@ -251,40 +293,40 @@ class SpikeGuardSpec(Spec):
 class FaultToleranceSpec(Spec):
     """What the operator does when pods, nodes or the training itself fail (docs/operator.md)."""
 
-    max_restarts: int = Field(20, ge=0, description="Application failures tolerated before the "
+    max_restarts: Annotated[int, OPERATOR_ONLY] = Field(20, ge=0, description="Application failures tolerated before the "
                               "job fails; infrastructure failures do not count.")
-    cordon_failed_nodes: bool = Field(True, description="Cordon and annotate nodes that failed.")
-    hang_timeout_seconds: int = Field(600, ge=30, description="Restart when the progress Lease "
+    cordon_failed_nodes: Annotated[bool, OPERATOR_ONLY] = Field(True, description="Cordon and annotate nodes that failed.")
+    hang_timeout_seconds: Annotated[int, OPERATOR_ONLY] = Field(600, ge=30, description="Restart when the progress Lease "
                                       "has not advanced for this long.")
     spike_guard: SpikeGuardSpec = Field(default_factory=SpikeGuardSpec,
                                         description="Loss-spike and divergence detection.")
     # Fields the operator reads (issue 6). Exit codes follow Kubeflow's ExitCode policy: 1-127
     # come from the program (application), 128+n means killed by signal n (infrastructure).
-    retryable_exit_codes: list[int] = Field(
+    retryable_exit_codes: Annotated[list[int], OPERATOR_ONLY] = Field(
         default_factory=list, max_length=64,
         json_schema_extra={"items": {"type": "integer", "minimum": 1, "maximum": 255},
                            "x-kubernetes-list-type": "set"},
         description="Exit codes in 1-127 to treat as infrastructure failures (retried without "
         "counting against maxRestarts), e.g. a code your launcher uses for NCCL timeouts.")
-    max_restarts_without_progress: int = Field(
+    max_restarts_without_progress: Annotated[int, OPERATOR_ONLY] = Field(
         3, ge=1, le=1000, description="Fail fast: application failures in a row with no training "
         "step completed between them (a crash loop, e.g. a bad config) before the job fails.")
-    node_failure_grace_seconds: int = Field(
+    node_failure_grace_seconds: Annotated[int, OPERATOR_ONLY] = Field(
         60, ge=0, le=3600, description="How long a node may stay failed (NotReady, unreachable "
         "or a failure condition) before this job's pods on it are force-deleted and recreated "
         "elsewhere. The node controller has already waited its own grace period (40-50 s) by "
         "then; Kubernetes's default toleration would wait 300 s more with the whole job idle.")
-    node_failure_conditions: list[str] = Field(
+    node_failure_conditions: Annotated[list[str], OPERATOR_ONLY] = Field(
         default_factory=list, max_length=32,
         json_schema_extra={"items": {"type": "string", "minLength": 1, "maxLength": 316},
                            "x-kubernetes-list-type": "set"},
         description="Node condition types that mean the node is broken when True (set by "
         "node-problem-detector or a GPU health checker, e.g. GPUUnhealthy).")
-    pending_timeout_seconds: int = Field(
+    pending_timeout_seconds: Annotated[int, OPERATOR_ONLY] = Field(
         600, ge=10, le=86400, description="Pods Pending longer than this: an image pull or "
         "container config error fails the job; an unschedulable pod is reported with the "
         "scheduler's reason (multi-GB trainer images can take minutes to pull).")
-    terminating_timeout_seconds: int = Field(
+    terminating_timeout_seconds: Annotated[int, OPERATOR_ONLY] = Field(
         120, ge=0, le=86400, description="Pods still Terminating this long after their grace "
         "period ended are force-deleted (their node is usually gone).")
     torchrun_max_restarts: int = Field(
@@ -355,20 +397,6 @@ class MetricsSpec(Spec):
                               "<outputDir>/metrics.jsonl).")
 
 
-class TrainJobConfig(Spec):
-    """What `crucible train --config` reads (the operator writes it into a ConfigMap)."""
-
-    name: str = Field("local", min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
-                      description="Job name: metric label and Lease name.")
-    output_dir: str = Field("runs/local", description="Local folder for logs, metrics and plots.")
-    model: ModelSpec
-    data: DataSpec
-    training: TrainingSpec
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
-    fault_tolerance: FaultToleranceSpec = Field(default_factory=FaultToleranceSpec)
-    metrics: MetricsSpec = Field(default_factory=MetricsSpec)
-
-
 class NodesSpec(Spec):
     """Elastic range: torchrun --nnodes=min:max."""
 
@@ -404,12 +432,12 @@ class PretrainJobSpec(Spec):
     training: TrainingSpec
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     fault_tolerance: FaultToleranceSpec = Field(default_factory=FaultToleranceSpec)
-    suspend: bool = Field(False, description="Delete the pods but keep the job and checkpoints.")
+    suspend: Annotated[bool, OPERATOR_ONLY] = Field(False, description="Delete the pods but keep the job and checkpoints.")
     # Fields the operator reads (issue 6).
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec,
                                        description="Node selector, tolerations and priority of "
                                        "the worker pods.")
-    ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete the job (and "
+    ttl_seconds_after_finished: Annotated[int | None, OPERATOR_ONLY] = Field(None, ge=0, description="Delete the job (and "
                                                    "everything it owns) this long after it "
                                                    "Succeeded or Failed; unset: keep it.")
     termination_grace_period_seconds: int = Field(60, ge=0, le=3600, description="SIGTERM to "
@@ -427,6 +455,39 @@ class PretrainJobSpec(Spec):
                 if isinstance(amount, str) and not re.fullmatch(QUANTITY, amount):
                     raise ValueError(f"resources.{kind}.{name}: {amount!r} is not a quantity")
         return value
+
+
+class TrainerFaultToleranceSpec(Spec):
+    """The part of faultTolerance the trainer itself acts on (the rest is the operator's)."""
+
+    spike_guard: SpikeGuardSpec = Field(default_factory=SpikeGuardSpec,
+                                        description="Loss-spike and divergence detection.")
+
+
+class TrainJobConfig(Spec):
+    """What `crucible train --config` reads; `from_job` makes it from a PretrainJob's spec (the
+    operator writes that into the job's ConfigMap)."""
+
+    name: str = Field("local", min_length=1, max_length=MAX_JOB_NAME_LENGTH,
+                      pattern=JOB_NAME_PATTERN, description="Job name: metric label and Lease "
+                      "name (the PretrainJob's name rule).")
+    output_dir: str = Field("runs/local", description="Local folder for logs, metrics and plots.")
+    model: ModelSpec
+    data: DataSpec
+    training: TrainingSpec
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    fault_tolerance: TrainerFaultToleranceSpec = Field(default_factory=TrainerFaultToleranceSpec)
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+
+    @classmethod
+    def from_job(cls, spec: PretrainJobSpec, name: str) -> "TrainJobConfig":
+        """The one projection of a PretrainJob onto the trainer's config. Every field it reads
+        reaches the pods (`pod_facing`); the sub-models are reused, not parsed again."""
+        return cls(name=name, output_dir=launch.output_dir(name), model=spec.model,
+                   data=spec.data, training=spec.training, checkpoint=spec.checkpoint,
+                   fault_tolerance=TrainerFaultToleranceSpec(
+                       spike_guard=spec.fault_tolerance.spike_guard),
+                   metrics=MetricsSpec(port=launch.METRICS_PORT))
 
 
 class ConfigError(ValueError):
@@ -449,7 +510,7 @@ def explain(err: ValidationError) -> str:
 
 
 def load_train_config(path: str | Path) -> TrainJobConfig:
-    """Read a job config, or a whole PretrainJob manifest (its spec), and validate it."""
+    """Read a job config, or a whole PretrainJob manifest (projected by `from_job`)."""
     path = Path(path)
     try:
         doc = yaml.safe_load(path.read_text())
@@ -459,13 +520,11 @@ def load_train_config(path: str | Path) -> TrainJobConfig:
         raise ConfigError(f"{path} is not valid YAML: {err}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path} must hold a mapping of fields, not {type(doc).__name__}")
-    if doc.get("kind") == "PretrainJob":
-        spec = doc.get("spec") or {}
-        name = (doc.get("metadata") or {}).get("name", "local")
-        doc = {key: spec[key] for key in ("model", "data", "training", "checkpoint",
-                                          "faultTolerance") if key in spec}
-        doc["name"] = name
     try:
+        if doc.get("kind") == KIND:
+            name = (doc.get("metadata") or {}).get("name") or "local"
+            return TrainJobConfig.from_job(PretrainJobSpec.model_validate(doc.get("spec") or {}),
+                                           name)
         return TrainJobConfig.model_validate(doc)
     except ValidationError as err:
         raise ConfigError(f"{path} has {err.error_count()} problem(s):\n{explain(err)}") from None

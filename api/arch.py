@@ -18,16 +18,19 @@ from typing import Literal
 Position = Literal["rope", "learned"]
 
 
+_FINGERPRINT_KEYS = {"layers": "n_layer", "heads": "n_head", "dim": "d_model"}
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     """Architecture fields only; training settings live in the job config."""
 
-    n_layer: int
-    n_head: int
-    d_model: int
+    layers: int
+    heads: int
+    dim: int
     seq_len: int
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 (nanoGPT): faster matmuls
-    d_ff: int = 0  # 0 means 4 * d_model, GPT-2's MLP width
+    d_ff: int = 0  # 0 means 4 * dim, GPT-2's MLP width
     tied_embeddings: bool = True  # GPT-2 ties the input embedding and the output layer
     position: Position = "rope"
     bias: bool = False  # biases in linear layers and LayerNorms (GPT-2 had them; few LLMs do now)
@@ -35,35 +38,41 @@ class GPTConfig:
     qk_norm: bool = False  # normalise queries and keys per head (Wortsman et al. 2023, §3.1)
 
     def __post_init__(self):
-        for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size"):
+        for name in ("layers", "heads", "dim", "seq_len", "vocab_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
+        if self.dim % self.heads:
+            raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
         if self.position == "rope" and self.head_dim % 2:
-            raise ValueError(f"RoPE needs an even head dimension; d_model/n_head = {self.head_dim}")
+            raise ValueError(f"RoPE needs an even head dimension; dim/heads = {self.head_dim}")
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_head
+        return self.dim // self.heads
 
     @property
     def ffn_dim(self) -> int:
-        return self.d_ff or 4 * self.d_model
+        return self.d_ff or 4 * self.dim
 
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def fingerprint(self) -> dict:
+        """What a checkpoint's model hash is computed from. Its keys are frozen (like parameter
+        names, they are part of every committed checkpoint): the fields were once named in
+        nanoGPT's vocabulary, and renaming a field must not orphan the checkpoints made before."""
+        return {_FINGERPRINT_KEYS.get(k, k): v for k, v in asdict(self).items()}
+
 
 PRESETS: dict[str, GPTConfig] = {
     # A few hundred thousand parameters: trains in seconds on CPU, for tests and the demo.
-    "tiny": GPTConfig(n_layer=2, n_head=4, d_model=128, seq_len=128, vocab_size=4096),
+    "tiny": GPTConfig(layers=2, heads=4, dim=128, seq_len=128, vocab_size=4096),
     # GPT-2 small/medium (Radford et al. 2019, Table 2).
-    "gpt2-124m": GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=1024),
-    "gpt2-350m": GPTConfig(n_layer=24, n_head=16, d_model=1024, seq_len=1024),
+    "gpt2-124m": GPTConfig(layers=12, heads=12, dim=768, seq_len=1024),
+    "gpt2-350m": GPTConfig(layers=24, heads=16, dim=1024, seq_len=1024),
     # GPT-3 paper Table 2.1 "Large" (760M) and "XL" (1.3B), at GPT-2's vocabulary.
-    "gpt2-760m": GPTConfig(n_layer=24, n_head=16, d_model=1536, seq_len=1024),
-    "1.3b": GPTConfig(n_layer=24, n_head=16, d_model=2048, seq_len=2048),
+    "gpt2-760m": GPTConfig(layers=24, heads=16, dim=1536, seq_len=1024),
+    "1.3b": GPTConfig(layers=24, heads=16, dim=2048, seq_len=2048),
 }
 
 
@@ -75,12 +84,12 @@ def preset(name: str, **overrides) -> GPTConfig:
 
 # --- counting -----------------------------------------------------------------------------------
 def _norm_params(cfg: GPTConfig) -> int:
-    return 2 * cfg.d_model if cfg.bias else cfg.d_model  # LayerNorm weight (+ bias)
+    return 2 * cfg.dim if cfg.bias else cfg.dim  # LayerNorm weight (+ bias)
 
 
 def block_params(cfg: GPTConfig) -> int:
     """Parameters of one transformer block: two norms, attention, MLP."""
-    d, f = cfg.d_model, cfg.ffn_dim
+    d, f = cfg.dim, cfg.ffn_dim
     attn = 3 * d * d + d * d + (3 * d + d if cfg.bias else 0)  # c_attn (q,k,v) + c_proj
     mlp = d * f + f * d + (f + d if cfg.bias else 0)  # c_fc + c_proj
     qk = 2 * cfg.head_dim if cfg.qk_norm else 0  # one weight vector for q, one for k (no bias)
@@ -89,13 +98,13 @@ def block_params(cfg: GPTConfig) -> int:
 
 def embedding_params(cfg: GPTConfig) -> int:
     """Token embedding (+ learned positions); the output layer when it is not tied."""
-    wpe = cfg.seq_len * cfg.d_model if cfg.position == "learned" else 0
-    lm_head = 0 if cfg.tied_embeddings else cfg.vocab_size * cfg.d_model
-    return cfg.vocab_size * cfg.d_model + wpe + lm_head
+    wpe = cfg.seq_len * cfg.dim if cfg.position == "learned" else 0
+    lm_head = 0 if cfg.tied_embeddings else cfg.vocab_size * cfg.dim
+    return cfg.vocab_size * cfg.dim + wpe + lm_head
 
 
 def param_count(cfg: GPTConfig) -> int:
-    return embedding_params(cfg) + cfg.n_layer * block_params(cfg) + _norm_params(cfg)
+    return embedding_params(cfg) + cfg.layers * block_params(cfg) + _norm_params(cfg)
 
 
 def non_embedding_params(cfg: GPTConfig) -> int:
@@ -113,5 +122,5 @@ def flops_per_token(cfg: GPTConfig, seq_len: int | None = None) -> float:
     for the causal mask, so MFU figures are comparable with theirs.
     """
     t = seq_len or cfg.seq_len
-    n_matmul = cfg.n_layer * block_params(cfg) + cfg.vocab_size * cfg.d_model
-    return 6.0 * n_matmul + 12.0 * cfg.n_layer * cfg.d_model * t
+    n_matmul = cfg.layers * block_params(cfg) + cfg.vocab_size * cfg.dim
+    return 6.0 * n_matmul + 12.0 * cfg.layers * cfg.dim * t
