@@ -18,7 +18,7 @@ DEPS_KEY := $(shell cat pyproject.toml setup.py | sha256sum | cut -c1-12)-$(shel
 STAMP := $(VENV)/.crucible-$(DEPS_KEY)
 PYTEST_ARGS ?=
 
-.PHONY: test demo venv stack stack-down test-data images images-push
+.PHONY: test demo venv stack stack-down test-data images images-push operator-context trainer-context
 
 # Images: tagged with the package version; REGISTRY (e.g. registry.example/team) prefixes them.
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
@@ -60,9 +60,21 @@ test-data:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
+# Each image is built from a context that holds only what it ships, streamed to docker as a tar:
+# the operator's has no trainer code (api/ is the only code both planes share).
+OPERATOR_CONTEXT := pyproject.toml setup.py README.md api operator
+TRAINER_CONTEXT := pyproject.toml setup.py README.md api trainer
+CONTEXT_TAR = tar -c --exclude=__pycache__ --exclude='*.pyc' --exclude='*.egg-info'
+
+operator-context:
+	@$(CONTEXT_TAR) $(OPERATOR_CONTEXT)
+
+trainer-context:
+	@$(CONTEXT_TAR) $(TRAINER_CONTEXT)
+
 images:
-	docker build -f operator/Dockerfile -t $(OPERATOR_IMAGE) .
-	docker build -f trainer/Dockerfile -t $(TRAINER_IMAGE) .
+	$(MAKE) -s operator-context | docker build -f operator/Dockerfile -t $(OPERATOR_IMAGE) -
+	$(MAKE) -s trainer-context | docker build -f trainer/Dockerfile -t $(TRAINER_IMAGE) -
 
 images-push: images
 	docker push $(OPERATOR_IMAGE)

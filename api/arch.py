@@ -1,8 +1,9 @@
 """GPT architecture as data: presets, parameter count and training FLOPs per token.
 
-Torch-free on purpose: the planner, the config reviewer and the operator size models with these
-numbers without importing torch, and `model.py` builds exactly this architecture (a test checks
-that the real module's parameter count equals `param_count`).
+Torch-free on purpose: the planner and the config reviewer size models with these numbers, and
+the spec validates a model's shape (so the operator can) without importing torch;
+`trainer/model.py` builds exactly this architecture (a test checks that the real module's
+parameter count equals `param_count`).
 
 Shapes follow GPT-2 (Radford et al. 2019, nanoGPT's `model.py` naming) and the GPT-3 paper's
 Table 2.1 for the larger sizes; the default block is pre-norm with rotary position embeddings

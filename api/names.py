@@ -1,4 +1,4 @@
-"""Names: the API's group/version/kind, the one rule for a job's name, and every name derived from it.
+"""Names: group/version/kind, the one rule for a job's name, and every name derived from it.
 
 Owns what the operator, the trainer, the CRD and `crucible plan --emit-job` must spell the same
 way: the resource's identity, the rule a PretrainJob's name follows (the CRD enforces it at

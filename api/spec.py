@@ -129,7 +129,8 @@ class ModelSpec(Spec):
                                json_schema_extra={"enum": sorted(arch.PRESETS)})
     layers: int | None = Field(None, ge=1, le=256, description="Transformer blocks.")
     heads: int | None = Field(None, ge=1, le=256, description="Attention heads per block.")
-    dim: int | None = Field(None, ge=8, le=65536, description="Model width (d_model in the GPT papers).")
+    dim: int | None = Field(None, ge=8, le=65536,
+                            description="Model width (d_model in the GPT papers).")
     seq_len: int | None = Field(None, ge=8, le=1 << 20, description="Context length in tokens.")
     vocab_size: int | None = Field(None, ge=2, le=1 << 22, description="Embedding rows; must be "
                                    ">= the tokenizer's vocabulary (pad to a multiple of 64).")
@@ -293,15 +294,17 @@ class SpikeGuardSpec(Spec):
 class FaultToleranceSpec(Spec):
     """What the operator does when pods, nodes or the training itself fail (docs/operator.md)."""
 
-    max_restarts: Annotated[int, OPERATOR_ONLY] = Field(20, ge=0, description="Application failures tolerated before the "
-                              "job fails; infrastructure failures do not count.")
-    cordon_failed_nodes: Annotated[bool, OPERATOR_ONLY] = Field(True, description="Cordon and annotate nodes that failed.")
-    hang_timeout_seconds: Annotated[int, OPERATOR_ONLY] = Field(600, ge=30, description="Restart when the progress Lease "
-                                      "has not advanced for this long.")
+    max_restarts: Annotated[int, OPERATOR_ONLY] = Field(
+        20, ge=0, description="Application failures tolerated before the job fails; "
+        "infrastructure failures do not count.")
+    cordon_failed_nodes: Annotated[bool, OPERATOR_ONLY] = Field(
+        True, description="Cordon and annotate nodes that failed.")
+    hang_timeout_seconds: Annotated[int, OPERATOR_ONLY] = Field(
+        600, ge=30, description="Restart when the progress Lease has not advanced for this long.")
     spike_guard: SpikeGuardSpec = Field(default_factory=SpikeGuardSpec,
                                         description="Loss-spike and divergence detection.")
-    # Fields the operator reads (issue 6). Exit codes follow Kubeflow's ExitCode policy: 1-127
-    # come from the program (application), 128+n means killed by signal n (infrastructure).
+    # Exit codes follow Kubeflow's ExitCode policy: 1-127 come from the program (application),
+    # 128+n means killed by signal n (infrastructure).
     retryable_exit_codes: Annotated[list[int], OPERATOR_ONLY] = Field(
         default_factory=list, max_length=64,
         json_schema_extra={"items": {"type": "integer", "minimum": 1, "maximum": 255},
@@ -432,14 +435,14 @@ class PretrainJobSpec(Spec):
     training: TrainingSpec
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     fault_tolerance: FaultToleranceSpec = Field(default_factory=FaultToleranceSpec)
-    suspend: Annotated[bool, OPERATOR_ONLY] = Field(False, description="Delete the pods but keep the job and checkpoints.")
-    # Fields the operator reads (issue 6).
+    suspend: Annotated[bool, OPERATOR_ONLY] = Field(
+        False, description="Delete the pods but keep the job and checkpoints.")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec,
                                        description="Node selector, tolerations and priority of "
                                        "the worker pods.")
-    ttl_seconds_after_finished: Annotated[int | None, OPERATOR_ONLY] = Field(None, ge=0, description="Delete the job (and "
-                                                   "everything it owns) this long after it "
-                                                   "Succeeded or Failed; unset: keep it.")
+    ttl_seconds_after_finished: Annotated[int | None, OPERATOR_ONLY] = Field(
+        None, ge=0, description="Delete the job (and everything it owns) this long after it "
+        "Succeeded or Failed; unset: keep it.")
     termination_grace_period_seconds: int = Field(60, ge=0, le=3600, description="SIGTERM to "
                                                   "SIGKILL, for pods the operator deletes (time "
                                                   "for the trainer to finish a checkpoint).")

@@ -16,9 +16,9 @@ and measures:
     every pod that was on it Running on another node, against the goal nodeFailureGraceSeconds
     + 15 s.
 
-Goals from issue 6: all Running <= 60 s, reconcile p99 <= 2 s, RSS <= 300 MB. Results go to
-bench/results/operator_scale.json. Every wait has a deadline; the node is revived and the stack
-stopped (unless --keep-stack) whatever happens.
+Goals (docs/operator.md, "Scale"): all Running <= 60 s, reconcile p99 <= 2 s, RSS <= 300 MB.
+Results go to bench/results/operator_scale.json. Every wait has a deadline; the node is revived
+and the stack stopped (unless --keep-stack) whatever happens.
 """
 
 from __future__ import annotations

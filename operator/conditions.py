@@ -27,7 +27,8 @@ def set_condition(conditions: list[dict], type_: str, status: bool | None, reaso
     """A new list with `type_` set; status None means Unknown."""
     value = "Unknown" if status is None else ("True" if status else "False")
     old = next((c for c in conditions if c.get("type") == type_), None)
-    since = old.get("lastTransitionTime") if old and old.get("status") == value else format_time(now)
+    unchanged = old and old.get("status") == value
+    since = old.get("lastTransitionTime") if unchanged else format_time(now)
     new = {"type": type_, "status": value, "reason": reason, "message": message[:1024],
            "lastTransitionTime": since, "observedGeneration": generation}
     rest = [c for c in conditions if c.get("type") != type_]

@@ -15,7 +15,9 @@ it and a unit test checks every field it writes is declared. The generated YAML 
 `manifests/crd/pretrainjobs.crucible.dev.yaml`; a test fails when it differs from `render()`
 (regenerate with `crucible-operator crd > manifests/crd/pretrainjobs.crucible.dev.yaml`).
 
-Must not import kopf or kubernetes: the trainer image and the chart build use it too.
+Must not import kopf or kubernetes: `crucible-operator crd` renders it without the operator's
+runtime (main.py imports kopf only for `run`), and so do the tests that compare it with the
+committed YAML (charts/crucible/crds/ links to the same file).
 """
 
 from __future__ import annotations
@@ -227,8 +229,9 @@ def crd() -> dict:
             "apiVersion": {"type": "string"}, "kind": {"type": "string"},
             "metadata": {"type": "object", "properties": {"name": {
                 "type": "string", "maxLength": MAX_JOB_NAME_LENGTH, "pattern": JOB_NAME_PATTERN,
-                "description": f"A DNS-1035 label of at most {MAX_JOB_NAME_LENGTH} characters: pods "
-                               "are named <name>-<generation>-<index>, a hostname of <= 63."}}},
+                "description": f"A DNS-1035 label of at most {MAX_JOB_NAME_LENGTH} characters: "
+                               "pods are named <name>-<generation>-<index>, a hostname of <= 63."
+            }}},
             "spec": spec_schema(),
             "status": status_schema(),
         },

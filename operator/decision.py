@@ -1,10 +1,10 @@
-"""decide(job, observed, now) -> Plan: the whole reconcile policy as one pure function.
+"""decide(job, observed, now) -> Outcome: the whole reconcile policy as one pure function.
 
-Owns what the operator does, never how: no I/O, no clock, no randomness (STYLE.md house rule 1;
-JobSet's `Reconcile` is the model, STYLE.md section 5). A pass rebuilds everything from the job
-(spec + status), the indexes and the Lease (level-triggered); what must outlive the process lives
-in `status` (counters, `podGeneration`) and `status.tracking` (failures already handled, goodput
-accumulators), never in memory.
+Owns what the operator does, never how: no I/O, no clock, no randomness (the model is JobSet's
+`Reconcile`, pkg/controllers/jobset_controller.go in kubernetes-sigs/jobset). A pass rebuilds
+everything from the job (spec + status), the indexes and the Lease (level-triggered); what must
+outlive the process lives in `status` (counters, `podGeneration`) and `status.tracking` (failures
+already handled, goodput accumulators), never in memory.
 
 A whole-group restart is a counter, as in JobSet: the pass that decides it only bumps
 `status.podGeneration` (and the counters), with no pod actions; the status patch is the commit
@@ -42,27 +42,27 @@ from crucible.operator import failure_policy as policy
 from crucible.operator import manifests as m
 from crucible.operator import progress
 from crucible.operator.observed import JobView, Observed, PodView
-from crucible.operator.plan import (FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, SUSPENDED,
-                                    TERMINAL, Action, Event, Pass, Plan)
+from crucible.operator.outcome import (FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, SUSPENDED,
+                                       TERMINAL, Action, Event, Outcome, Pass)
 
-__all__ = ["decide", "Plan", "Action", "Event", "PENDING", "RUNNING", "RESTARTING", "SUSPENDED",
+__all__ = ["decide", "Outcome", "Action", "Event", "PENDING", "RUNNING", "RESTARTING", "SUSPENDED",
            "SUCCEEDED", "FAILED"]
 
 
 # --- the pass -------------------------------------------------------------------------------------
-def decide(job: JobView, obs: Observed, now: dt.datetime) -> Plan:
+def decide(job: JobView, obs: Observed, now: dt.datetime) -> Outcome:
     p = Pass(job, obs, now)
     if job.deleting:
-        return Plan(status=dict(job.status))  # kopf stops us; garbage collection does the rest
+        return Outcome(status=dict(job.status))  # kopf stops us; garbage collection does the rest
     try:
         p.spec = PretrainJobSpec.model_validate(job.spec)
     except ValidationError as err:
         if p.phase not in TERMINAL:
             p.fail("InvalidSpec", explain(err).replace("\n", "; "))
-        return p.plan()
+        return p.outcome()
     if p.phase in TERMINAL:
         _finished(p)
-        return p.plan()
+        return p.outcome()
     _ensure_children(p)
     if p.spec.suspend:
         _suspend(p)
@@ -70,7 +70,7 @@ def decide(job: JobView, obs: Observed, now: dt.datetime) -> Plan:
         _resume(p)
     else:
         _run(p)
-    return p.plan()
+    return p.outcome()
 
 
 def _run(p: Pass):

@@ -16,7 +16,7 @@ from crucible.operator import failures as f
 from crucible.operator import manifests as m
 from crucible.operator import progress
 from crucible.operator.observed import PodView
-from crucible.operator.plan import RUNNING, Pass
+from crucible.operator.outcome import RUNNING, Pass
 
 MAX_BAD_NODES = 32     # anti-affinity list per job; older entries drop off
 

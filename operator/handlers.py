@@ -1,7 +1,7 @@
 """kopf wiring: indexes that observe, one daemon per PretrainJob that reconciles.
 
 Owns the event-driven shell around the pure core, following kopf's own advice on real
-reconciliation (docs/reconciliation.rst, examples/16-indexing; STYLE.md section 4): children and
+reconciliation (kopf's docs/reconciliation.rst and examples/16-indexing): children and
 nodes live in `@kopf.index`es fed by one watch per kind (filtered server-side by label), and a
 per-job daemon runs passes: snapshot the indexes and the Lease (in the event loop, so the view is
 consistent) -> `decide` -> apply -> one status patch -> events (in a thread pool, because the
@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import datetime as dt
+import enum
 import functools
 import logging
 import os
@@ -36,8 +37,10 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from crucible.operator import crd, manifests as m, metrics
-from crucible.operator.decision import Event, decide
+from crucible.operator import crd
+from crucible.operator import manifests as m
+from crucible.operator import metrics
+from crucible.operator.decision import Event, Outcome, decide
 from crucible.operator.kube import Applied, Kube
 from crucible.operator.observed import (ChildView, JobView, Observed, job_view, lease_view,
                                         node_view, pod_view)
@@ -46,6 +49,8 @@ FINALIZER = "crucible.dev/operator"   # kopf's: stops the daemon before the job 
 WRITES = "writes"                     # status.tracking.writes: the fence counter
 FENCE_WAIT_S = 10.0                   # then read the job from the API instead of the watch
 FAN_OUT = 8                           # concurrent API calls within one pass (kube.Kube.apply)
+RETRY_S = 2.0                         # after a failed or partly refused pass
+DUE_SLACK_S = 0.05                    # run a due pass just after its time, never just before
 
 
 @dataclass(frozen=True)
@@ -223,20 +228,59 @@ def _comparable(status: dict) -> dict:
     return out
 
 
-def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime, queued: float):
+class After(enum.Enum):
+    """Why the daemon waits as long as it does before its next pass."""
+
+    STALE = "stale"      # the job body predates our own last status write: wait for the watch
+    RETRY = "retry"      # the API failed, or refused something for now
+    NOW = "now"          # the pass decided something status-only: run the next one at once
+    DUE = "due"          # a time-based decision falls due (a grace period, the hang timeout)
+    RESYNC = "resync"    # nothing pending: the periodic resync
+
+
+@dataclass(frozen=True)
+class NextPass:
+    after: After
+    delay_s: float
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """What one pass did: the decision, what the API made of it, the status write's fence
+    count (None when the status did not change) and the events posted."""
+
+    outcome: Outcome
+    applied: Applied
+    written: int | None
+    events: tuple[Event, ...]
+
+
+def next_pass(outcome: Outcome, applied: Applied, interval_s: float) -> NextPass:
+    """When to run again after a pass that went through (pure)."""
+    if applied.transient:
+        return NextPass(After.RETRY, RETRY_S)
+    if outcome.requeue:
+        return NextPass(After.NOW, 0.0)
+    if outcome.wake_in_s is not None and outcome.wake_in_s + DUE_SLACK_S < interval_s:
+        return NextPass(After.DUE, outcome.wake_in_s + DUE_SLACK_S)
+    return NextPass(After.RESYNC, interval_s)
+
+
+def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime,
+             queued: float) -> PassResult:
     """decide -> apply -> status -> events (runs in a worker thread)."""
     started = time.perf_counter()
     metrics.RECONCILE_QUEUE_SECONDS.observe(started - queued)
-    plan = decide(job, obs, now)
-    applied = kube.apply(job, plan)
+    outcome = decide(job, obs, now)
+    applied = kube.apply(job, outcome)
     written = None
-    if _comparable(plan.status) != _comparable(job.status):
-        status = dict(plan.status)
+    if _comparable(outcome.status) != _comparable(job.status):
+        status = dict(outcome.status)
         writes = int((job.status.get("tracking") or {}).get(WRITES, 0)) + 1
         status["tracking"] = {**status.get("tracking", {}), WRITES: writes}
         kube.patch_status(job, status)
         written = writes
-    events = list(plan.events)
+    events = list(outcome.events)
     if applied.created_pods:
         names = ", ".join(applied.created_pods)
         events.append(Event("Normal", "Created", f"created pod(s) {names}"))
@@ -246,54 +290,49 @@ def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime, queued: 
     # people, and waiting for it would only delay the next pass.
     kube.events.submit(kube.post_events, job, events)
     metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
-    return plan, applied, written, events, []
+    return PassResult(outcome, applied, written, tuple(events))
 
 
-def _log(logger, applied: Applied, events: list[Event], problems: list[str]):
+def _log(logger, applied: Applied, events: tuple[Event, ...]):
     # kopf's object logger prefixes each line with [namespace/name].
     for event in events:
         (logger.warning if event.type == "Warning" else logger.info)(
             f"{event.reason}: {event.message}")
     for line in applied.rejected:
         logger.error(f"the API refused: {line}")
-    for line in applied.transient + problems:
+    for line in applied.transient:
         logger.warning(f"will retry: {line}")
 
 
-async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -> float:
-    """Run one pass; returns the seconds until the next one should run (-1: body too old)."""
+async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -> NextPass:
+    """Run one pass; says when the next one should run."""
     cfg: OperatorConfig = memo.config
     job = job_view(job_body)
     fence = memo.fences.get(job.uid, 0)
     if fenced and int((job.status.get("tracking") or {}).get(WRITES, 0)) < fence:
-        return -1.0  # the watch has not delivered our last status write yet
+        return NextPass(After.STALE, 0.1)
     obs = snapshot(key, indexes)
     now = dt.datetime.now(dt.timezone.utc)
     loop = asyncio.get_running_loop()
     try:
-        plan, applied, written, events, problems = await loop.run_in_executor(
+        result: PassResult = await loop.run_in_executor(
             memo.executor, _execute, memo.kube, job, obs, now, time.perf_counter())
     except (ApiException, OSError) as err:
         metrics.RECONCILES.labels("error").inc()
         logger.warning(f"pass failed, retrying: {getattr(err, 'status', '')} "
                        f"{getattr(err, 'reason', err)}")
-        return 2.0
-    if written is not None:
-        memo.fences[job.uid] = written
-    memo.phases[job.uid] = plan.status.get("phase", "Pending")
-    memo.jobs[job.uid] = metrics.JobRecord(job.namespace, job.name, plan.status,
+        return NextPass(After.RETRY, RETRY_S)
+    outcome, applied = result.outcome, result.applied
+    if result.written is not None:
+        memo.fences[job.uid] = result.written
+    memo.phases[job.uid] = outcome.status.get("phase", "Pending")
+    memo.jobs[job.uid] = metrics.JobRecord(job.namespace, job.name, outcome.status,
                                            metrics.checkpoint_interval_s(job.spec))
-    for failure in plan.restarts:
+    for failure in outcome.restarts:
         metrics.RESTARTS.labels(failure.cause, failure.kind).inc()
-    _log(logger, applied, events, problems)
+    _log(logger, applied, result.events)
     metrics.RECONCILES.labels("error" if applied.transient else "ok").inc()
-    if applied.transient:
-        return 2.0
-    if plan.requeue:
-        return 0.0
-    if plan.wake_in_s is not None:
-        return min(cfg.interval_s, plan.wake_in_s + 0.05)
-    return cfg.interval_s
+    return next_pass(outcome, applied, cfg.interval_s)
 
 
 async def _sleep(wake: asyncio.Event, stopped, timeout: float) -> None:
@@ -317,21 +356,21 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
     try:
         while not stopped:
             wake.clear()
-            delay = await _one_pass(key, body, memo, indexes, logger)
-            if delay < 0:  # fenced: wait for the watch; if it lags too long, read the job
+            nxt = await _one_pass(key, body, memo, indexes, logger)
+            if nxt.after is After.STALE:  # wait for the watch; if it lags too long, read the job
                 fenced_since = fenced_since or time.monotonic()
                 if time.monotonic() - fenced_since < FENCE_WAIT_S:
-                    await _sleep(wake, stopped, 0.1)
+                    await _sleep(wake, stopped, nxt.delay_s)
                     continue
                 logger.warning("the watch lags our own status write; reading the job instead")
                 fresh = await loop.run_in_executor(memo.executor, memo.kube.read_job,
                                                    namespace, name)
                 if fresh is None:
                     break
-                delay = await _one_pass(key, fresh, memo, indexes, logger, fenced=False)
+                nxt = await _one_pass(key, fresh, memo, indexes, logger, fenced=False)
             fenced_since = None
-            if delay > 0:
-                await _sleep(wake, stopped, delay)
+            if nxt.delay_s > 0:
+                await _sleep(wake, stopped, nxt.delay_s)
                 if wake.is_set() and not stopped:
                     await asyncio.sleep(memo.config.debounce_s)  # let a burst of events land
     finally:

@@ -1,11 +1,12 @@
-"""The one adapter between a `Plan` and the Kubernetes API (official `kubernetes` client).
+"""The one adapter between an `Outcome` and the Kubernetes API (official `kubernetes` client).
 
-Owns how each action is carried out and which API answers mean "already done": creating what
-exists (409) and deleting what is gone (404) succeed, so every action can be replayed after a
-crash. Then the pass's single status patch, and only after it lands, the events (JobSet's
-`statusUpdateOpts` discipline, STYLE.md section 5). Failures are classified, never swallowed:
-a refused or invalid request (4xx) is `Rejected` (a spec or RBAC problem that retrying will not
-fix, reported as a Warning event); anything else is `Transient` (the caller retries the pass).
+Owns how each action is carried out and which API answers mean "already done": creating what exists
+(409) and deleting what is gone (404) succeed, so every action can be replayed after a crash. Then
+the pass's single status patch, and only after it lands, the events (the `statusUpdateOpts`
+discipline of kubernetes-sigs/jobset, pkg/controllers/jobset_controller.go). Failures are
+classified, never swallowed: a refused or invalid request (4xx) is `Rejected` (a spec or RBAC
+problem that retrying will not fix, reported as a Warning event); anything else is `Transient` (the
+caller retries the pass).
 
 Blocking calls: the handlers run these in a thread pool, never on the event loop.
 """
@@ -23,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from crucible.api.progress import format_time
 from crucible.operator import crd, metrics
-from crucible.operator.decision import Action, Event, Plan
+from crucible.operator.decision import Action, Event, Outcome
 from crucible.operator.observed import JobView
 
 COMPONENT = "crucible-operator"
@@ -91,15 +92,15 @@ class Kube:
             metrics.POD_OPERATIONS.labels(verb).inc()
         return True
 
-    def apply(self, job: JobView, plan: Plan) -> Applied:
+    def apply(self, job: JobView, outcome: Outcome) -> Applied:
         """Carry out the actions, independent ones concurrently, in two waves: first all but
         RoleBindings and pods; then those, because the apiserver's escalation check reads the
         Role a binding names, and pod admission needs the ServiceAccount to exist (a pod waits
         for its ConfigMap on its own). A large job's start or restart is two round trips."""
         out = Applied()
         later = ("RoleBinding", "Pod")
-        waves = [[a for a in plan.actions if a.kind not in later],
-                 [a for a in plan.actions if a.kind in later]]
+        waves = [[a for a in outcome.actions if a.kind not in later],
+                 [a for a in outcome.actions if a.kind in later]]
         for batch in waves:
             if not batch:
                 continue

@@ -9,8 +9,9 @@ import. A namespace portion never wins over a real module, so the stdlib stays r
   crucible-operator crd                    the CRD YAML (manifests/crd/)
   crucible-operator rbac                   the operator's RBAC YAML (manifests/rbac/)
 
-Run exactly one replica (Deployment strategy Recreate): kopf's peering is pausing, not leader
-election (research/operator.md section 5), so the operator runs `--standalone`.
+Run exactly one replica (Deployment strategy Recreate): kopf's peering only pauses the
+lower-priority operators, it elects no leader (kopf's docs, "Peering"; docs/operator.md, "How it
+runs"), so the operator runs `--standalone`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The operator's own Prometheus metrics (kopf exports none: research/operator.md section 5).
+"""The operator's own Prometheus metrics (kopf exports none; docs/operator.md lists them).
 
 Owns the metric names and labels; `handlers.py` and `kube.py` record into them. Names follow
 Kubeflow's `training_operator_jobs_restarted_total` style with our prefix, and carry units

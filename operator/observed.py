@@ -1,9 +1,10 @@
 """The operator's view of the world: small frozen records built from raw API objects.
 
 Owns the parsing of pods, nodes, the progress Lease and the job itself into just the fields the
-decision needs (JobSet builds one `childJobs` snapshot per pass in the same spirit, STYLE.md
-section 5). The kopf indexes in `handlers.py` store these records, so a pass reads memory, not
-the API. Pure: no clock, no I/O; timestamps are parsed, never compared with "now" here.
+decision needs (JobSet builds one `childJobs` snapshot per pass in the same spirit,
+kubernetes-sigs/jobset pkg/controllers/jobset_controller.go). The kopf indexes in
+`handlers.py` store these records, so a pass reads memory, not the API. Pure: no clock, no
+I/O; timestamps are parsed, never compared with "now" here.
 """
 
 from __future__ import annotations

@@ -3,15 +3,15 @@
 Owns three pure computations over `ProgressReport` and the job's status:
 
 - `report`: step, tokensSeen, loss, worldSize, lastProgressTime and lastCheckpoint for status;
-- goodput, "the share of wall time that produced kept progress" (DESIGN.md). Time counts as
-  productive when the step counter advanced across it: between two Lease readings with steps
-  s1 < s2 at step-times t1 < t2, the t2 - t1 seconds were spent on kept work. When the group
-  restarts, the steps after the last committed checkpoint are lost (the trainer resumes from the
-  checkpoint, DESIGN.md "Resume"), so their share of productive time is taken back. Wall time runs
-  from the job's start, minus time spent suspended by request. The accumulators live in
-  `status.tracking.goodput` so an operator restart loses nothing. This is the goodput notion of
-  Google's ML Goodput ("productive training time / total time") with lost-work subtraction, as
-  the AI-Hypercomputer/resiliency goodput calculator does (research/operator.md, gap 7);
+- goodput, the share of wall time that produced kept progress (docs/operator.md, "Status").
+  Time counts as productive when the step counter advanced across it: between two Lease readings
+  with steps s1 < s2 at step-times t1 < t2, the t2 - t1 seconds were spent on kept work. When the
+  group restarts, the steps after the last committed checkpoint are lost (the trainer resumes from
+  the checkpoint, docs/checkpoints.md "Loading"), so their share of productive time is taken
+  back. Wall time runs from the job's start, minus time spent suspended by request. The
+  accumulators live in `status.tracking.goodput` so an operator restart loses nothing. This is
+  the goodput notion of Google's ML Goodput ("productive training time / total time") with
+  lost-work subtraction, as the AI-Hypercomputer/resiliency goodput calculator does;
 - `hang_since`: the moment the hang clock started: the newer of the last step-time and the last
   disruption or (re)start. Hang detection reads `step-time`, never `renewTime`: the trainer's
   renewal thread keeps running while the training loop is stuck (trainer/lease.py).

@@ -1,9 +1,10 @@
 """Least-privilege RBAC for the operator, generated as YAML for `manifests/rbac/`.
 
 Owns the operator's permissions, each rule with the reason it exists (JobSet keeps its RBAC
-markers beside `Reconcile` for the same reason, STYLE.md section 5). The trainer pods' rights are
-not here: the operator renders them per job (`manifests.role`), a Role that may only get and patch
-that job's own progress Lease. To grant that, Kubernetes' escalation check requires the operator
+markers beside `Reconcile` for the same reason, kubernetes-sigs/jobset
+pkg/controllers/jobset_controller.go). The trainer pods' rights are not here: the operator
+renders them per job (`manifests.role`), a Role that may only get and patch that job's own
+progress Lease. To grant that, Kubernetes' escalation check requires the operator
 to hold get/patch on Leases itself, which it does.
 
 tests/operator/test_rbac.py checks the committed YAML equals `render()` and exercises both

@@ -4,6 +4,12 @@ They come from the local stack (`e2e/stack.sh up`, idempotent: a no-op when it i
 healthy) unless CRUCIBLE_STACK_ENV names the env file of another stack, e.g. a kind cluster's
 (see e2e/kind/). A service that cannot be started fails the test that needs it, with the stack's
 own one-line reason; nothing is skipped.
+
+`corpus`, shared by the trainer, guard and ship tests, is a small real-text corpus tokenized once
+per session: Python's own documentation (the `pydoc_data.topics` module that ships with every
+CPython: ~460 kB of reference prose and examples written by the Python documentation authors),
+so it is present on every machine without a download (tests/support/training.py runs training
+on it).
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.services import Kube, Prometheus, S3, read_env_file
+from tests.support.text import pydoc_docs
+from tests.support.training import VOCAB, Corpus
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,3 +61,15 @@ def s3(stack_env) -> S3:
 @pytest.fixture(scope="session")
 def prometheus(stack_env) -> Prometheus:
     return Prometheus.from_env(stack_env)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Corpus:
+    from crucible.trainer.tokenizer.bpe import train_bpe
+    from crucible.trainer.tokenizer.encode import encode_to_shards
+
+    root = tmp_path_factory.mktemp("corpus")
+    docs = pydoc_docs()
+    tok = train_bpe(docs, VOCAB, root / "tokenizer.json")
+    encode_to_shards(tok, docs, root / "shards", val_fraction=0.1, seed=0)
+    return Corpus(tok, root / "shards" / "train", root / "shards" / "val", VOCAB)

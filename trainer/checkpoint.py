@@ -1,6 +1,6 @@
 """Sharded checkpoints (DCP) on local disk or S3, committed by a manifest written last.
 
-Layout under `checkpoint.uri` (DESIGN.md, "Checkpoint layout"):
+Layout under `checkpoint.uri` (docs/checkpoints.md, "Layout and the commit protocol"):
   step_<N>/__<rank>_0.distcp   one DCP shard per rank      (torch.distributed.checkpoint)
   step_<N>/.metadata           DCP's global index           (written by rank 0)
   step_<N>/rank_<r>.json       rank r's files, sizes and xxh3-128 checksums, after its upload

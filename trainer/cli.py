@@ -1,8 +1,9 @@
 """The `crucible` command: one entry point for what people and workload pods run.
 
-Each subcommand lives in its own module and is registered in COMMANDS as (name, module path).
-Those modules expose `add_arguments(parser)` and `run(args) -> int` and must not import torch at
-import time, so `crucible --help` stays fast and works where torch is not installed.
+Each subcommand is registered in COMMANDS and lives in the module of the same name under
+`crucible.trainer.commands`. Those modules expose `add_arguments(parser)` and `run(args) -> int`
+and must not import torch at import time, so `crucible --help` stays fast and works where torch
+is not installed.
 
 User errors (bad config, missing file, missing credentials) are raised as `UserError` and printed
 as one line with a hint, never as a traceback.
@@ -14,26 +15,28 @@ import argparse
 import importlib
 import sys
 
+from crucible.api.launch import EXIT_USER_ERROR
 from crucible.trainer import __version__
 
-# (subcommand, module under crucible.trainer, one-line help). Grows as capabilities land.
-COMMANDS: list[tuple[str, str, str]] = [
-    ("train", "train", "Train a GPT from random init (run under torchrun for several processes)."),
-    ("eval", "eval_cmd", "Score a committed checkpoint on held-out text (loss, bits per byte)."),
-    ("diagnose", "diagnose", "Replay the stability guard over a run's loss/grad-norm history "
-     "(JSONL or CSV): verdicts with reasons, and a PNG."),
-    ("demo", "demo", "The whole path on this machine in a few minutes: corpus, tokenizer, FSDP "
-     "training on 2 CPU processes, evaluation."),
-    ("plan", "plan.cli_plan", "Compute-optimal budget, memory, parallelism, checkpoint interval "
-     "and cost; --emit-job prints a PretrainJob."),
-    ("review", "plan.cli_review", "Review a PretrainJob, torchtitan or nanoGPT config stage by "
-     "stage; exits 1 on errors."),
-    ("decide", "plan.cli_decide", "Pretrain, continue pretraining or fine-tune: costs side by "
-     "side, a recommendation and what would flip it."),
-    ("corpus", "corpus.command", "Build a filtered, deduplicated, mixed text corpus from raw "
-     "sources, with a report of every removal."),
-    ("tokenizer", "tokenizer.command", "Train a tokenizer (BPE or SentencePiece), sweep "
-     "vocabulary sizes with a recommendation, encode a corpus into training shards."),
+# (subcommand, one-line help); the command's module is crucible.trainer.commands.<subcommand>.
+# Grows as capabilities land.
+COMMANDS: list[tuple[str, str]] = [
+    ("train", "Train a GPT from random init (run under torchrun for several processes)."),
+    ("eval", "Score a committed checkpoint on held-out text (loss, bits per byte)."),
+    ("diagnose", "Replay the stability guard over a run's loss/grad-norm history (JSONL or CSV): "
+     "verdicts with reasons, and a PNG."),
+    ("demo", "The whole path on this machine in a few minutes: corpus, tokenizer, FSDP training "
+     "on 2 CPU processes, evaluation."),
+    ("plan", "Compute-optimal budget, memory, parallelism, checkpoint interval and cost; "
+     "--emit-job prints a PretrainJob."),
+    ("review", "Review a PretrainJob, torchtitan or nanoGPT config stage by stage; exits 1 on "
+     "errors."),
+    ("decide", "Pretrain, continue pretraining or fine-tune: costs side by side, a recommendation "
+     "and what would flip it."),
+    ("corpus", "Build a filtered, deduplicated, mixed text corpus from raw sources, with a report "
+     "of every removal."),
+    ("tokenizer", "Train a tokenizer (BPE or SentencePiece), sweep vocabulary sizes with a "
+     "recommendation, encode a corpus into training shards."),
 ]
 
 
@@ -53,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"crucible {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module_path, help_text in COMMANDS:
-        module = importlib.import_module(f"crucible.trainer.{module_path}")
+    for name, help_text in COMMANDS:
+        module = importlib.import_module(f"crucible.trainer.commands.{name}")
         command = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(command)
         command.set_defaults(_run=module.run)
@@ -66,14 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
-        return 2
+        return EXIT_USER_ERROR
     try:
         return int(args._run(args) or 0)
     except UserError as err:
         print(f"crucible {args.command}: error: {err}", file=sys.stderr)
         if err.hint:
             print(f"  hint: {err.hint}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print(f"crucible {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -1,15 +1,17 @@
 """The training loop: from a validated job config to a trained, evaluated, checkpointed model.
 
-Reads like torchtitan's `train.py` in outline. `Run.setup` derives the run plan (printed at
-start, as nanoGPT prints tokens per iteration), builds the sharded model, optimizer and data
-sampler, proves checkpoint storage works and resumes from the newest committed checkpoint.
-`Run.step` is one optimizer step: LR from the pure schedule, gradient accumulation (FSDP
-gradient sync only on the last micro-step), clip, update. After each step one small all-reduce
-carries what every rank must agree on: the loss, and rank 0's "save now" (time-based saving
-would otherwise diverge between ranks). Everything a restart needs is a `Stateful` part of
-`AppState` (model, optimizer, LR scale, sampler, `TrainState`, the stability guard). The
-guard's actions (skip, rollback) stay here beside the step they act on, which puts the module a
-little over the house's ~400 lines.
+Reads like torchtitan's `train.py` in outline. `Run.__init__` derives the run's shape (its
+batch arithmetic, printed at start as nanoGPT prints tokens per iteration), builds the sharded
+model, optimizer and data sampler, proves checkpoint storage works and resumes from the newest
+committed checkpoint. One optimizer step (`_loop`, with `Run.forward_backward` and
+`Run.apply_update`): LR from the pure schedule, gradient accumulation (FSDP gradient sync only
+on the last micro-step), clip, update. After each step one small all-reduce carries what every
+rank must agree on: the loss, and rank 0's "save now" (time-based saving would otherwise
+diverge between ranks). Each step's numbers are one `StepMetrics` record, built in `_loop`,
+that the exporter, the JSONL file, the log line, the progress bar and the progress Lease all
+read. Everything a restart needs is a `Stateful` part of `AppState` (model, optimizer, LR
+scale, sampler, `TrainState`, the stability guard). The guard's actions (skip, rollback) stay
+here beside the step they act on, which puts the module a little over ~400 lines.
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ from crucible.trainer.evaluate import EvalResult, evaluate
 from crucible.trainer.faults import Faults
 from crucible.trainer.guard import Guard, Verdict
 from crucible.trainer.lease import progress_lease
-from crucible.trainer.metrics import Metrics, device_peak_flops
+from crucible.trainer.metrics import Metrics, StepMetrics, device_peak_flops
 
 
-class PlanError(ValueError):
+class BatchError(ValueError):
     """The batch arithmetic does not work out for this world size."""
 
 
@@ -44,8 +46,9 @@ class GuardAbort(RuntimeError):
 
 
 @dataclass(frozen=True)
-class RunPlan:
-    """Quantities derived from the config and the world size, logged at start."""
+class RunShape:
+    """A run's batch arithmetic and size, derived from the config and the world size and
+    logged at start."""
 
     world_size: int
     seq_len: int
@@ -58,24 +61,25 @@ class RunPlan:
     params: int
 
 
-def plan_run(cfg: TrainJobConfig, world_size: int) -> RunPlan:
+def run_shape(cfg: TrainJobConfig, world_size: int) -> RunShape:
     model_cfg = cfg.model.to_arch()
     t = cfg.training
     T = model_cfg.seq_len
     if t.global_batch_tokens % T:
-        raise PlanError(f"training.globalBatchTokens ({t.global_batch_tokens}) must be a multiple "
-                        f"of model.seqLen ({T})")
+        raise BatchError(f"training.globalBatchTokens ({t.global_batch_tokens}) must be a multiple "
+                         f"of model.seqLen ({T})")
     seqs = t.global_batch_tokens // T
     per_step = t.micro_batch * world_size
     if seqs % per_step:
-        raise PlanError(f"training.globalBatchTokens is {seqs} sequences, which {world_size} "
-                        f"ranks x microBatch {t.micro_batch} do not divide; choose a global batch "
-                        f"that is a multiple of {per_step * T} tokens, or another microBatch")
-    return RunPlan(world_size=world_size, seq_len=T, micro_batch=t.micro_batch,
-                   accum_steps=seqs // per_step, global_batch_seqs=seqs,
-                   tokens_per_step=t.global_batch_tokens,
-                   total_steps=max(1, math.ceil(t.tokens / t.global_batch_tokens)),
-                   flops_per_token=arch.flops_per_token(model_cfg), params=arch.param_count(model_cfg))
+        raise BatchError(f"training.globalBatchTokens is {seqs} sequences, which {world_size} "
+                         f"ranks x microBatch {t.micro_batch} do not divide; choose a global batch "
+                         f"that is a multiple of {per_step * T} tokens, or another microBatch")
+    return RunShape(world_size=world_size, seq_len=T, micro_batch=t.micro_batch,
+                    accum_steps=seqs // per_step, global_batch_seqs=seqs,
+                    tokens_per_step=t.global_batch_tokens,
+                    total_steps=max(1, math.ceil(t.tokens / t.global_batch_tokens)),
+                    flops_per_token=arch.flops_per_token(model_cfg),
+                    params=arch.param_count(model_cfg))
 
 
 @dataclass
@@ -111,10 +115,11 @@ class RunSummary:
         return d
 
 
-def _format_line(step: int, total: int, loss: float, lr: float, grad: float, tps: float,
-                 mfu: float, step_s: float) -> str:
-    return (f"step {step:>6}/{total} | loss {loss:.4f} | lr {lr:.2e} | grad {grad:.3f} | "
-            f"{tps / 1e3:8.1f}k tok/s | mfu {100 * mfu:5.2f}% | {1e3 * step_s:7.1f} ms")
+def _format_line(m: StepMetrics, total_steps: int) -> str:
+    return (f"step {m.step:>6}/{total_steps} | loss {m.train_loss:.4f} | "
+            f"lr {m.learning_rate:.2e} | grad {m.grad_norm:.3f} | "
+            f"{m.tokens_per_second / 1e3:8.1f}k tok/s | mfu {100 * m.mfu:5.2f}% | "
+            f"{1e3 * m.step_seconds:7.1f} ms")
 
 
 def _tokenizer_hash(cfg: TrainJobConfig) -> str | None:
@@ -132,13 +137,14 @@ class Run:
     def __init__(self, cfg: TrainJobConfig, env: parallel.DistEnv, log):
         self.cfg, self.env, self.log = cfg, env, log
         t, self.model_cfg = cfg.training, cfg.model.to_arch()
-        self.plan = plan_run(cfg, env.world_size)
+        self.shape = run_shape(cfg, env.world_size)
         self.train_shards = ShardSet(cfg.data.train)
         self.train_shards.check_compatible(self.model_cfg.vocab_size, _tokenizer_hash(cfg))
         self.val_shards = ShardSet(cfg.data.val) if cfg.data.val else None
         if self.val_shards is not None:
-            self.val_shards.check_compatible(self.model_cfg.vocab_size, self.train_shards.tokenizer_hash)
-        p = self.plan
+            self.val_shards.check_compatible(self.model_cfg.vocab_size,
+                                             self.train_shards.tokenizer_hash)
+        p = self.shape
         log(f"run {cfg.name}: {p.params / 1e6:.2f}M params, {env.world_size} rank(s) on "
             f"{env.device.type}, {p.tokens_per_step} tokens/step = {p.world_size} ranks x "
             f"{p.micro_batch} seqs x {p.seq_len} tokens x {p.accum_steps} accumulation, "
@@ -171,7 +177,8 @@ class Run:
                                jsonl_path=jsonl)
         if env.is_main:
             out.mkdir(parents=True, exist_ok=True)
-            (out / "exporter.json").write_text(json.dumps({"port": self.metrics.port, "pid": os.getpid()}))
+            (out / "exporter.json").write_text(json.dumps({"port": self.metrics.port,
+                                                           "pid": os.getpid()}))
             if self.metrics.port:
                 log(f"metrics: http://127.0.0.1:{self.metrics.port}/metrics")
         self.metrics.set(restarts_total=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
@@ -181,11 +188,11 @@ class Run:
 
         self.resumed_from = None
         if self.ckpt is not None:
-            manifest = self.ckpt.load(self.app)
-            if manifest is not None:
-                self.resumed_from = manifest["step"]
-                log(f"resumed from {self.ckpt.last_commit.uri} (step {manifest['step']}, saved by "
-                    f"{manifest['world_size']} ranks, now {env.world_size})")
+            restored = self.ckpt.load(self.app)  # a commit manifest (not a `Commit`), or None
+            if restored is not None:
+                self.resumed_from = restored["step"]
+                log(f"resumed from {self.ckpt.last_commit.uri} (step {restored['step']}, saved by "
+                    f"{restored['world_size']} ranks, now {env.world_size})")
                 self._on_commit(self.ckpt.last_commit, None)
 
     def _checkpointer(self) -> Checkpointer | None:
@@ -214,7 +221,7 @@ class Run:
     def forward_backward(self) -> tuple[float, float, float]:
         """Forward/backward over the accumulation micro-steps, then clip (not yet the update).
         Returns (this rank's mean loss, global grad norm before clipping, learning rate)."""
-        t, p, env = self.cfg.training, self.plan, self.env
+        t, p, env = self.cfg.training, self.shape, self.env
         step = self.state.step
         faults = self.faults.take(step + 1)
         lr = optim.lr_at(step, t, p.total_steps) * self.lr_scale.at(step)
@@ -224,7 +231,8 @@ class Run:
         loss_sum = torch.zeros((), device=env.device)
         for micro in range(p.accum_steps):
             x, y = self.sampler.batch(step, micro, global_batch=p.global_batch_seqs,
-                                      micro_batch=p.micro_batch, rank=env.rank, world_size=env.world_size)
+                                      micro_batch=p.micro_batch, rank=env.rank,
+                                      world_size=env.world_size)
             inputs = torch.from_numpy(x).to(env.device, non_blocking=True)  # (B, T)
             targets = torch.from_numpy(y).to(env.device, non_blocking=True)  # (B, T)
             if "garbage" in faults:
@@ -268,27 +276,30 @@ class Run:
             raise GuardAbort(f"{verdict.reason}; a rollback needs checkpoint.uri")
         self.ckpt.wait()
         guard_state = self.guard.state_dict()  # the guard remembers across the rollback
-        manifest = self.ckpt.load(self.app, max_step=verdict.onset - spec.rollback_margin_steps)
-        if manifest is None:
-            manifest = self.ckpt.load(self.app, max_step=verdict.onset - 1)
-            if manifest is not None:
+        # A commit manifest (a dict, not a `Commit`), or None when no commit is old enough.
+        commit = self.ckpt.load(self.app, max_step=verdict.onset - spec.rollback_margin_steps)
+        if commit is None:
+            commit = self.ckpt.load(self.app, max_step=verdict.onset - 1)
+            if commit is not None:
                 self.log(f"no commit {spec.rollback_margin_steps} steps before the spike at step "
-                         f"{verdict.onset}; rolling back to step {manifest['step']} (keep more: "
+                         f"{verdict.onset}; rolling back to step {commit['step']} (keep more: "
                          "checkpoint.keepEvery)")
-        if manifest is None:
+        if commit is None:
             raise GuardAbort(f"{verdict.reason}; no committed checkpoint before step "
                              f"{verdict.onset} to roll back to")
         self.guard.load_state_dict(guard_state)
         self.guard.rolled_back(verdict)
-        restored = manifest["step"]
+        restored = commit["step"]
         self.ckpt.discard_after(restored)
-        skip_steps = spec.data_skip_steps if spec.data_skip_steps is not None else verdict.onset - restored
-        self.sampler.skip(skip_steps * self.plan.global_batch_seqs)
+        skip_steps = (spec.data_skip_steps if spec.data_skip_steps is not None
+                      else verdict.onset - restored)
+        self.sampler.skip(skip_steps * self.shape.global_batch_seqs)
         self.lr_scale.lower(spec.lr_factor, until_step=restored + spec.cooldown_steps)
         self.metrics.count("rollbacks")
         self.metrics.set(lr_scale=spec.lr_factor)
         self.metrics.write({"kind": "rollback", "step": verdict.step, "to_step": restored,
-                            "skipped_batches": skip_steps, "sample_offset": self.sampler.sample_offset,
+                            "skipped_batches": skip_steps,
+                            "sample_offset": self.sampler.sample_offset,
                             "lr_scale": spec.lr_factor})
         self.log(f"rolled back to step {restored}, skipping {skip_steps} batches of data, LR x"
                  f"{spec.lr_factor:g} until step {restored + spec.cooldown_steps}")
@@ -312,7 +323,7 @@ class Run:
         if self.val_shards is None:
             return None
         t = self.cfg.training
-        result = evaluate(self.model, self.val_shards, seq_len=self.plan.seq_len,
+        result = evaluate(self.model, self.val_shards, seq_len=self.shape.seq_len,
                           micro_batch=t.micro_batch, tokens=t.eval_tokens, rank=self.env.rank,
                           world_size=self.env.world_size, device=self.env.device)
         self.metrics.set(eval_loss=result.loss, eval_bits_per_byte=result.bits_per_byte)
@@ -332,8 +343,8 @@ class Run:
 
 def train(cfg: TrainJobConfig, *, progress: bool = False, max_steps: int | None = None,
           log=print) -> RunSummary:
-    """Train until the planned number of steps, or `max_steps` more steps if given (the LR
-    schedule still follows the full plan, so a run cut short and resumed is the same run)."""
+    """Train for the run's total steps, or `max_steps` more steps if given (the LR schedule
+    still spans the whole run, so a run cut short and resumed is the same run)."""
     env = parallel.init_distributed()
     try:
         run = Run(cfg, env, log if env.is_main else (lambda *_: None))
@@ -346,16 +357,17 @@ def train(cfg: TrainJobConfig, *, progress: bool = False, max_steps: int | None 
 
 
 def _loop(run: Run, *, progress: bool, max_steps: int | None) -> RunSummary:
-    cfg, env, plan, state, metrics = run.cfg, run.env, run.plan, run.state, run.metrics
+    cfg, env, shape, state, metrics = run.cfg, run.env, run.shape, run.state, run.metrics
     bar = None
     if progress and env.is_main:
         from tqdm import tqdm
 
-        bar = tqdm(total=plan.total_steps, initial=state.step, unit="step", dynamic_ncols=True)
+        bar = tqdm(total=shape.total_steps, initial=state.step, unit="step", dynamic_ncols=True)
     losses: list[float] = []
     started, tokens_at_start = time.perf_counter(), state.tokens_seen
     last_eval: EvalResult | None = None
-    stop_at = plan.total_steps if max_steps is None else min(plan.total_steps, state.step + max_steps)
+    stop_at = (shape.total_steps if max_steps is None
+               else min(shape.total_steps, state.step + max_steps))
     try:
         while state.step < stop_at:
             step_started = time.perf_counter()
@@ -364,30 +376,29 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None) -> RunSummary:
                 [loss_local, float(run.wants_save(state.step + 1))], env.device)
             loss_mean = loss_sum / env.world_size
             # The guard sees only all-reduced numbers, so every rank reaches the same verdicts.
-            pre = run.guard.check_update(state.step + 1, loss_mean, grad_norm) if run.guard else None
+            pre = (run.guard.check_update(state.step + 1, loss_mean, grad_norm)
+                   if run.guard else None)
             applied = pre is None or pre.ok
             update_norm = run.apply_update(applied)
             state.step += 1
-            state.tokens_seen += plan.tokens_per_step
-            post = run.guard.observe(state.step, loss_mean, grad_norm, applied) if run.guard else None
+            state.tokens_seen += shape.tokens_per_step
+            post = (run.guard.observe(state.step, loss_mean, grad_norm, applied)
+                    if run.guard else None)
 
             step_s = time.perf_counter() - step_started
-            tps = plan.tokens_per_step / step_s
-            mfu = tps / env.world_size * plan.flops_per_token / run.peak_flops
+            tps = shape.tokens_per_step / step_s
             losses.append(loss_mean)
-            age = None
-            if run.ckpt is not None and run.ckpt.last_commit is not None:
-                age = time.time() - run.ckpt.last_commit.time
-            metrics.set(train_loss=loss_mean, grad_norm=grad_norm, learning_rate=lr,
-                        update_norm=update_norm,
-                        lr_scale=run.lr_scale.at(state.step - 1),
-                        tokens_per_second=tps, mfu=mfu, step=state.step, step_seconds=step_s,
-                        tokens_total=state.tokens_seen, checkpoint_age_seconds=age)
-            metrics.write({"kind": "train", "step": state.step, "tokens": state.tokens_seen,
-                           "world_size": env.world_size, "loss": loss_mean, "grad_norm": grad_norm,
-                           "lr": lr, "applied": applied, "update_norm": update_norm,
-                           "tokens_per_second": tps, "mfu": mfu,
-                           "step_seconds": step_s})
+            last_commit = run.ckpt.last_commit if run.ckpt is not None else None
+            # The step's one record: every sink below reads it, none computes its own numbers.
+            m = StepMetrics(
+                step=state.step, tokens_total=state.tokens_seen, world_size=env.world_size,
+                train_loss=loss_mean, grad_norm=grad_norm, learning_rate=lr, applied=applied,
+                update_norm=update_norm, tokens_per_second=tps,
+                mfu=tps / env.world_size * shape.flops_per_token / run.peak_flops,
+                step_seconds=step_s, lr_scale=run.lr_scale.at(state.step - 1),
+                checkpoint_age_seconds=(time.time() - last_commit.time
+                                        if last_commit is not None else None))
+            metrics.log_step(m)
             for verdict in (pre, post):
                 if verdict is not None and not verdict.ok:
                     run.record(verdict)
@@ -399,14 +410,14 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None) -> RunSummary:
             if save_votes > 0:
                 run.save()
             if run.lease is not None:
-                run.lease.update(step=state.step, tokens=state.tokens_seen, loss=loss_mean,
-                                 world_size=env.world_size)
+                run.lease.update(step=m.step, tokens=m.tokens_total, loss=m.train_loss,
+                                 world_size=m.world_size)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss_mean:.3f}", tok_s=f"{tps / 1e3:.1f}k")
-            elif state.step % cfg.training.log_every == 0 or state.step == plan.total_steps:
-                run.log(_format_line(state.step, plan.total_steps, loss_mean, lr, grad_norm, tps,
-                                     mfu, step_s))
+                bar.set_postfix(loss=f"{m.train_loss:.3f}",
+                                tok_s=f"{m.tokens_per_second / 1e3:.1f}k")
+            elif state.step % cfg.training.log_every == 0 or state.step == shape.total_steps:
+                run.log(_format_line(m, shape.total_steps))
             if cfg.training.eval_every and state.step % cfg.training.eval_every == 0 \
                     and state.step < stop_at:
                 last_eval = run.evaluate()
@@ -422,6 +433,6 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None) -> RunSummary:
     return RunSummary(steps=state.step, tokens=state.tokens_seen,
                       final_train_loss=losses[-1] if losses else float("nan"), eval=last_eval,
                       tokens_per_second=tps_avg,
-                      mfu=tps_avg / env.world_size * plan.flops_per_token / run.peak_flops,
+                      mfu=tps_avg / env.world_size * shape.flops_per_token / run.peak_flops,
                       elapsed_s=elapsed, resumed_from=run.resumed_from, last_checkpoint=last_ckpt,
                       losses=losses)

@@ -1,27 +1,15 @@
-"""Training metrics: a Prometheus exporter on rank 0, a JSONL file, and MFU.
+"""Training metrics: the per-step record every sink reads, rank 0's Prometheus exporter and
+JSONL file, and the device peak that MFU is measured against.
 
-Metric names, units and labels (every series carries `job` and `rank`):
-  crucible_train_loss            mean cross-entropy of the last step, nats/token
-  crucible_grad_norm             global gradient L2 norm before clipping
-  crucible_update_norm           L2 norm of the last AdamW update, lr·m̂/(√v̂+ε) (0 if skipped)
-  crucible_learning_rate         learning rate of the last step
-  crucible_tokens_per_second     training throughput of the last log interval, all ranks
-  crucible_mfu                   model FLOPs utilisation, 0..1 (PaLM App. B definition)
-  crucible_step                  optimizer steps completed
-  crucible_tokens_total          tokens trained on so far (a gauge: it resumes from checkpoints)
-  crucible_step_seconds          wall time of the last optimizer step, seconds
-  crucible_eval_loss             held-out loss of the last eval, nats/token
-  crucible_eval_bits_per_byte    held-out loss in bits per UTF-8 byte of text
-  crucible_checkpoint_blocking_seconds  training time blocked by the last save, seconds
-  crucible_checkpoint_upload_seconds    write + upload + commit of the last save, seconds
-  crucible_checkpoint_bytes             size of the last committed checkpoint, bytes
-  crucible_last_checkpoint_step         step of the newest committed checkpoint
-  crucible_checkpoint_age_seconds       seconds since the newest commit
-  crucible_restarts_total               torchrun worker-group restarts (this agent)
-  crucible_lr_scale                     the stability guard's multiplier on the LR schedule
-  crucible_spikes_total{verdict}        stability-guard verdicts other than ok (counter)
-  crucible_rollbacks_total              rollbacks to an earlier checkpoint (counter)
-  crucible_skipped_steps_total          updates not applied (counter)
+`StepMetrics` is one optimizer step's numbers. Each quantity is declared there once, with its
+help text: the exporter's gauge is `crucible_<field>`, the JSONL "train" record's key is the
+field's name (three older keys excepted, see the class), and the loop's log line, progress bar
+and progress Lease read the same fields. Adding a per-step metric is adding a field (and
+computing it in the loop).
+Quantities reported at other moments (eval, checkpoint, restarts) are `EVENT_GAUGES`; the
+stability guard's events are `COUNTERS`, exposed with a `_total` suffix. Every series carries
+the labels `job` and `rank`. A unit is in the name where a name can carry it (`_seconds`,
+`_bytes`, `tokens_per_second`), and in the help text otherwise (nats/token).
 
 MFU's peak comes from `hardware.py` for known GPUs. On a CPU (or an unknown device) the peak is
 measured once with a fp32 matmul, and the log says so: CPU MFU is against that measured peak.
@@ -33,32 +21,72 @@ import itertools
 import json
 import math
 import time
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from crucible.trainer import hardware
 
-TRAIN_GAUGES = {
-    "train_loss": "Mean training cross-entropy of the last step (nats/token)",
-    "grad_norm": "Global gradient L2 norm before clipping",
-    "update_norm": "L2 norm of the last AdamW update (0 when the guard skipped it)",
-    "learning_rate": "Learning rate of the last step",
-    "tokens_per_second": "Training tokens per second over the last log interval (all ranks)",
-    "mfu": "Model FLOPs utilisation (0..1) against the device peak",
-    "step": "Optimizer steps completed",
-    "tokens_total": "Tokens trained on so far",
-    "step_seconds": "Wall time of the last optimizer step (s)",
+
+def _metric(help_text: str, *, jsonl: str | None = None):
+    """A `StepMetrics` field: its help text, and the JSONL key where it is not the field name."""
+    return field(metadata={"help": help_text, "jsonl": jsonl})
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """One optimizer step as every sink sees it (built once per step by the training loop).
+
+    Three quantities keep an older JSONL key (`loss`, `lr`, `tokens`): `crucible diagnose`, the
+    demo's plot, the benches and every metrics.jsonl already written read them under those keys,
+    while the dashboard and the alert rules read the exported names. Any new field has one name.
+    """
+
+    step: int = _metric("Optimizer steps completed")
+    # A gauge despite the suffix: it resumes from checkpoints, and goes back on a rollback.
+    tokens_total: int = _metric("Tokens trained on so far", jsonl="tokens")
+    world_size: int = _metric("Ranks that trained the last step")
+    train_loss: float = _metric("Mean training cross-entropy of the last step (nats/token)",
+                                jsonl="loss")
+    grad_norm: float = _metric("Global gradient L2 norm before clipping")
+    learning_rate: float = _metric("Learning rate of the last step", jsonl="lr")
+    applied: bool = _metric("1 if the last step's update was applied, 0 if the stability guard "
+                            "skipped it")
+    # lr·m̂/(√v̂+ε) from the optimizer state (optim.adam_update_sq), all-reduced.
+    update_norm: float = _metric("L2 norm of the last AdamW update (0 when the guard skipped it)")
+    tokens_per_second: float = _metric("Training tokens per second of the last step (all ranks)")
+    # Model FLOPs per token as arch.flops_per_token counts them; the peak from device_peak_flops.
+    mfu: float = _metric("Model FLOPs utilisation (0..1) against the device peak")
+    step_seconds: float = _metric("Wall time of the last optimizer step (s)")
+    lr_scale: float = _metric("Multiplier the stability guard applies to the LR schedule (1 "
+                              "unless lowered)")
+    # None until the run has a commit: no sample, and null in the JSONL.
+    checkpoint_age_seconds: float | None = _metric(
+        "Seconds since the newest checkpoint was committed")
+
+    def jsonl(self) -> dict:
+        """The JSONL "train" record's fields, in declaration order."""
+        return {f.metadata["jsonl"] or f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# Gauges set when something other than a step happens (an eval, a save, a commit, a start).
+EVENT_GAUGES = {
     "eval_loss": "Held-out loss of the last eval (nats/token)",
     "eval_bits_per_byte": "Held-out loss in bits per byte of UTF-8 text",
     "checkpoint_blocking_seconds": "Training time blocked by the last checkpoint save (s)",
     "checkpoint_upload_seconds": "Write + upload + commit time of the last checkpoint (s)",
     "checkpoint_bytes": "Size of the last committed checkpoint (bytes)",
     "last_checkpoint_step": "Step of the newest committed checkpoint",
-    "checkpoint_age_seconds": "Seconds since the newest checkpoint was committed",
-    "restarts_total": "Worker-group restarts by torchrun in this agent (TORCHELASTIC_RESTART_COUNT)",
-    "lr_scale": "Multiplier the stability guard applies to the LR schedule (1 unless lowered)",
+    "restarts_total": "Worker-group restarts by torchrun in this agent "
+                      "(TORCHELASTIC_RESTART_COUNT)",
 }
+STEP_GAUGES = {f.name: f.metadata["help"] for f in fields(StepMetrics)}
+# Checked at import, so a clash fails every test rather than overwriting a series or a key.
+assert not STEP_GAUGES.keys() & EVENT_GAUGES.keys(), "a gauge is declared twice"
+_JSONL_KEYS = [f.metadata["jsonl"] or f.name for f in fields(StepMetrics)]
+assert len(set(_JSONL_KEYS)) == len(_JSONL_KEYS) and not {"kind", "time"} & set(_JSONL_KEYS)
+GAUGES = {**STEP_GAUGES, **EVENT_GAUGES}
 
 # Counters (exposed with a _total suffix): name -> (help, extra labels beyond job and rank).
 COUNTERS = {
@@ -106,7 +134,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.labels = {"job": job, "rank": str(rank)}
         self.gauges = {name: Gauge(f"crucible_{name}", doc, ["job", "rank"], registry=self.registry)
-                       for name, doc in TRAIN_GAUGES.items()}
+                       for name, doc in GAUGES.items()}
         self.counters = {name: Counter(f"crucible_{name}", doc, ["job", "rank", *labels],
                                        registry=self.registry)
                          for name, (doc, labels) in COUNTERS.items()}
@@ -134,11 +162,18 @@ class Metrics:
             self.counters[name].labels(**self.labels, **labels).inc(amount)
 
     def set(self, **values: float) -> None:
+        """Set gauges by name; None (not known yet) and NaN leave a series at its last value, so
+        a non-finite loss the guard skipped does not blank the dashboard's panels."""
         if not self.enabled:
             return
         for name, value in values.items():
             if value is not None and not (isinstance(value, float) and math.isnan(value)):
                 self.gauges[name].labels(**self.labels).set(value)
+
+    def log_step(self, step: StepMetrics) -> None:
+        """Export one step's gauges and write its JSONL "train" record."""
+        self.set(**asdict(step))
+        self.write({"kind": "train", **step.jsonl()})
 
     def write(self, record: dict) -> None:
         if self._jsonl is not None:

@@ -2,7 +2,7 @@
 
 Follows nanoGPT's `model.py` (karpathy/nanoGPT) and GPT-2 (Radford et al. 2019): the parameter
 names (`wte`, `wpe`, `h.N.attn.c_attn`, `c_proj`, `ln_f`, `lm_head`) are GPT-2's and are a
-contract, since they become checkpoint keys. Differences, each a config switch in `arch.py`:
+contract, since they become checkpoint keys. Differences, each a config switch in api/arch.py:
 rotary position embeddings (Su et al. 2021) instead of learned ones, no biases, optional
 QK-norm (Wortsman et al. 2023). The architecture's parameter count is `arch.param_count`; a test
 holds the two equal, and with GPT-2's own settings both give 124,439,808.

@@ -12,7 +12,7 @@ and the endpoint of an S3-compatible server from AWS_ENDPOINT_URL (boto3 reads i
 because self-hosted servers (SeaweedFS, Ceph RGW) rarely have wildcard DNS for bucket hostnames.
 Writes are atomic in both places: a local file is written beside its target and renamed; an S3
 object appears whole when its upload completes. That is what makes a shard's outputs safe to find
-half-way through a crash: the completion marker is written last (pipeline.py).
+half-way through a crash: the completion marker is written last (trainer/corpus/pipeline.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Nothing here downloads a release binary or a container image:
 - kube-apiserver, kube-controller-manager, kube-scheduler and etcd are compiled from the wrapper
   module in e2e/gobuild/kube (k8s.io/kubernetes pins its staging modules to local paths, which
-  only a wrapper's `replace` can undo; see shared/research/go-build.md §2);
+  only a wrapper's `replace` can undo: `go install pkg@version` refuses a module whose go.mod
+  has replace directives; e2e/gobuild/kube/go.mod pins each one to its published version);
 - KWOK and helm install straight from the proxy (`go install pkg@version`), and KWOK's stage
   definitions are copied out of its module zip, because KWOK v0.8.0 ships no built-in stages;
 - SeaweedFS's `weed` (Apache-2.0) is compiled from e2e/gobuild/seaweedfs, whose replace directive

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.trainer.conftest import job_config, run_crucible, write_config
+from tests.support.training import job_config, run_crucible, write_config
 
 STEPS = 100
 GARBAGE, BAD_LR, NAN = 30, 50, 75

@@ -1,6 +1,6 @@
 """Raw API objects (as the apiserver and KWOK write them) for the operator's unit tests.
 
-The tests feed these through the same parsers the operator's indexes use (`observed.py`), so
+The tests feed these through the same parsers the operator's indexes use (operator/observed.py), so
 parsing is under test too. Field shapes follow what this repository's stack produces: KWOK's
 pod-ready and pod-container-running-failed stages, the node lifecycle controller's conditions and
 taints, the apiserver's DisruptionTarget condition.
@@ -8,8 +8,10 @@ taints, the apiserver's DisruptionTarget condition.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
+from crucible.api.progress import ProgressReport
 from crucible.api.spec import PretrainJobSpec
 from crucible.operator import manifests as m
 from crucible.operator.observed import (ChildView, JobView, Observed, job_view, lease_view,
@@ -119,18 +121,19 @@ def healthy_nodes(count: int = 4) -> dict:
 
 def lease(step: int | None = None, step_time: float | None = None, *, loss: float = 3.2,
           tokens: int | None = None, checkpoint_step: int | None = None):
-    ann = {}
+    """The progress Lease as the trainer writes it (`ProgressReport.to_annotations`)."""
+    report = ProgressReport()
     if step is not None:
-        ann.update({"crucible.dev/step": str(step), "crucible.dev/loss": str(loss),
-                    "crucible.dev/tokens": str(tokens if tokens is not None else step * 524288),
-                    "crucible.dev/world-size": "32"})
+        report = dataclasses.replace(report, step=step, loss=loss, world_size=32,
+                                     tokens=tokens if tokens is not None else step * 524288)
     if step_time is not None:
-        ann["crucible.dev/step-time"] = at(step_time).isoformat()
+        report = dataclasses.replace(report, step_time=at(step_time))
     if checkpoint_step is not None:
-        ann.update({"crucible.dev/checkpoint-step": str(checkpoint_step),
-                    "crucible.dev/checkpoint-uri": f"s3://bucket/runs/gpt/step_{checkpoint_step}",
-                    "crucible.dev/checkpoint-time": ts(step_time or 0)})
-    return lease_view({"metadata": {"annotations": ann}, "spec": {}})
+        report = dataclasses.replace(
+            report, checkpoint_step=checkpoint_step,
+            checkpoint_uri=f"s3://bucket/runs/gpt/step_{checkpoint_step}",
+            checkpoint_time=at(step_time or 0))
+    return lease_view({"metadata": {"annotations": report.to_annotations()}, "spec": {}})
 
 
 def observed(pods=(), nodes=None, lease_view_=None, children=None) -> Observed:

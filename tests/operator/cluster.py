@@ -1,8 +1,9 @@
 """Helpers for the operator's cluster tests: PretrainJobs, pods and KWOK chaos via the real API.
 
-Every wait has a deadline (`eventually`). Chaos is what DESIGN.md lists: KWOK's
-pod-container-running-failed stage fails a pod's container with a chosen exit code, deleting
-pods, stopping a node's heartbeat (the node controller does the rest), killing the operator.
+Every wait has a deadline (`eventually`). Chaos is what docs/operator.md's failure table lists:
+KWOK's pod-container-running-failed stage fails a pod's container with a chosen exit code,
+deleting pods, stopping a node's heartbeat (the node controller does the rest), killing the
+operator.
 """
 
 from __future__ import annotations

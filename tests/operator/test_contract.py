@@ -1,8 +1,9 @@
 """The launch contract: run what the operator rendered, as a local process, against the real S3.
 
-DESIGN.md, "Contracts between the planes": a pod the operator created (read back from the
-apiserver, not rebuilt) is executed with its own command, args and environment, image aside. What
-a kubelet and a container runtime would provide is provided the way they would:
+The contract between the operator and the trainer (docs/operator.md, "What a job owns";
+docs/checkpoints.md): a pod the operator created (read back from the apiserver, not rebuilt) is
+executed with its own command, args and environment, image aside. What a kubelet and a container
+runtime would provide is provided the way they would:
   - env: literal values as rendered; fieldRefs from the pod object; secretKeyRefs from the real
     Secret (so the S3 credentials take the rendered path);
   - volumes: each mountPath maps to a host folder (the ConfigMap's files for `config`, empty
@@ -36,8 +37,8 @@ from kubernetes import client
 from crucible.api.launch import output_dir
 from crucible.api.names import LABEL_JOB
 from tests.operator.cluster import free_port
-from tests.operator.conftest import assert_clean_exit
 from tests.operator.test_progress_lease import trainer_kubeconfig
+from tests.support.operator_run import assert_clean_exit
 from tests.support.services import eventually
 
 pytestmark = pytest.mark.stack

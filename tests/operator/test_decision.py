@@ -1,4 +1,4 @@
-"""decide(job, observed, now) -> Plan, scenario by scenario (pure: no cluster, no clock).
+"""decide(job, observed, now) -> Outcome, scenario by scenario (pure: no cluster, no clock).
 
 Each test names the situation and checks the actions, the status and the events the operator
 would produce; the cluster tests then show the same decisions carried out against the real
@@ -16,17 +16,17 @@ from tests.operator import builders as b
 H = m.spec_hash(b.spec())
 
 
-def acts(plan, verb=None, kind=None):
-    return [(a.verb, a.kind, a.name) for a in plan.actions
+def acts(outcome, verb=None, kind=None):
+    return [(a.verb, a.kind, a.name) for a in outcome.actions
             if (verb is None or a.verb == verb) and (kind is None or a.kind == kind)]
 
 
-def reasons(plan):
-    return [e.reason for e in plan.events]
+def reasons(outcome):
+    return [e.reason for e in outcome.events]
 
 
-def cond(plan, type_):
-    return next(c for c in plan.status["conditions"] if c["type"] == type_)
+def cond(outcome, type_):
+    return next(c for c in outcome.status["conditions"] if c["type"] == type_)
 
 
 def running_status(gen=0, *, app=0, members=None, **extra):
@@ -43,34 +43,34 @@ def running_status(gen=0, *, app=0, members=None, **extra):
 
 # --- creation ----------------------------------------------------------------------------------
 def test_new_job_creates_children_then_all_pods_of_generation_zero():
-    plan = decide(b.job(), b.observed(children=frozenset()), b.at(0))
-    kinds = [a.kind for a in plan.actions if a.verb == "create"]
+    outcome = decide(b.job(), b.observed(children=frozenset()), b.at(0))
+    kinds = [a.kind for a in outcome.actions if a.verb == "create"]
     assert kinds[:6] == ["ServiceAccount", "Role", "RoleBinding", "Lease", "ConfigMap", "Service"]
-    assert acts(plan, "create", "Pod") == [("create", "Pod", f"gpt-0-{i}") for i in range(4)]
-    assert plan.status["phase"] == "Pending" and plan.status["podGeneration"] == 0
-    assert plan.status["startTime"] == b.ts(0)
-    assert plan.status["observedGeneration"] == 1
+    assert acts(outcome, "create", "Pod") == [("create", "Pod", f"gpt-0-{i}") for i in range(4)]
+    assert outcome.status["phase"] == "Pending" and outcome.status["podGeneration"] == 0
+    assert outcome.status["startTime"] == b.ts(0)
+    assert outcome.status["observedGeneration"] == 1
 
 
 def test_existing_children_are_not_recreated_and_a_drifted_configmap_is_replaced():
-    plan = decide(b.job(), b.observed(b.running(0, 4, H)), b.at(5))
-    assert acts(plan) == []
+    outcome = decide(b.job(), b.observed(b.running(0, 4, H)), b.at(5))
+    assert acts(outcome) == []
     edited = b.job(training={"tokens": 2e9, "lr": 1e-3}, status=running_status())
-    plan = decide(edited, b.observed(b.running(0, 4, m.spec_hash(b.spec(training={
+    outcome = decide(edited, b.observed(b.running(0, 4, m.spec_hash(b.spec(training={
         "tokens": 2e9, "lr": 1e-3})))), b.at(5))
-    assert acts(plan) == [("replace", "ConfigMap", "gpt-config")]
+    assert acts(outcome) == [("replace", "ConfigMap", "gpt-config")]
 
 
 def test_enough_running_pods_make_the_job_running():
-    plan = decide(b.job(), b.observed(b.running(0, 2, H) + [b.pod(0, 2, phase="Pending", node=None, spec_hash=H),
+    outcome = decide(b.job(), b.observed(b.running(0, 2, H) + [b.pod(0, 2, phase="Pending", node=None, spec_hash=H),
                                                          b.pod(0, 3, phase="Pending", node=None,
                                                                spec_hash=H)]),
                   b.at(5))
-    assert plan.status["phase"] == "Running"           # 2 >= nodes.min
-    assert cond(plan, "Running")["status"] == "True"
-    assert cond(plan, "Degraded")["status"] == "True"  # 2 < nodes.max
-    assert plan.status["pods"] == {"desired": 4, "running": 2, "pending": 2, "failed": 0, "lost": 0}
-    assert "Running" in reasons(plan)
+    assert outcome.status["phase"] == "Running"           # 2 >= nodes.min
+    assert cond(outcome, "Running")["status"] == "True"
+    assert cond(outcome, "Degraded")["status"] == "True"  # 2 < nodes.max
+    assert outcome.status["pods"] == {"desired": 4, "running": 2, "pending": 2, "failed": 0, "lost": 0}
+    assert "Running" in reasons(outcome)
 
 
 def test_replaying_a_pass_gives_the_same_plan():
@@ -82,15 +82,15 @@ def test_replaying_a_pass_gives_the_same_plan():
 def test_exit_1_restarts_the_group_and_counts_against_the_budget():
     pods = b.running(0, 4, H)
     pods[2] = b.pod(0, 2, phase="Failed", exit_code=1, node="gpu-node-2", spec_hash=H)
-    plan = decide(b.job(status=running_status()), b.observed(pods), b.at(30))
-    assert acts(plan) == []                    # a restart is a counter: pods move next pass
-    assert plan.requeue and plan.status["podGeneration"] == 1
-    assert plan.status["restarts"] == {"total": 1, "application": 1, "infrastructure": 0,
+    outcome = decide(b.job(status=running_status()), b.observed(pods), b.at(30))
+    assert acts(outcome) == []                    # a restart is a counter: pods move next pass
+    assert outcome.requeue and outcome.status["podGeneration"] == 1
+    assert outcome.status["restarts"] == {"total": 1, "application": 1, "infrastructure": 0,
                                        "byCause": {"ApplicationError": 1}}
-    assert plan.status["phase"] == "Restarting"
-    assert cond(plan, "Restarting")["reason"] == "ApplicationError"
-    assert plan.events[0].type == "Warning" and "exited with 1" in plan.events[0].message
-    assert [(r.cause, r.kind) for r in plan.restarts] == [("ApplicationError", "application")]
+    assert outcome.status["phase"] == "Restarting"
+    assert cond(outcome, "Restarting")["reason"] == "ApplicationError"
+    assert outcome.events[0].type == "Warning" and "exited with 1" in outcome.events[0].message
+    assert [(r.cause, r.kind) for r in outcome.restarts] == [("ApplicationError", "application")]
 
 
 def test_next_pass_deletes_the_old_generation_and_creates_the_new_one():
@@ -98,22 +98,22 @@ def test_next_pass_deletes_the_old_generation_and_creates_the_new_one():
     status["phase"] = "Restarting"
     old = b.running(0, 4, H)
     old[2] = b.pod(0, 2, phase="Failed", exit_code=1, node="gpu-node-2", spec_hash=H)
-    plan = decide(b.job(status=status), b.observed(old), b.at(31))
-    deleted = acts(plan, "delete", "Pod")
+    outcome = decide(b.job(status=status), b.observed(old), b.at(31))
+    deleted = acts(outcome, "delete", "Pod")
     assert set(deleted) == {("delete", "Pod", f"gpt-0-{i}") for i in (0, 1, 3)}  # failed kept
-    assert acts(plan, "create", "Pod") == [("create", "Pod", f"gpt-1-{i}") for i in range(4)]
-    assert plan.status["restarts"]["total"] == 0   # counted once, in the pass that decided it
+    assert acts(outcome, "create", "Pod") == [("create", "Pod", f"gpt-1-{i}") for i in range(4)]
+    assert outcome.status["restarts"]["total"] == 0   # counted once, in the pass that decided it
 
 
 def test_budget_exhausted_fails_the_job_and_deletes_its_active_pods():
     pods = b.running(0, 4, H)
     pods[1] = b.pod(0, 1, phase="Failed", exit_code=3, node="gpu-node-1", spec_hash=H)
-    plan = decide(b.job(status=running_status(app=3)), b.observed(pods, lease_view_=b.lease(9, 20)),
+    outcome = decide(b.job(status=running_status(app=3)), b.observed(pods, lease_view_=b.lease(9, 20)),
                   b.at(30))
-    assert plan.status["phase"] == "Failed"
-    assert cond(plan, "Failed")["reason"] == "RestartBudgetExhausted"
-    assert "maxRestarts=3" in cond(plan, "Failed")["message"]
-    assert set(acts(plan, "delete")) == {("delete", "Pod", f"gpt-0-{i}") for i in (0, 2, 3)}
+    assert outcome.status["phase"] == "Failed"
+    assert cond(outcome, "Failed")["reason"] == "RestartBudgetExhausted"
+    assert "maxRestarts=3" in cond(outcome, "Failed")["message"]
+    assert set(acts(outcome, "delete")) == {("delete", "Pod", f"gpt-0-{i}") for i in (0, 2, 3)}
 
 
 def test_failures_with_no_step_in_between_fail_fast():
@@ -122,8 +122,8 @@ def test_failures_with_no_step_in_between_fail_fast():
         "lastFailureTime": b.ts(10)}), faultTolerance={"maxRestarts": 20,
                                                          "maxRestartsWithoutProgress": 1})
     pods = [b.pod(0, 0, phase="Failed", exit_code=2, spec_hash=m.spec_hash(job_spec(job)))]
-    plan = decide(job, b.observed(pods, lease_view_=b.lease(5, 5)), b.at(30))  # step before
-    assert cond(plan, "Failed")["reason"] == "CrashLoopNoProgress"
+    outcome = decide(job, b.observed(pods, lease_view_=b.lease(5, 5)), b.at(30))  # step before
+    assert cond(outcome, "Failed")["reason"] == "CrashLoopNoProgress"
     progressed = decide(job, b.observed(pods, lease_view_=b.lease(7, 20)), b.at(30))
     assert progressed.status["phase"] == "Restarting"   # a step after the last failure
 
@@ -138,9 +138,9 @@ def test_retryable_exit_code_is_infrastructure():
     h = m.spec_hash(job_spec(job))
     pods = b.running(0, 4, h)
     pods[3] = b.pod(0, 3, phase="Failed", exit_code=42, node="gpu-node-3", spec_hash=h)
-    plan = decide(job, b.observed(pods), b.at(30))
-    assert plan.status["restarts"]["infrastructure"] == 1 and plan.status["podGeneration"] == 0
-    assert acts(plan, "delete", "Pod") == [("delete", "Pod", "gpt-0-3")]
+    outcome = decide(job, b.observed(pods), b.at(30))
+    assert outcome.status["restarts"]["infrastructure"] == 1 and outcome.status["podGeneration"] == 0
+    assert acts(outcome, "delete", "Pod") == [("delete", "Pod", "gpt-0-3")]
 
 
 # --- infrastructure failures -------------------------------------------------------------------
@@ -153,15 +153,15 @@ def test_retryable_exit_code_is_infrastructure():
 def test_infrastructure_failure_of_a_worker_replaces_only_that_pod(failed, cause):
     pods = b.running(0, 4, H)
     pods[2] = b.pod(0, 2, phase="Failed", node="gpu-node-2", spec_hash=H, **failed)
-    plan = decide(b.job(status=running_status()), b.observed(pods), b.at(30))
-    assert plan.status["podGeneration"] == 0 and plan.status["phase"] == "Running"
-    assert acts(plan) == [("delete", "Pod", "gpt-0-2")]
-    assert plan.status["restarts"]["byCause"] == {cause: 1}
-    assert plan.status["restarts"]["application"] == 0
+    outcome = decide(b.job(status=running_status()), b.observed(pods), b.at(30))
+    assert outcome.status["podGeneration"] == 0 and outcome.status["phase"] == "Running"
+    assert acts(outcome) == [("delete", "Pod", "gpt-0-2")]
+    assert outcome.status["restarts"]["byCause"] == {cause: 1}
+    assert outcome.status["restarts"]["application"] == 0
     # Next pass: same pod still there (being deleted) -> not counted again; then gone -> created.
-    again = decide(b.job(status=plan.status), b.observed(pods), b.at(31))
+    again = decide(b.job(status=outcome.status), b.observed(pods), b.at(31))
     assert again.status["restarts"]["total"] == 1
-    gone = decide(b.job(status=plan.status), b.observed(pods[:2] + pods[3:]), b.at(32))
+    gone = decide(b.job(status=outcome.status), b.observed(pods[:2] + pods[3:]), b.at(32))
     assert acts(gone, "create", "Pod") == [("create", "Pod", "gpt-0-2")]
     assert gone.status["restarts"]["total"] == 1
 
@@ -169,27 +169,27 @@ def test_infrastructure_failure_of_a_worker_replaces_only_that_pod(failed, cause
 def test_infrastructure_failure_of_pod_0_restarts_the_group_because_it_hosts_the_store():
     pods = b.running(0, 4, H)
     pods[0] = b.pod(0, 0, phase="Failed", exit_code=137, node="gpu-node-0", spec_hash=H)
-    plan = decide(b.job(status=running_status()), b.observed(pods), b.at(30))
-    assert plan.status["podGeneration"] == 1
-    assert plan.status["restarts"] == {"total": 1, "application": 0, "infrastructure": 1,
+    outcome = decide(b.job(status=running_status()), b.observed(pods), b.at(30))
+    assert outcome.status["podGeneration"] == 1
+    assert outcome.status["restarts"] == {"total": 1, "application": 0, "infrastructure": 1,
                                        "byCause": {"Signal": 1}}
-    assert "c10d store" in plan.events[0].message
+    assert "c10d store" in outcome.events[0].message
 
 
 def test_a_pod_deleted_by_someone_else_is_counted_once_and_recreated():
     pods = b.running(0, 4, H)
     vanished = pods[:1] + pods[2:]                        # gpt-0-1 gone without a trace
-    plan = decide(b.job(status=running_status()), b.observed(vanished), b.at(30))
-    assert plan.status["restarts"]["byCause"] == {"PodDeleted": 1}
-    assert acts(plan, "create", "Pod") == [("create", "Pod", "gpt-0-1")]
-    again = decide(b.job(status=plan.status), b.observed(vanished), b.at(31))
+    outcome = decide(b.job(status=running_status()), b.observed(vanished), b.at(30))
+    assert outcome.status["restarts"]["byCause"] == {"PodDeleted": 1}
+    assert acts(outcome, "create", "Pod") == [("create", "Pod", "gpt-0-1")]
+    again = decide(b.job(status=outcome.status), b.observed(vanished), b.at(31))
     assert again.status["restarts"]["total"] == 1
 
 
 def test_pods_of_a_newer_generation_than_the_status_shows_are_left_alone():
-    plan = decide(b.job(status=running_status(gen=0)),
+    outcome = decide(b.job(status=running_status(gen=0)),
                   b.observed(b.running(0, 4, H) + [b.pod(1, 0, spec_hash=H)]), b.at(3))
-    assert ("delete", "Pod", "gpt-1-0") not in acts(plan) and plan.requeue
+    assert ("delete", "Pod", "gpt-1-0") not in acts(outcome) and outcome.requeue
 
 
 # --- nodes -------------------------------------------------------------------------------------
@@ -200,28 +200,28 @@ def _node_down(since=20.0, **kw):
 
 
 def test_failed_node_is_cordoned_and_annotated_at_once_and_pods_wait_for_the_grace():
-    plan = decide(b.job(status=running_status()), b.observed(b.running(0, 4, H),
+    outcome = decide(b.job(status=running_status()), b.observed(b.running(0, 4, H),
                                                              nodes=_node_down()), b.at(30))
-    (patch,) = [a for a in plan.actions if a.verb == "patch_node"]
+    (patch,) = [a for a in outcome.actions if a.verb == "patch_node"]
     assert patch.name == "gpu-node-2" and patch.body["spec"] == {"unschedulable": True}
     ann = patch.body["metadata"]["annotations"]
     assert ann["crucible.dev/failure-reason"] == "NodeUnreachable"
     assert ann["crucible.dev/failure-job"] == "team-a/gpt"
-    assert plan.status["cordonedNodes"] == ["gpu-node-2"]
-    assert not acts(plan, "force_delete")
-    assert cond(plan, "Degraded")["status"] == "True"
-    assert plan.wake_in_s == pytest.approx(50)            # 60 s grace from t=20, now t=30
-    assert plan.status["pods"]["lost"] == 1
+    assert outcome.status["cordonedNodes"] == ["gpu-node-2"]
+    assert not acts(outcome, "force_delete")
+    assert cond(outcome, "Degraded")["status"] == "True"
+    assert outcome.wake_in_s == pytest.approx(50)            # 60 s grace from t=20, now t=30
+    assert outcome.status["pods"]["lost"] == 1
 
 
 def test_after_the_grace_the_pod_is_force_deleted_and_recreated_avoiding_the_node():
     nodes = _node_down(annotations={"crucible.dev/failure-reason": "NodeUnreachable"},
                        unschedulable=True)
-    plan = decide(b.job(status=running_status()), b.observed(b.running(0, 4, H), nodes=nodes),
+    outcome = decide(b.job(status=running_status()), b.observed(b.running(0, 4, H), nodes=nodes),
                   b.at(81))
-    assert acts(plan) == [("force_delete", "Pod", "gpt-0-2")]   # already cordoned: no patch
-    assert plan.status["restarts"]["byCause"] == {"NodeFailure": 1}
-    nxt = decide(b.job(status=plan.status),
+    assert acts(outcome) == [("force_delete", "Pod", "gpt-0-2")]   # already cordoned: no patch
+    assert outcome.status["restarts"]["byCause"] == {"NodeFailure": 1}
+    nxt = decide(b.job(status=outcome.status),
                  b.observed([p for p in b.running(0, 4, H) if p.index != 2], nodes=nodes), b.at(82))
     (create,) = [a for a in nxt.actions if a.verb == "create"]
     terms = create.body["spec"]["affinity"]["nodeAffinity"][
@@ -233,11 +233,11 @@ def test_after_the_grace_the_pod_is_force_deleted_and_recreated_avoiding_the_nod
 def test_node_failure_under_pod_0_restarts_the_group_after_the_grace():
     nodes = b.healthy_nodes()
     nodes["gpu-node-0"] = b.node("gpu-node-0", ready="False", since=0)
-    plan = decide(b.job(status=running_status()), b.observed(b.running(0, 4, H), nodes=nodes),
+    outcome = decide(b.job(status=running_status()), b.observed(b.running(0, 4, H), nodes=nodes),
                   b.at(61))
-    assert plan.status["podGeneration"] == 1
-    assert plan.status["restarts"]["byCause"] == {"NodeFailure": 1}
-    stale = decide(b.job(status=plan.status), b.observed(b.running(0, 4, H), nodes=nodes), b.at(62))
+    assert outcome.status["podGeneration"] == 1
+    assert outcome.status["restarts"]["byCause"] == {"NodeFailure": 1}
+    stale = decide(b.job(status=outcome.status), b.observed(b.running(0, 4, H), nodes=nodes), b.at(62))
     assert ("force_delete", "Pod", "gpt-0-0") in acts(stale)   # it will never terminate there
     assert ("delete", "Pod", "gpt-0-1") in acts(stale)
 
@@ -247,63 +247,63 @@ def test_configured_node_condition_counts_as_failure_and_cordon_can_be_off():
     nodes["gpu-node-1"] = b.node("gpu-node-1", conditions={"GPUUnhealthy": "True"})
     job = b.job(status=running_status(), faultTolerance={"nodeFailureConditions": ["GPUUnhealthy"],
                                                          "cordonFailedNodes": False})
-    plan = decide(job, b.observed(b.running(0, 4, m.spec_hash(job_spec(job))), nodes=nodes),
+    outcome = decide(job, b.observed(b.running(0, 4, m.spec_hash(job_spec(job))), nodes=nodes),
                   b.at(5))
-    (patch,) = [a for a in plan.actions if a.verb == "patch_node"]
+    (patch,) = [a for a in outcome.actions if a.verb == "patch_node"]
     assert "spec" not in patch.body                      # annotated, not cordoned
     assert patch.body["metadata"]["annotations"]["crucible.dev/failure-reason"] == "NodeGPUUnhealthy"
-    assert "cordonedNodes" not in plan.status
+    assert "cordonedNodes" not in outcome.status
 
 
 def test_a_node_missing_from_the_snapshot_is_not_judged():
     nodes = b.healthy_nodes()
     del nodes["gpu-node-3"]
-    plan = decide(b.job(status=running_status()), b.observed(b.running(0, 4, H), nodes=nodes),
+    outcome = decide(b.job(status=running_status()), b.observed(b.running(0, 4, H), nodes=nodes),
                   b.at(500))
-    assert acts(plan) == []
+    assert acts(outcome) == []
 
 
 # --- hangs -------------------------------------------------------------------------------------
 def test_lease_advancing_updates_step_loss_and_goodput():
     job = b.job(status=running_status(tracking={"members": {}, "everRunning": True, "goodput": {
         "lastStep": 10, "lastStepTime": b.ts(100), "productiveSeconds": 100.0, "steps": 10}}))
-    plan = decide(job, b.observed(b.running(0, 4, H), lease_view_=b.lease(20, 200, loss=2.5,
+    outcome = decide(job, b.observed(b.running(0, 4, H), lease_view_=b.lease(20, 200, loss=2.5,
                                                                           checkpoint_step=15)),
                   b.at(200))
-    assert plan.status["step"] == 20 and plan.status["loss"] == 2.5
-    assert plan.status["lastCheckpoint"]["step"] == 15
-    assert plan.status["goodput"] == 1.0                  # 200 s productive of 200 s
-    assert cond(plan, "Progressing")["status"] == "True"
+    assert outcome.status["step"] == 20 and outcome.status["loss"] == 2.5
+    assert outcome.status["lastCheckpoint"]["step"] == 15
+    assert outcome.status["goodput"] == 1.0                  # 200 s productive of 200 s
+    assert cond(outcome, "Progressing")["status"] == "True"
 
 
 def test_lease_stuck_past_the_timeout_is_a_hang_restart():
-    plan = decide(b.job(status=running_status()), b.observed(b.running(0, 4, H),
+    outcome = decide(b.job(status=running_status()), b.observed(b.running(0, 4, H),
                                                              lease_view_=b.lease(50, 100)),
                   b.at(701))
-    assert plan.status["podGeneration"] == 1
-    assert plan.status["restarts"]["byCause"] == {"Hang": 1}
-    assert plan.status["restarts"]["application"] == 1
-    assert "stuck after step 50" in plan.events[0].message
+    assert outcome.status["podGeneration"] == 1
+    assert outcome.status["restarts"]["byCause"] == {"Hang": 1}
+    assert outcome.status["restarts"]["application"] == 1
+    assert "stuck after step 50" in outcome.events[0].message
 
 
 def test_hang_clock_starts_at_the_last_disruption_not_at_the_old_step():
     status = running_status(tracking={"members": {}, "everRunning": True,
                                       "lastDisruption": b.ts(600)})
-    plan = decide(b.job(status=status), b.observed(b.running(0, 4, H), lease_view_=b.lease(50, 100)),
+    outcome = decide(b.job(status=status), b.observed(b.running(0, 4, H), lease_view_=b.lease(50, 100)),
                   b.at(701))
-    assert plan.status["podGeneration"] == 0
-    assert plan.wake_in_s == pytest.approx(499)
+    assert outcome.status["podGeneration"] == 0
+    assert outcome.wake_in_s == pytest.approx(499)
 
 
 # --- lifecycle ---------------------------------------------------------------------------------
 def test_success_of_any_pod_completes_the_job_and_stops_the_others():
     pods = b.running(0, 4, H)
     pods[1] = b.pod(0, 1, phase="Succeeded", exit_code=0, node="gpu-node-1", spec_hash=H)
-    plan = decide(b.job(status=running_status()), b.observed(pods, lease_view_=b.lease(1907, 9)),
+    outcome = decide(b.job(status=running_status()), b.observed(pods, lease_view_=b.lease(1907, 9)),
                   b.at(60))
-    assert plan.status["phase"] == "Succeeded" and plan.status["completionTime"] == b.ts(60)
-    assert set(acts(plan)) == {("delete", "Pod", f"gpt-0-{i}") for i in (0, 2, 3)}
-    assert "step 1907" in cond(plan, "Succeeded")["message"]
+    assert outcome.status["phase"] == "Succeeded" and outcome.status["completionTime"] == b.ts(60)
+    assert set(acts(outcome)) == {("delete", "Pod", f"gpt-0-{i}") for i in (0, 2, 3)}
+    assert "step 1907" in cond(outcome, "Succeeded")["message"]
 
 
 def test_ttl_deletes_the_finished_job():
@@ -315,11 +315,11 @@ def test_ttl_deletes_the_finished_job():
 
 
 def test_suspend_deletes_pods_and_resume_starts_a_new_generation():
-    plan = decide(b.job(status=running_status(), suspend=True), b.observed(b.running(0, 4, H)),
+    outcome = decide(b.job(status=running_status(), suspend=True), b.observed(b.running(0, 4, H)),
                   b.at(100))
-    assert set(acts(plan)) == {("delete", "Pod", f"gpt-0-{i}") for i in range(4)}
-    assert plan.status["phase"] == "Suspended" and cond(plan, "Suspended")["status"] == "True"
-    resumed = decide(b.job(status=plan.status), b.observed(), b.at(160))
+    assert set(acts(outcome)) == {("delete", "Pod", f"gpt-0-{i}") for i in range(4)}
+    assert outcome.status["phase"] == "Suspended" and cond(outcome, "Suspended")["status"] == "True"
+    resumed = decide(b.job(status=outcome.status), b.observed(), b.at(160))
     assert resumed.status["podGeneration"] == 1 and resumed.status["phase"] == "Pending"
     assert resumed.status["tracking"]["suspendedSeconds"] == 60
     assert resumed.status["restarts"]["total"] == 0         # not a restart
@@ -329,8 +329,8 @@ def test_suspend_deletes_pods_and_resume_starts_a_new_generation():
 
 def test_spec_change_that_reaches_the_pods_restarts_and_operator_knobs_do_not():
     job = b.job(status=running_status(), image="registry.example/crucible-trainer:0.2")
-    plan = decide(job, b.observed(b.running(0, 4, H)), b.at(5))
-    assert plan.status["podGeneration"] == 1 and cond(plan, "Restarting")["reason"] == "SpecChanged"
+    outcome = decide(job, b.observed(b.running(0, 4, H)), b.at(5))
+    assert outcome.status["podGeneration"] == 1 and cond(outcome, "Restarting")["reason"] == "SpecChanged"
     knob = b.job(status=running_status(), faultTolerance={"maxRestarts": 50})
     assert decide(knob, b.observed(b.running(0, 4, H)), b.at(5)).status["podGeneration"] == 0
 
@@ -353,17 +353,17 @@ def test_image_pull_errors_fail_the_job_after_the_pending_timeout_unschedulable_
     stuck = [b.pod(0, i, phase="Pending", node=None, spec_hash=H,
                    unschedulable="0/4 nodes are available: 4 Insufficient nvidia.com/gpu.")
              for i in range(4)]
-    plan = decide(b.job(), b.observed(stuck), b.at(5000))
-    assert plan.status["phase"] == "Pending"
-    assert cond(plan, "PodsScheduled")["reason"] == "Unschedulable"
-    assert "Insufficient nvidia.com/gpu" in cond(plan, "PodsScheduled")["message"]
-    assert "Unschedulable" in reasons(plan)
+    outcome = decide(b.job(), b.observed(stuck), b.at(5000))
+    assert outcome.status["phase"] == "Pending"
+    assert cond(outcome, "PodsScheduled")["reason"] == "Unschedulable"
+    assert "Insufficient nvidia.com/gpu" in cond(outcome, "PodsScheduled")["message"]
+    assert "Unschedulable" in reasons(outcome)
 
 
 def test_invalid_spec_fails_with_the_field_named():
-    plan = decide(b.job(nodes={"min": 5, "max": 2}), b.observed(), b.at(0))
-    assert plan.status["phase"] == "Failed"
-    assert "nodes" in cond(plan, "Failed")["message"] and cond(plan, "Failed")["reason"] == "InvalidSpec"
+    outcome = decide(b.job(nodes={"min": 5, "max": 2}), b.observed(), b.at(0))
+    assert outcome.status["phase"] == "Failed"
+    assert "nodes" in cond(outcome, "Failed")["message"] and cond(outcome, "Failed")["reason"] == "InvalidSpec"
 
 
 def test_a_job_being_deleted_gets_no_actions():

@@ -14,7 +14,7 @@ from kubernetes import client
 
 from crucible.operator import manifests as m
 from tests.operator.cluster import free_port
-from tests.operator.conftest import assert_clean_exit
+from tests.support.operator_run import assert_clean_exit
 from tests.support.services import eventually
 
 pytestmark = pytest.mark.stack

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.operator.conftest import assert_clean_exit
+from tests.support.operator_run import assert_clean_exit
 from tests.support.services import eventually
 
 pytestmark = pytest.mark.stack
@@ -67,7 +67,7 @@ def test_node_loss_cordons_and_moves_the_pod_and_pod_0_loss_restarts_the_group(c
             status = cluster.status("gpt")
             assert status["cordonedNodes"] == [victim] and status["podGeneration"] == 0
             assert status["restarts"]["byCause"] == {"NodeFailure": 1}
-            # Grace 2 s + scheduling: well inside the "grace period + 15 s".
+            # Grace 2 s + scheduling: well inside the goal "grace + 15 s" (docs/operator.md, Scale).
             assert moved_s < 2 + 15, moved_s
 
             # 2. The node under pod 0 (it serves the c10d store) dies: the group restarts.

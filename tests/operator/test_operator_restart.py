@@ -16,7 +16,7 @@ from kubernetes import watch
 
 from crucible.operator import manifests as m
 from tests.operator.cluster import operator_process
-from tests.operator.conftest import assert_clean_exit
+from tests.support.operator_run import assert_clean_exit
 from tests.support.services import eventually
 
 pytestmark = pytest.mark.stack

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.operator.conftest import assert_clean_exit
+from tests.support.operator_run import assert_clean_exit
 from tests.support.services import eventually
 
 pytestmark = pytest.mark.stack

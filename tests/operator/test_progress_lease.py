@@ -13,7 +13,8 @@ import pytest
 from kubernetes import client
 
 from crucible.trainer.lease import ProgressLease
-from tests.operator.conftest import assert_clean_exit, write_kubeconfig
+from tests.support.kubeconfigs import write_kubeconfig
+from tests.support.operator_run import assert_clean_exit
 from tests.support.services import eventually
 
 pytestmark = pytest.mark.stack

@@ -11,8 +11,8 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from tests.operator.conftest import assert_clean_exit
 from tests.operator.test_progress_lease import trainer_kubeconfig
+from tests.support.operator_run import assert_clean_exit
 from tests.support.services import eventually
 
 pytestmark = pytest.mark.stack

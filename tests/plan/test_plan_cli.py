@@ -8,6 +8,8 @@ import sys
 import pytest
 import yaml
 
+from crucible.api.arch import PRESETS
+from crucible.api.names import job_name_problem
 from crucible.api.spec import PretrainJobSpec
 from crucible.trainer.cli import main
 from crucible.trainer.plan import planner, scaling
@@ -23,7 +25,8 @@ def test_compute_only_gives_the_refit_optimum(capsys):
     rc, out, _ = _run(capsys, "--compute", "5.76e23", "--gpus", "1024", "--json")
     assert rc == 0
     figs = json.loads(out)["figures"]
-    assert figs["budget.params"]["value"] == pytest.approx(scaling.BESIROGLU.optimum(5.76e23).params)
+    optimum = scaling.BESIROGLU.optimum(5.76e23)
+    assert figs["budget.params"]["value"] == pytest.approx(optimum.params)
     for fig in figs.values():  # every figure names its formula and unit
         assert fig["formula"] and fig["unit"]
     assert figs["compute_optimal_split_of_c.kaplan.wasted_fraction"]["value"] > 0.5
@@ -83,6 +86,14 @@ def test_emit_job_for_a_bare_parameter_count(capsys):
     assert spec.nodes.max == 4 and spec.model.layers
 
 
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_emit_job_names_every_preset_validly_by_default(capsys, preset):
+    rc, out, _ = _run(capsys, "--model", preset, "--gpus", "8", "--emit-job")
+    assert rc == 0
+    name = yaml.safe_load(out)["metadata"]["name"]
+    assert job_name_problem(name) is None and preset.replace(".", "-") in name
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--params", "1B", "--gpu", "v100"], "unknown GPU 'v100'"),
     (["--params=-1B"], "must be positive"),
@@ -92,6 +103,10 @@ def test_emit_job_for_a_bare_parameter_count(capsys):
     (["--params", "1B", "--mfu", "1.5"], "--mfu"),
     (["--params", "1B", "--gpus", "0"], "greater than zero"),
     (["--model", "gpt2-124m", "--params", "7B"], "disagrees"),
+    (["--params", "1B", "--emit-job", "--name", "Big_Job"], "must be a DNS-1035 label"),
+    (["--params", "1B", "--emit-job", "--name", "9lives"], "must be a DNS-1035 label"),
+    (["--params", "1B", "--emit-job", "--name", "a" * 41], "at most 40"),
+    (["--params", "1B", "--emit-job", "--name="], "must not be empty"),
 ])
 def test_bad_input_is_one_clear_line(capsys, argv, words):
     rc, out, err = _run(capsys, *argv)
@@ -103,8 +118,9 @@ def test_bad_input_is_one_clear_line(capsys, argv, words):
 def test_plan_package_never_imports_torch():
     probe = ("import sys\n"
              "import crucible.trainer.plan.planner, crucible.trainer.plan.review, "
-             "crucible.trainer.plan.decision, crucible.trainer.plan.cli_plan, "
-             "crucible.trainer.plan.cli_review, crucible.trainer.plan.cli_decide\n"
+             "crucible.trainer.plan.strategy, crucible.trainer.plan.emit_job, "
+             "crucible.trainer.commands.plan, crucible.trainer.commands.review, "
+             "crucible.trainer.commands.decide\n"
              "assert 'torch' not in sys.modules, 'torch was imported'\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -1,6 +1,6 @@
 """`crucible review` finds each seeded flaw, passes a sound config, and reads the foreign formats.
 
-Seeded flaws (issue 9): 10× under-trained (Chinchilla Table 3's ≈20 tokens/parameter), LR with no
+Seeded flaws: 10× under-trained (Chinchilla Table 3's ≈20 tokens/parameter), LR with no
 warmup (GPT-3 App. B), vocab not a multiple of 64 (nanoGPT pads 50257 to 50304), checkpoints
 every 6 h against a 3 h MTBF (Young 1974 / Daly 2006), a model that cannot fit (ZeRO §3.1 +
 Korthikanti Table 2).

@@ -14,7 +14,8 @@ import subprocess
 
 import yaml
 
-from tests.ship.conftest import REPO, tool
+from tests.support.repo import REPO
+from tests.support.tools import tool
 
 RULES = REPO / "manifests" / "prometheus" / "crucible-alerts.yaml"
 UNIT_TESTS = REPO / "tests" / "ship" / "alerts.test.yaml"

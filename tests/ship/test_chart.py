@@ -19,8 +19,9 @@ from kubernetes.client.exceptions import ApiException
 from crucible.operator import crd
 from crucible.operator import manifests as m
 from crucible.operator import rbac
-from tests.ship.conftest import CHART, REPO, by_kind, helm, render
 from tests.ship.monitoring_crds import ensure_monitoring_crds
+from tests.support.chart import CHART, by_kind, helm, render
+from tests.support.repo import REPO
 from tests.support.services import Kube, eventually
 
 HELM_LABELS = {"helm.sh/chart", "app.kubernetes.io/instance", "app.kubernetes.io/version",

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from crucible.operator import manifests as m
-from tests.ship.conftest import REPO
+from tests.support.repo import REPO
 
 DOCKERFILES = {"operator": REPO / "operator" / "Dockerfile",
                "trainer": REPO / "trainer" / "Dockerfile"}
@@ -100,10 +100,11 @@ def test_no_secrets_in_instructions_or_context(name):
         if op in ("COPY", "ADD"):
             sources = [s for s in rest.split()[:-1] if not s.startswith("--")]
             assert sources and all(s.rstrip("/") in ("pyproject.toml", "setup.py", "README.md",
-                                                     "operator", "trainer", "/opt/crucible")
+                                                     "api", "operator", "trainer",
+                                                     "/opt/crucible")
                                    for s in sources), rest
         assert op != "ADD", "COPY, not ADD (no remote URLs, no auto-extraction)"
     ignore = (REPO / ".dockerignore").read_text().splitlines()
     assert "**" in ignore and not [
         line for line in ignore if line.startswith("!") and line.lstrip("!").rstrip("/") not in
-        ("pyproject.toml", "setup.py", "README.md", "operator", "trainer")]
+        ("pyproject.toml", "setup.py", "README.md", "api", "operator", "trainer")]

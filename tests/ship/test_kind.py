@@ -10,8 +10,8 @@ import subprocess
 import pytest
 import yaml
 
-from tests.ship.conftest import REPO
 from tests.ship.test_chart import _dry_run
+from tests.support.repo import REPO
 
 KIND = REPO / "e2e" / "kind"
 
@@ -39,9 +39,9 @@ def test_example_image_builds_on_the_trainer_image_make_builds():
 
 @pytest.mark.stack
 def test_example_job_and_s3_objects_pass_a_server_side_dry_run(kube, namespace):
-    from tests.operator.conftest import CRD_FILE, _apply
+    from tests.support.apply import CRD_FILE, apply
 
-    _apply(kube.client(), yaml.safe_load(CRD_FILE.read_text()))
+    apply(kube.client(), yaml.safe_load(CRD_FILE.read_text()))
     docs = [d for f in ("pretrainjob.yaml", "seaweedfs.yaml")
             for d in yaml.safe_load_all((KIND / f).read_text()) if d]
     for doc in docs:

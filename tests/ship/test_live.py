@@ -39,9 +39,11 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.operator.cluster import Cluster, free_port
 from tests.operator.test_progress_lease import trainer_kubeconfig
-from tests.ship.conftest import REPO, Release, exported_metric_names
+from tests.support.chart import Release
+from tests.support.metric_names import exported_metric_names
+from tests.support.repo import REPO
 from tests.support.services import Kube, Prometheus, eventually
-from tests.trainer.conftest import crucible_cmd, job_config, write_config
+from tests.support.training import crucible_cmd, job_config, write_config
 
 pytestmark = pytest.mark.stack
 

@@ -37,8 +37,10 @@ class PrivateS3:
         return f"http://127.0.0.1:{self.layout.port('s3')}"
 
     def env(self) -> dict[str, str]:
-        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": self.values["s3_access_key"],
-                "AWS_SECRET_ACCESS_KEY": self.values["s3_secret_key"], "AWS_DEFAULT_REGION": "us-east-1"}
+        return {"AWS_ENDPOINT_URL": self.endpoint,
+                "AWS_ACCESS_KEY_ID": self.values["s3_access_key"],
+                "AWS_SECRET_ACCESS_KEY": self.values["s3_secret_key"],
+                "AWS_DEFAULT_REGION": "us-east-1"}
 
     def start(self) -> None:
         svc = next(s for s in services.SERVICES if s.name == "seaweedfs")

@@ -11,7 +11,7 @@ from crucible.trainer.data import ShardSet
 from crucible.trainer.tokenizer.codec import open_codec
 from crucible.trainer.tokenizer.documents import split_documents
 from crucible.trainer.tokenizer.metadata import read_metadata
-from tests.tokenizer.conftest import fortunes_mixed, pydoc_docs
+from tests.support.text import fortunes_mixed, pydoc_docs
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_cli_module_imports_nothing_heavy():
     import subprocess
     import sys
 
-    code = ("import sys; import crucible.trainer.tokenizer.command; "
+    code = ("import sys; import crucible.trainer.commands.tokenizer; "
             "heavy = {'numpy', 'tokenizers', 'sentencepiece', 'matplotlib', 'torch'} "
             "& set(sys.modules); "
             "print(sorted(heavy))")

@@ -11,7 +11,7 @@ from crucible.trainer.corpus import pipeline
 from crucible.trainer.tokenizer.documents import (DocumentError, DocumentSource, is_held_out,
                                                   split_documents, split_stream)
 from tests.corpus import realtext
-from tests.tokenizer.conftest import pydoc_docs
+from tests.support.text import pydoc_docs
 
 
 def test_reads_the_output_of_a_corpus_run(tmp_path):

@@ -14,7 +14,7 @@ from crucible.trainer.tokenizer.codec import open_codec
 from crucible.trainer.tokenizer.documents import is_held_out
 from crucible.trainer.tokenizer.encode import EncodeError, encode_to_shards
 from crucible.trainer.tokenizer.vocabulary import EOT
-from tests.tokenizer.conftest import pydoc_docs
+from tests.support.text import pydoc_docs
 
 
 def expected_streams(codec, docs, val_fraction, seed=0):

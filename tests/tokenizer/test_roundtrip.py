@@ -13,7 +13,7 @@ import pytest
 
 from crucible.trainer.tokenizer.codec import open_codec
 from crucible.trainer.tokenizer.vocabulary import EOT, EOT_ID, PAD, PAD_ID
-from tests.tokenizer.conftest import man_pages_non_latin, stdlib_sources
+from tests.support.text import man_pages_non_latin, stdlib_sources
 
 SPM_SPACE = "\u2581"
 

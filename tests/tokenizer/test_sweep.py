@@ -135,7 +135,7 @@ def test_indistinguishable_sizes_go_to_the_one_nearest_tao():
 
 # --- Tao et al. 2024 -----------------------------------------------------------------------------
 def test_tao_predictor_matches_the_authors_figures():
-    """Approach 2 and 1 by their released code, as research/data-and-planning.md §3.4 ran it:
+    """Approach 2 and 1 as their released code (sail-sg/scaling-with-vocab) computes them:
     N_nv = 1B/3B/7B/70B at d = 1536/3200/4096/8192 -> 30-35K / 37-43K / 60-67K / 212-231K."""
     for n_nv, d, lo, hi in ((1e9, 1536, 30e3, 36e3), (3e9, 3200, 37e3, 43e3),
                             (7e9, 4096, 60e3, 68e3), (70e9, 8192, 211e3, 231e3)):

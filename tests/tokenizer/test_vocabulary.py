@@ -11,7 +11,7 @@ from crucible.trainer.tokenizer.codec import CodecError, open_codec
 from crucible.trainer.tokenizer.metadata import metadata_path, read_metadata, tokenizer_hash
 from crucible.trainer.tokenizer.vocabulary import (EOT, EOT_ID, PAD, PAD_ID, RESERVED,
                                                    VocabError, VocabSize, min_vocab, round_vocab)
-from tests.tokenizer.conftest import pydoc_docs
+from tests.support.text import pydoc_docs
 
 
 def test_round_vocab_is_the_next_multiple_of_128():

@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 from crucible.api.launch import TORCHRUN_ENV
+from tests.support.repo import REPO
 from tests.support.services import eventually
-from tests.trainer.conftest import REPO, crucible_cmd
+from tests.support.training import crucible_cmd
 
 
 class TrainProcess:

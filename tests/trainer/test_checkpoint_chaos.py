@@ -16,8 +16,8 @@ import pytest
 
 from tests.support.private_s3 import PrivateS3
 from tests.support.services import eventually
+from tests.support.training import job_config, run_crucible, write_config
 from tests.trainer.chaos import TrainProcess, train_records
-from tests.trainer.conftest import job_config, run_crucible, write_config
 
 BATCH = 4096  # tokens per step: 32 sequences of 128
 

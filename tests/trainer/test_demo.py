@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.trainer.conftest import run_crucible
+from tests.support.training import run_crucible
 
 
 def test_demo_runs_every_stage_and_reports(tmp_path):

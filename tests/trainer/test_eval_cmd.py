@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.trainer.conftest import job_config, run_crucible, write_config
+from tests.support.training import job_config, run_crucible, write_config
 
 
 def test_eval_reproduces_the_runs_final_eval_and_takes_older_steps(corpus, tmp_path):

@@ -1,4 +1,4 @@
-"""The GPT module builds exactly the architecture `arch.py` counts, and behaves like a causal LM."""
+"""The GPT module builds exactly the architecture api/arch.py counts, and acts as a causal LM."""
 
 from __future__ import annotations
 

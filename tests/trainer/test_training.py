@@ -1,9 +1,10 @@
 """Training end to end on CPU: it learns real text, sharding changes nothing, Prometheus sees it.
 
 One two-process FSDP run (torchrun, gloo) is shared by the tests of this module: it is scraped by
-the stack's real Prometheus while it trains, its final held-out loss is compared with the
-unigram entropy of the same validation tokens, and its first steps are compared with a
-one-process run of the same config and global batch.
+the stack's real Prometheus while it trains, every per-step metric is looked for on its exporter
+and in its JSONL file, its final held-out loss is compared with the unigram entropy of the same
+validation tokens, and its first steps are compared with a one-process run of the same config
+and global batch.
 """
 
 from __future__ import annotations
@@ -11,14 +12,19 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import urllib.request
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from crucible.trainer.data import ShardSet
+from crucible.trainer.metrics import StepMetrics
+from tests.support.repo import REPO
 from tests.support.services import eventually
-from tests.trainer.conftest import REPO, crucible_cmd, job_config, run_crucible, write_config
+from tests.support.training import crucible_cmd, job_config, run_crucible, write_config
 
 STEPS = 80
 
@@ -46,6 +52,10 @@ def two_process_run(corpus, tmp_path_factory, prometheus):
         result = eventually(lambda: prometheus.query(query), 90, "loss scraped by Prometheus")
         scraped["loss"] = float(result[0]["value"][1])
         scraped["step"] = float(prometheus.query('crucible_step{job="fsdp-two"}')[0]["value"][1])
+        url = f"http://127.0.0.1:{exporter['port']}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            scraped["series"] = {s.name for family in text_string_to_metric_families(
+                resp.read().decode()) for s in family.samples if s.labels.get("job") == "fsdp-two"}
         output, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -65,6 +75,17 @@ def test_loss_is_exported_and_scraped_by_prometheus(two_process_run):
     assert scraped["step"] in by_step
     assert abs(by_step[scraped["step"]] - scraped["loss"]) < 0.05
     assert len(train) == STEPS and train[-1]["tokens"] == STEPS * 4096
+
+
+def test_every_step_metric_is_exported_and_written(two_process_run):
+    train = [r for r in two_process_run["records"] if r["kind"] == "train"]
+    record = train[-1]
+    for f in fields(StepMetrics):
+        key = f.metadata["jsonl"] or f.name
+        assert key in record, key
+        # This run keeps no checkpoints: the checkpoint's age is null, and has no series.
+        if record[key] is not None:
+            assert f"crucible_{f.name}" in two_process_run["scraped"]["series"], f.name
 
 
 def test_two_processes_learn_real_text_well_below_unigram_entropy(two_process_run, corpus):
@@ -92,7 +113,8 @@ def test_one_process_follows_the_two_process_loss_curve(two_process_run, corpus,
                                   evalEvery=40), tmp_path / "job.yaml")
     run = run_crucible("train", "--config", str(cfg), "--max-steps", str(steps))
     assert run.returncode == 0, run.stderr[-3000:]
-    one = [r["loss"] for r in read_jsonl(tmp_path / "one" / "metrics.jsonl") if r["kind"] == "train"]
+    one = [r["loss"] for r in read_jsonl(tmp_path / "one" / "metrics.jsonl")
+           if r["kind"] == "train"]
     two = [r["loss"] for r in two_process_run["records"] if r["kind"] == "train"][:steps]
     assert len(one) == steps
     np.testing.assert_allclose(one, two, rtol=0, atol=2e-3)

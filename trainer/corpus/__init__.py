@@ -16,5 +16,7 @@ Layout, one concept per module:
     mixture                  sampling sources to target weights
     config, shards, pipeline what a run is, which files a shard owns, running the stages
     report, report_html      the JSON report and its self-contained HTML page
-    manifest, command        the Kubernetes Indexed Job and the `crucible corpus` command
+    indexed_job              the Kubernetes Indexed Job (`crucible corpus manifest` prints it)
+
+The `crucible corpus` command is `crucible.trainer.commands.corpus`.
 """

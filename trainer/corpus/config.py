@@ -1,7 +1,8 @@
 """What a corpus run is: sources, steps with their parameters, dedup, PII, mixture and output.
 
 Owns: `CorpusConfig` and its parts, loading them from YAML/JSON, validation with errors that say
-why, the registry of step names, and `fingerprint()` (a run refuses to resume under a different
+why (`crucible.api.spec.ConfigError`, the one error for a config the user must fix), the
+registry of step names, and `fingerprint()` (a run refuses to resume under a different
 config). Must not: run anything.
 
 Default steps are FineWeb's order (examples/fineweb.py): extract -> language -> Gopher repetition
@@ -29,6 +30,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from crucible.api.spec import ConfigError
 from crucible.trainer.corpus.c4 import C4Quality
 from crucible.trainer.corpus.extract import ExtractHtml
 from crucible.trainer.corpus.fineweb import FineWebQuality
@@ -48,10 +50,6 @@ STEP_TYPES: dict[str, type[Step]] = {cls.name: cls for cls in (
 DEFAULT_STEPS: list[Any] = ["extract", "normalise", "language", "gopher_repetition",
                             "gopher_quality", {"c4": {"filter_no_terminal_punct": False}},
                             "fineweb"]
-
-
-class ConfigError(ValueError):
-    """The config cannot describe a run; the message says which field and why."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +148,8 @@ def from_dict(data: dict[str, Any]) -> CorpusConfig:
     if mixture is not None:
         strangers = set(mixture.weights) - set(names)
         if strangers:
-            raise ConfigError(f"mixture.weights names unknown sources: {', '.join(sorted(strangers))}")
+            raise ConfigError("mixture.weights names unknown sources: "
+                              f"{', '.join(sorted(strangers))}")
     return CorpusConfig(output=str(data["output"]), sources=tuple(sources), steps=steps,
                         dedup=dedup, pii=pii, mixture=mixture, raw=data)
 
@@ -172,6 +171,7 @@ def describe(config: CorpusConfig) -> dict[str, Any]:
             "steps": [{name: params} for name, params in config.steps],
             "dedup": {"exact": config.dedup.exact,
                       "near": None if config.dedup.near is None else
-                      {**asdict(config.dedup.near), "threshold": round(config.dedup.near.threshold, 4)}},
+                      {**asdict(config.dedup.near),
+                       "threshold": round(config.dedup.near.threshold, 4)}},
             "pii": config.pii,
             "mixture": None if config.mixture is None else asdict(config.mixture)}

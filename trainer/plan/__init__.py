@@ -1,5 +1,5 @@
 """Planning: compute-optimal budgets, memory and parallelism, checkpoint interval, cost, a review
-of a training config, and the pretrain / continue / fine-tune decision.
+of a training config, and the pretrain / continue / fine-tune strategy.
 
 Pure functions with dataclass results, one concept per module:
 - `quantities`  parse `1.3B`, `20T`, `6e23` and print SI figures;
@@ -11,11 +11,12 @@ Pure functions with dataclass results, one concept per module:
 - `reliability` checkpoint interval from MTBF (Young 1974, Daly 2006), lost work, goodput;
 - `cost`        wall-clock, GPU-hours and money at an assumed MFU;
 - `recipes`     published training recipes (GPT-3 Table 2.1, torchtitan Llama 3 flavours);
-- `planner`     puts the above together for `crucible plan`; `manifest` emits a PretrainJob;
+- `planner`     puts the above together for `crucible plan`; `emit_job` emits a PretrainJob;
 - `configs`     reads a PretrainJob, torchtitan TOML or nanoGPT config; `review` judges it;
-- `decision`    pretrain vs continued pretraining vs fine-tuning;
+- `strategy`    pretrain vs continued pretraining vs fine-tuning (`crucible decide`);
 - `report`      figures with unit, formula and source, rendered as a table or JSON.
 
-Torch-free and I/O-free except `configs` (reads a file) and the `cli_*` modules: the operator
-imports this package to warn about a spec.
+Torch-free and I/O-free except `configs` (reads a file). The operator does not import it: the
+planes meet only in `crucible.api`. The commands that print plans live in
+`crucible.trainer.commands`.
 """

@@ -142,9 +142,9 @@ class MemoryEstimate:
         return self.total_bytes <= self.usable_bytes
 
 
-# Keep 10% for the CUDA context, NCCL buffers and allocator fragmentation: the research note's
-# "add 10–20% and a few GiB" (shared/research/data-and-planning.md §8), low end, because the
-# estimate already counts logits.
+# Keep 10% for the CUDA context, NCCL buffers and allocator fragmentation (rules of thumb add
+# 10–20% plus a few GiB to a ZeRO-style estimate): the low end, because the estimate already
+# counts logits.
 USABLE_FRACTION = 0.90
 
 

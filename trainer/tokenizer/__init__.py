@@ -6,6 +6,7 @@ and one call for all), `metadata` (tokenizer.meta.json: hash, corpus, settings),
 trained tokenizer opened for encoding, either library), `documents` (inputs and the split by
 document), `compression` (held-out measurements), `vocab_law` (Tao et al. 2024's predictors),
 `sweep` (sizes measured, costed and recommended), `sweep_report` (table, PNG, JSON), `encode`
-(shards for `trainer/data.py`), `command` (`crucible tokenizer`). docs/tokenizer.md has the
-measured figures behind the default vocabulary size.
+(shards for `trainer/data.py`). The `crucible tokenizer` command is
+`crucible.trainer.commands.tokenizer`; docs/tokenizer.md has the measured figures behind the
+default vocabulary size.
 """

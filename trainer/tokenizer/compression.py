@@ -3,7 +3,7 @@
 Owns: `measure` (bytes per token, tokens per document, coverage at a context length) and the
 standard error of a ratio of sums over documents. Must not: train tokenizers or cost models.
 
-Definitions (research/data-and-planning.md §3.5):
+Definitions (docs/tokenizer.md reports them for the sweep):
 - bytes per token = UTF-8 bytes / tokens over all held-out documents (tiktoken's README: "about 4"
   for English with GPT-2's vocabulary); bytes, not characters, so every language and code count
   alike. The end-of-text separator is not counted: it carries no text.

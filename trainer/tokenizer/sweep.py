@@ -37,7 +37,7 @@ from crucible.trainer.tokenizer.codec import open_codec
 from crucible.trainer.tokenizer.compression import Compression, measure, paired_ratio_se
 from crucible.trainer.tokenizer.metadata import read_metadata
 
-# The issue's range, 4K…128K, in powers of two (each a multiple of 128).
+# 4K…128K in powers of two (each a multiple of 128): a small model's size up to Llama 3's 128,256.
 DEFAULT_SIZES = (4096, 8192, 16384, 32768, 65536, 131072)
 Z_BAND = 2.0  # two standard errors: ≈ the 95% two-sided normal quantile (1.96)
 

@@ -17,8 +17,9 @@ optimal_Nv_predict.py @ 8a59af1a, approach2_derivative.py and utils.py @ 3502222
   `fit_tokenization_func.py`.
 They fitted on models of 33M to 3B parameters (N_nv of 33M to 2.87B in `approach2_derivative.py`);
 outside that range the predictions are extrapolations and `in_fitted_range` says so.
-Check values (research/data-and-planning.md §3.4, by running their code): N_nv = 7B, d = 4096
-gives V ≈ 67K by Approach 2; the abstract's "Llama2-70B should have been at least 216K".
+Check values (from running their code; tests/tokenizer/test_sweep.py asserts them): N_nv = 7B,
+d = 4096 gives V ≈ 67K by Approach 2; the abstract's "Llama2-70B should have been at least
+216K".
 """
 
 from __future__ import annotations

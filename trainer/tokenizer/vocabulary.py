@@ -9,7 +9,7 @@ Size rule. A requested size is rounded up to a multiple of 128, Megatron-LM's de
 `--make-vocab-size-divisible-by` ("for computational efficiency", megatron/training/
 arguments.py): the embedding and output matmuls then tile evenly. Trainers can stop short of
 the target: HF's BPE trainer runs out of pairs seen `min_frequency` times on a small corpus
-(research/data-and-planning.md §3.6 measured 45,851 for a requested 64,000). Crucible then pads
+(one small corpus gave 45,851 learned tokens for a requested 64,000). Crucible then pads
 the learned vocabulary up to the next multiple of 128 with reserved special tokens, as Llama 3
 reserves 256 (meta-llama/llama3 llama/tokenizer.py, `num_reserved_special_tokens`), and reports
 both numbers; it never pretends the target was reached.

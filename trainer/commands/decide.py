@@ -1,7 +1,7 @@
 """`crucible decide`: pretrain, continue pretraining, or fine-tune — costs, a pick, and its flips.
 
-Thin adapter over `decision.decide`; budgets may be FLOPs, GPU-hours or dollars (converted with
-`cost` at the given GPU, MFU and price).
+Thin adapter over `strategy.recommend`; budgets may be FLOPs, GPU-hours or dollars (converted
+with `cost` at the given GPU, MFU and price).
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from dataclasses import asdict
 
 from crucible.trainer.hardware import ACCELERATORS, accelerator
 from crucible.trainer.plan import cost as costs
-from crucible.trainer.plan import decision
+from crucible.trainer.plan import strategy
 from crucible.trainer.plan.quantities import QuantityError, human, parse_fraction, parse_quantity
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task-tokens", required=True, help="in-domain tokens available (e.g. 5B)")
-    parser.add_argument("--distance", required=True, choices=decision.DISTANCES,
+    parser.add_argument("--distance", required=True, choices=strategy.DISTANCES,
                         help="domain distance from open web text: near (same language and genre), "
                         "mid (specialist domain: law, medicine, code), far (new language/script)")
     parser.add_argument("--base-params", default="0", help="size of the best usable base model "
@@ -49,12 +49,12 @@ def run(args) -> int:
         if args.budget:
             budget = parse_quantity(args.budget, name="--budget")
         elif args.gpu_hours:
-            budget = costs.compute_from_gpu_hours(parse_quantity(args.gpu_hours, name="--gpu-hours"),
-                                                  gpu, mfu)
+            hours = parse_quantity(args.gpu_hours, name="--gpu-hours")
+            budget = costs.compute_from_gpu_hours(hours, gpu, mfu)
         elif args.usd:
-            budget = costs.compute_from_gpu_hours(parse_quantity(args.usd.lstrip("$"), name="--usd")
-                                                  / price, gpu, mfu)
-        task = decision.Task(
+            usd = parse_quantity(args.usd.lstrip("$"), name="--usd")
+            budget = costs.compute_from_gpu_hours(usd / price, gpu, mfu)
+        task = strategy.Task(
             task_tokens=parse_quantity(args.task_tokens, name="--task-tokens"),
             distance=args.distance,
             base_params=parse_quantity(args.base_params, name="--base-params", allow_zero=True),
@@ -62,7 +62,7 @@ def run(args) -> int:
             target_params=parse_quantity(args.target_params, name="--target-params")
             if args.target_params else None,
             budget_flops=budget)
-        result = decision.decide(task)
+        result = strategy.recommend(task)
     except (QuantityError, ValueError) as err:
         raise UserError(str(err), "see `crucible decide --help`") from None
     rows = []
@@ -79,8 +79,9 @@ def run(args) -> int:
     print(f"\n{'option':<22} {'params':>9} {'tokens':>10} {'compute':>12} {'GPU-hours':>11} "
           f"{'cost':>12}  fits budget  formula")
     for r in rows:
-        print(f"{r['option']:<22} {human(r['params'], 'count'):>9} {human(r['tokens'], 'count'):>10} "
-              f"{r['compute_flops']:>12.3g} {r['gpu_hours']:>11.3g} {human(r['usd'], 'USD'):>12}  "
+        print(f"{r['option']:<22} {human(r['params'], 'count'):>9} "
+              f"{human(r['tokens'], 'count'):>10} {r['compute_flops']:>12.3g} "
+              f"{r['gpu_hours']:>11.3g} {human(r['usd'], 'USD'):>12}  "
               f"{'yes' if r['affordable'] else 'NO':<11}  {r['formula']}")
     print(f"  ({gpu.name} at {mfu:.0%} MFU, ${price:.2f}/GPU-hour; budget "
           f"{'none' if budget is None else f'{budget:.3g} FLOP'})")

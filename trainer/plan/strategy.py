@@ -1,7 +1,8 @@
-"""Pretrain vs continued pretraining vs fine-tuning: costs side by side, a pick, and what flips it.
+"""Training strategy: pretrain vs continued pretraining vs fine-tuning, costed side by side, a
+recommendation, and what would flip it (`crucible decide`).
 
-Owns the decision rule and its thresholds; FLOP and money arithmetic come from `scaling` and
-`cost`. Pure: `decide(Task) -> Decision`. Sources for the rule:
+Owns the recommendation rule and its thresholds; FLOP and money arithmetic come from `scaling`
+and `cost`. Pure: `recommend(Task) -> Recommendation`. Sources for the rule:
 - cost of each option is 6·N·D (Kaplan et al. 2020 §2.1; Hoffmann et al. 2022 §2) with D that
   option's tokens; LoRA skips weight gradients of the frozen matrices, ≈4·N·D (forward 2N +
   activation gradients 2N); Hu et al. 2021 (arXiv 2106.09685) §4.2 report 25% faster training
@@ -79,7 +80,7 @@ class Costed:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Recommendation:
     choice: Option
     reasons: tuple[str, ...]
     options: tuple[Costed, ...]
@@ -100,7 +101,8 @@ def cost_options(task: Task) -> tuple[Costed, ...]:
     d_pre = scaling.CHINCHILLA_TOKENS_PER_PARAM * n_pre
     six = scaling.FLOPS_PER_PARAM_TOKEN
     out = [Costed("pretrain", n_pre, d_pre, six * n_pre * d_pre,
-                  "6·N·20N (Chinchilla Table 3), in-domain tokens mixed in", six * n_pre * d_pre <= budget)]
+                  "6·N·20N (Chinchilla Table 3), in-domain tokens mixed in",
+                  six * n_pre * d_pre <= budget)]
     if task.usable_base:
         n = task.base_params
         d_cpt = task.task_tokens * (1 + REPLAY_SHARE[task.distance])
@@ -118,7 +120,7 @@ def cost_options(task: Task) -> tuple[Costed, ...]:
     return tuple(out)
 
 
-def decide(task: Task) -> Decision:
+def recommend(task: Task) -> Recommendation:
     options = cost_options(task)
     by = {c.option: c for c in options}
     pre = by["pretrain"]
@@ -135,7 +137,7 @@ def decide(task: Task) -> Decision:
                            f"parameters on {fit.tokens:.3g} tokens compute-optimally")
         flips.append("a base model with a licence that allows this use makes continued "
                      "pretraining or fine-tuning far cheaper")
-        return Decision("pretrain", tuple(reasons), options, tuple(flips))
+        return Recommendation("pretrain", tuple(reasons), options, tuple(flips))
 
     n, d = task.base_params, task.task_tokens
     cpt, ft, lora = by["continued-pretraining"], by["fine-tune"], by["lora"]
@@ -189,4 +191,4 @@ def decide(task: Task) -> Decision:
     if choice == "fine-tune":
         flips.append(f"with a budget below {ft.compute_flops:.3g} FLOP, use LoRA "
                      f"({lora.compute_flops:.3g} FLOP)")
-    return Decision(choice, tuple(reasons), options, tuple(flips))
+    return Recommendation(choice, tuple(reasons), options, tuple(flips))

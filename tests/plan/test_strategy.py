@@ -10,18 +10,19 @@ import json
 import pytest
 
 from crucible.trainer.cli import main
-from crucible.trainer.plan import decision as dc
+from crucible.trainer.plan import strategy as st
 
 
 def test_no_licensed_base_means_pretraining():
-    d = dc.decide(dc.Task(task_tokens=5e9, distance="far", base_params=7e9, base_license_ok=False))
+    d = st.recommend(st.Task(task_tokens=5e9, distance="far", base_params=7e9,
+                             base_license_ok=False))
     assert d.choice == "pretrain"
     assert any("licence" in r for r in d.reasons)
     assert any("licence" in f for f in d.flips)
 
 
 def test_corpus_scale_specialist_data_means_continued_pretraining():
-    d = dc.decide(dc.Task(task_tokens=20e9, distance="mid", base_params=7e9))
+    d = st.recommend(st.Task(task_tokens=20e9, distance="mid", base_params=7e9))
     assert d.choice == "continued-pretraining"
     by = {o.option: o for o in d.options}
     assert by["continued-pretraining"].compute_flops == pytest.approx(6 * 7e9 * 20e9 * 1.05)
@@ -30,33 +31,34 @@ def test_corpus_scale_specialist_data_means_continued_pretraining():
 
 
 def test_small_near_data_means_fine_tuning():
-    d = dc.decide(dc.Task(task_tokens=5e6, distance="near", base_params=8e9))
+    d = st.recommend(st.Task(task_tokens=5e6, distance="near", base_params=8e9))
     assert d.choice == "fine-tune"
 
 
 def test_lora_is_two_thirds_of_full_fine_tuning_flops():
-    d = dc.decide(dc.Task(task_tokens=1e8, distance="near", base_params=7e9))
+    d = st.recommend(st.Task(task_tokens=1e8, distance="near", base_params=7e9))
     by = {o.option: o for o in d.options}
     assert by["lora"].compute_flops / by["fine-tune"].compute_flops == pytest.approx(4 / 6)
 
 
 def test_tight_budget_flips_fine_tune_to_lora():
-    full = 6 * 7e9 * 1e7 * dc.FINE_TUNE_EPOCHS
-    d = dc.decide(dc.Task(task_tokens=1e7, distance="near", base_params=7e9, budget_flops=0.8 * full))
+    full = 6 * 7e9 * 1e7 * st.FINE_TUNE_EPOCHS
+    d = st.recommend(st.Task(task_tokens=1e7, distance="near", base_params=7e9,
+                             budget_flops=0.8 * full))
     assert d.choice == "lora"
 
 
 def test_budget_flips_continued_pretraining_to_fine_tuning():
     task = dict(task_tokens=2e9, distance="mid", base_params=7e9)
     cpt = 6 * 7e9 * 2e9 * 1.05
-    assert dc.decide(dc.Task(**task, budget_flops=2 * cpt)).choice == "continued-pretraining"
-    assert dc.decide(dc.Task(**task, budget_flops=0.9 * cpt)).choice in ("fine-tune", "lora")
+    assert st.recommend(st.Task(**task, budget_flops=2 * cpt)).choice == "continued-pretraining"
+    assert st.recommend(st.Task(**task, budget_flops=0.9 * cpt)).choice in ("fine-tune", "lora")
 
 
 def test_far_domain_with_enough_data_flips_to_pretraining():
     task = dict(distance="far", base_params=1e9)
-    assert dc.decide(dc.Task(task_tokens=30e9, **task)).choice == "pretrain"  # ≥ 20·N
-    assert dc.decide(dc.Task(task_tokens=10e9, **task)).choice == "continued-pretraining"
+    assert st.recommend(st.Task(task_tokens=30e9, **task)).choice == "pretrain"  # ≥ 20·N
+    assert st.recommend(st.Task(task_tokens=10e9, **task)).choice == "continued-pretraining"
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -67,7 +69,7 @@ def test_far_domain_with_enough_data_flips_to_pretraining():
 ])
 def test_bad_input(kwargs, words):
     with pytest.raises(ValueError, match=words):
-        dc.Task(**kwargs)
+        st.Task(**kwargs)
 
 
 def test_cli(capsys):

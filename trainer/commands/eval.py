@@ -12,8 +12,10 @@ import json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="the job config (or PretrainJob) trained with")
-    parser.add_argument("--step", type=int, help="newest commit at or below this step (default: newest)")
+    parser.add_argument("--config", required=True,
+                        help="the job config (or PretrainJob) trained with")
+    parser.add_argument("--step", type=int,
+                        help="newest commit at or below this step (default: newest)")
     parser.add_argument("--tokens", type=int, help="held-out tokens to score (default: "
                         "training.evalTokens)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -60,15 +62,18 @@ def run(args: argparse.Namespace) -> int:
         val = ShardSet(cfg.data.val)
         val.check_compatible(model_cfg.vocab_size)
         model = parallel.build_sharded_model(model_cfg, env, parallel.build_mesh(env),
-                                             precision=cfg.training.precision, seed=cfg.training.seed)
+                                             precision=cfg.training.precision,
+                                             seed=cfg.training.seed)
         model_hash, config_hash = job_hashes(cfg)
-        ckpt = Checkpointer(cfg.checkpoint, job=cfg.name, rank=env.rank, world_size=env.world_size,
-                            local_rank=env.local_rank, model_hash=model_hash, config_hash=config_hash)
-        manifest = ckpt.load(_Weights(model), max_step=args.step)
-        if manifest is None:
+        ckpt = Checkpointer(cfg.checkpoint, job=cfg.name, rank=env.rank,
+                            world_size=env.world_size, local_rank=env.local_rank,
+                            model_hash=model_hash, config_hash=config_hash)
+        commit_manifest = ckpt.load(_Weights(model), max_step=args.step)
+        if commit_manifest is None:
             raise UserError(f"no committed checkpoint under {cfg.checkpoint.uri}"
                             + (f" at or below step {args.step}" if args.step is not None else ""))
-        result = evaluate(model, val, seq_len=model_cfg.seq_len, micro_batch=cfg.training.micro_batch,
+        result = evaluate(model, val, seq_len=model_cfg.seq_len,
+                          micro_batch=cfg.training.micro_batch,
                           tokens=args.tokens or cfg.training.eval_tokens, rank=env.rank,
                           world_size=env.world_size, device=env.device)
     except (DataError, CheckpointError) as err:
@@ -76,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         parallel.shutdown()
     if env.is_main:
-        out = {"step": manifest["step"], "checkpoint": f"{cfg.checkpoint.uri}/step_{manifest['step']}",
+        step = commit_manifest["step"]
+        out = {"step": step, "checkpoint": f"{cfg.checkpoint.uri}/step_{step}",
                "loss": result.loss, "bits_per_byte": result.bits_per_byte, "tokens": result.tokens}
         if args.json:
             print(json.dumps(out))

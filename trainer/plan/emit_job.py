@@ -1,7 +1,8 @@
-"""A ready PretrainJob manifest (crucible.dev/v1alpha1) from a plan.
+"""A ready PretrainJob manifest from a plan (`crucible plan --emit-job`).
 
-Owns the mapping from planned numbers to spec fields; it validates the result against
-`PretrainJobSpec` so what it prints is what the CRD accepts. Recipe defaults come from GPT-3
+Owns the mapping from planned numbers to spec fields; it checks the name with the CRD's own rule
+(`names.job_name_problem`) and validates the spec against `PretrainJobSpec`, so what it returns
+is what the CRD accepts. Recipe defaults come from GPT-3
 (Brown et al. 2020, Table 2.1 and App. B) via `recipes`; the checkpoint interval from
 `reliability` (Daly 2006). Pure: returns a dict; the CLI prints it as YAML.
 """
@@ -9,17 +10,14 @@ Owns the mapping from planned numbers to spec fields; it validates the result ag
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import replace
 
 from pydantic import ValidationError
 
 from crucible.api.arch import PRESETS, GPTConfig
+from crucible.api.names import API_VERSION, KIND, job_name_problem
 from crucible.api.spec import PretrainJobSpec, explain
 from crucible.trainer.plan import recipes
-
-API_VERSION = "crucible.dev/v1alpha1"
-KIND = "PretrainJob"
 
 
 def model_fields(cfg: GPTConfig, preset: str | None) -> dict:
@@ -43,8 +41,9 @@ def pretrain_job(*, name: str, image: str, cfg: GPTConfig, preset: str | None, p
                  checkpoint_uri: str, lr: float | None = None,
                  tokenizer: str | None = None) -> dict:
     """The manifest as a dict; raises ValueError (with the spec's own words) if it is invalid."""
-    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) or len(name) > 63:
-        raise ValueError(f"job name {name!r} must be a lowercase DNS label (a-z, 0-9, '-')")
+    problem = job_name_problem(name)
+    if problem:
+        raise ValueError(problem)
     row = recipes.gpt3_row(params)
     per_node = min(gpus, gpus_per_node)
     nodes = math.ceil(gpus / per_node)

@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="corpus_command", metavar="ACTION", required=True)
 
     run = sub.add_parser("run", help="run every stage (or one worker's share with --shard)")
-    run.add_argument("--config", required=True, help="corpus YAML (see crucible.trainer.corpus.config)")
+    run.add_argument("--config", required=True,
+                     help="corpus YAML (see crucible.trainer.corpus.config)")
     run.add_argument("--output", help="override the config's output folder")
     run.add_argument("--shards", type=int, default=None,
                      help="number of shards for a local run (default: --workers)")
@@ -52,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_config(args: argparse.Namespace):
-    from crucible.trainer.corpus.config import ConfigError, load
+    from crucible.api.spec import ConfigError
+    from crucible.trainer.corpus.config import load
 
     path = Path(args.config)
     if not path.is_file():
@@ -82,7 +84,7 @@ def _shard_count_from_run(config) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.corpus_command == "manifest":
-        from crucible.trainer.corpus.manifest import render_job, to_yaml
+        from crucible.trainer.corpus.indexed_job import render_job, to_yaml
 
         _config, text = _load_config(args)
         sys.stdout.write(to_yaml(render_job(args.name, args.image, text, args.workers,
@@ -106,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
             try:
                 worker = Shard.parse(args.shard, dict(os.environ))
             except ValueError as err:
-                raise UserError(str(err), "use --shard 0/4, or auto/4 inside an Indexed Job") from None
+                raise UserError(str(err),
+                                "use --shard 0/4, or auto/4 inside an Indexed Job") from None
             pipeline.run_worker(config, worker, progress, wait_timeout_s=args.wait_timeout_s)
             print(f"worker {worker}: done; report at {config.output}/report.html")
             return 0

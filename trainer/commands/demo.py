@@ -30,10 +30,13 @@ VAL_FRACTION = 0.05
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="runs/demo", help="folder for every artefact (default: runs/demo)")
+    parser.add_argument("--out", default="runs/demo",
+                        help="folder for every artefact (default: runs/demo)")
     parser.add_argument("--nproc", type=int, default=2, help="training processes (default 2)")
-    parser.add_argument("--steps", type=int, default=120, help="optimizer steps (default 120, a few minutes on 2 cores)")
-    parser.add_argument("--man-pages", type=int, default=600, help="English man pages to include (default 600)")
+    parser.add_argument("--steps", type=int, default=120,
+                        help="optimizer steps (default 120, a few minutes on 2 cores)")
+    parser.add_argument("--man-pages", type=int, default=600,
+                        help="English man pages to include (default 600)")
 
 
 def _stage(title: str) -> None:
@@ -59,12 +62,14 @@ def gather_raw_text(raw: Path, man_pages: int) -> dict[str, Path]:
     for key in sorted(topics.topics):
         (sources["python-docs"] / f"{key}.txt").write_text(topics.topics[key])
     if shutil.which("man") and man_pages > 0:
-        pages = sorted(p for sec in MAN_SECTIONS for p in (Path("/usr/share/man") / sec).glob("*.gz"))
+        man = Path("/usr/share/man")
+        pages = sorted(p for sec in MAN_SECTIONS for p in (man / sec).glob("*.gz"))
         folder = sources["man-pages"] = raw / "man-pages"
         folder.mkdir(parents=True, exist_ok=True)
         from tqdm import tqdm
 
-        for page in tqdm(pages[:man_pages], desc="rendering man pages", unit="page", mininterval=1.0):
+        for page in tqdm(pages[:man_pages], desc="rendering man pages", unit="page",
+                         mininterval=1.0):
             text = render_man_page(page)
             if text.strip():
                 (folder / (page.name.removesuffix(".gz") + ".txt")).write_text(text)
@@ -99,7 +104,8 @@ def build_corpus(sources: dict[str, Path], out: Path) -> tuple[list[str], Path]:
     shards = 2
     run_local(cfg, shards, workers=2, progress=True)
     job = Job(cfg, shards)
-    docs = [d.text for s in range(shards) for d in read_docs(shard_uri(str(out), job.final_folder(), s))]
+    docs = [d.text for s in range(shards)
+            for d in read_docs(shard_uri(str(out), job.final_folder(), s))]
     return docs, out / "report.html"
 
 
@@ -164,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
     if len(docs) < 50:
         raise UserError(f"only {len(docs)} documents survived the corpus filters; the demo needs "
                         "more text", hint="install man-db (apt-get install man-db) for man pages")
-    print(f"  {len(docs)} documents, {sum(map(len, docs)) / 1e6:.1f} M characters kept; report: {report}")
+    print(f"  {len(docs)} documents, {sum(map(len, docs)) / 1e6:.1f} M characters kept; "
+          f"report: {report}")
 
     _stage(f"3/5 tokenizer: byte-level BPE, {DEMO_VOCAB} tokens, and shards")
     # The tokenizer learns from the training side of the same document split the shards use,
@@ -176,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
 
     _stage(f"4/5 training: tiny GPT, FSDP2 on {args.nproc} CPU processes (torchrun)")
     cfg_path = out / "job.yaml"
-    cfg_path.write_text(yaml.safe_dump(job_config(out, tokenizer, out / "shards", args.steps, args.nproc)))
+    cfg_path.write_text(yaml.safe_dump(job_config(out, tokenizer, out / "shards", args.steps,
+                                                  args.nproc)))
     summary_path = out / "summary.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={args.nproc}", "-m", "crucible.trainer", "train",

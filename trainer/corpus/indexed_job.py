@@ -1,6 +1,6 @@
 """The Kubernetes Indexed Job that runs a corpus config on N workers, as a pure function.
 
-Owns: `render_job(...) -> dict` (a batch/v1 Job plus the ConfigMap holding the corpus config) and
+Owns: `render_job(...)` (the ConfigMap holding the corpus config, and a batch/v1 Job) and
 `to_yaml`. Must not: talk to the API server (whoever applies the YAML does).
 
 Design: one Indexed Job (completionMode: Indexed, completions = parallelism = N). Pod i runs
@@ -10,13 +10,15 @@ stage boundary for the others' completion markers in the shared output (pipeline
 that dies is recreated with the same index (backoffLimitPerIndex, Kubernetes 1.29+ beta / 1.33 GA)
 and skips the tasks its predecessor finished. Credentials for s3:// come from a Secret via envFrom,
 never from the manifest. manifests/corpus/indexed-job.yaml is this function's output for the
-example config; tests/corpus/test_manifest.py re-renders it and parses its container command with
+example config; tests/corpus/test_indexed_job.py re-renders it and parses its container command with
 the real CLI parser, so the two cannot drift apart.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from crucible.api.launch import EXIT_USER_ERROR
 
 CONFIG_MOUNT = "/etc/crucible/corpus"
 
@@ -55,11 +57,12 @@ def render_job(name: str, image: str, config_yaml: str, workers: int, *,
             "completions": workers,
             "parallelism": workers,   # all at once: stage barriers wait for every index
             "backoffLimitPerIndex": retries_per_index,
-            "maxFailedIndexes": 0,    # one index that keeps failing fails the job: no partial corpus
+            # One index that keeps failing fails the job: no partial corpus.
+            "maxFailedIndexes": 0,
             "podFailurePolicy": {"rules": [
-                # exit 2 is a user error (bad config): retrying cannot fix it.
-                {"action": "FailJob", "onExitCodes": {"containerName": "corpus",
-                                                      "operator": "In", "values": [2]}}]},
+                # A user error (bad config): retrying cannot fix it.
+                {"action": "FailJob", "onExitCodes": {"containerName": "corpus", "operator": "In",
+                                                      "values": [EXIT_USER_ERROR]}}]},
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {"restartPolicy": "Never", "containers": [container],

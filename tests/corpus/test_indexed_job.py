@@ -10,7 +10,7 @@ import yaml
 
 from crucible.trainer.cli import build_parser
 from crucible.trainer.corpus import config as corpus_config
-from crucible.trainer.corpus.manifest import render_job, to_yaml
+from crucible.trainer.corpus.indexed_job import render_job, to_yaml
 from crucible.trainer.corpus.shards import Shard
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +33,8 @@ def test_job_is_indexed_and_mounts_a_valid_config():
     assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job")
     assert spec["completionMode"] == "Indexed"
     assert spec["completions"] == spec["parallelism"] == 8
-    assert spec["template"]["spec"]["restartPolicy"] == "Never"     # required by backoffLimitPerIndex
+    # backoffLimitPerIndex requires restartPolicy Never.
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"
     volume = spec["template"]["spec"]["volumes"][0]
     assert volume["configMap"]["name"] == config_map["metadata"]["name"]
     cfg = corpus_config.load(config_map["data"]["corpus.yaml"])

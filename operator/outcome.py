@@ -1,9 +1,9 @@
-"""A reconcile pass's output (`Plan`: actions, status, events) and the accumulator that builds it.
+"""A reconcile pass's `Outcome` (actions, one status, events) and the `Pass` that builds it.
 
 Owns the bookkeeping every policy shares: recording actions and events, setting conditions,
 counting restarts by cause, bumping the pod generation, failing the job, and freezing it all into
-a `Plan` with one status. Pure: the pass's "now" is given. `decision.py` and `failure_policy.py`
-write into a `Pass`; `kube.py` carries out the `Plan`.
+an `Outcome` with one status. Pure: the pass's "now" is given. `decision.py` and `failure_policy.py`
+write into a `Pass`; `kube.py` carries out the `Outcome`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Event:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Outcome:
     actions: tuple[Action, ...] = ()
     status: dict = field(default_factory=dict)
     events: tuple[Event, ...] = ()
@@ -52,7 +52,7 @@ class Plan:
 
 
 class Pass:
-    """Accumulates one pass's decisions; `plan()` freezes them."""
+    """Accumulates one pass's decisions; `outcome()` freezes them."""
 
     def __init__(self, job: JobView, obs: Observed, now: dt.datetime):
         self.job, self.obs, self.now = job, obs, now
@@ -159,7 +159,7 @@ class Pass:
         elif self.spec and f.stuck_terminating(pod, self.spec.fault_tolerance, self.now):
             self.act("force_delete", "Pod", pod.name, reason="StuckTerminating")
 
-    def plan(self) -> Plan:
+    def outcome(self) -> Outcome:
         self.status["conditions"] = self.conds
         self.status["observedGeneration"] = self.job.generation
         self.status.setdefault("podGeneration", self.gen)
@@ -173,7 +173,7 @@ class Pass:
         if value is not None:
             self.status["goodput"] = value
         self.status["tracking"] = self.track
-        return Plan(tuple(self.actions), self.status, tuple(self.events), self.requeue,
+        return Outcome(tuple(self.actions), self.status, tuple(self.events), self.requeue,
                     self.wake_in_s, tuple(self.restarts))
 
 

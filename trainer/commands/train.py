@@ -11,14 +11,14 @@ import json
 import os
 import sys
 
-# Exit code of a run the stability guard gave up on: an application failure for the operator,
-# whose maxRestartsWithoutProgress then stops restarting a run that cannot get past its spike.
-GUARD_ABORT_EXIT = 3
+from crucible.api.launch import EXIT_GUARD_ABORT, EXIT_OK
+
 TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="job config YAML, or a PretrainJob manifest")
+    parser.add_argument("--config", required=True,
+                        help="job config YAML, or a PretrainJob manifest")
     parser.add_argument("--progress", action="store_true", help="progress bar instead of log lines")
     parser.add_argument("--summary-json", help="write the run summary to this file (rank 0)")
     parser.add_argument("--max-steps", type=int, help="stop after this many steps in this run "
@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
 
     import logging
 
-    logging.basicConfig(level=logging.INFO if int(os.environ.get("RANK", "0")) == 0 else logging.WARNING,
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    logging.basicConfig(level=logging.INFO if rank0 else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     for chatty in ("botocore", "boto3", "urllib3", "s3transfer"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
@@ -47,17 +48,19 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         summary = loop.train(cfg, progress=args.progress, max_steps=args.max_steps)
-    except (DataError, loop.PlanError, CheckpointError) as err:
+    except (DataError, loop.BatchError, CheckpointError) as err:
         raise UserError(str(err)) from None
     except loop.GuardAbort as err:
         message = f"stopped by the stability guard: {err}"
         _termination_message(message)
         print(f"crucible train: {message}", file=sys.stderr)
-        return GUARD_ABORT_EXIT
+        # An application failure for the operator, whose maxRestartsWithoutProgress then stops
+        # restarting a run that cannot get past its spike.
+        return EXIT_GUARD_ABORT
     if args.summary_json and int(os.environ.get("RANK", "0")) == 0:
         with open(args.summary_json, "w") as f:
             json.dump(summary.to_dict(), f, indent=2, default=lambda o: o.__dict__)
-    return 0
+    return EXIT_OK
 
 
 def _termination_message(message: str) -> None:

@@ -1,8 +1,10 @@
-"""A small real-text corpus, tokenized once per test session, and a helper that runs training.
+"""Running `crucible` training as a real subprocess on a small tokenized corpus.
 
-The text is Python's own documentation (the `pydoc_data.topics` module that ships with every
-CPython: ~460 kB of reference prose and examples written by the Python documentation authors),
-so it is present on every machine without a download.
+- `Corpus`: a tokenizer and its train/val shards (the `corpus` fixture in tests/conftest.py
+  builds one from Python's docs once per session);
+- `job_config`, `write_config`: a job config for the tiny preset on that corpus, and its file;
+- `crucible_cmd`, `run_crucible`: the command line (torchrun for several processes) and a run of
+  it from the repository root, with the torchrun environment the operator also sets.
 """
 
 from __future__ import annotations
@@ -13,17 +15,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.repo import REPO
+
 VOCAB = 2048
-
-
-def python_docs() -> list[str]:
-    import pydoc_data.topics as topics
-
-    return [topics.topics[key] for key in sorted(topics.topics)]
 
 
 @dataclass(frozen=True)
@@ -32,18 +28,6 @@ class Corpus:
     train: Path
     val: Path
     vocab_size: int
-
-
-@pytest.fixture(scope="session")
-def corpus(tmp_path_factory) -> Corpus:
-    from crucible.trainer.tokenizer.bpe import train_bpe
-    from crucible.trainer.tokenizer.encode import encode_to_shards
-
-    root = tmp_path_factory.mktemp("corpus")
-    docs = python_docs()
-    tok = train_bpe(docs, VOCAB, root / "tokenizer.json")
-    encode_to_shards(tok, docs, root / "shards", val_fraction=0.1, seed=0)
-    return Corpus(tok, root / "shards" / "train", root / "shards" / "val", VOCAB)
 
 
 def job_config(corpus: Corpus, out: Path, *, name: str = "t", steps: int = 20,

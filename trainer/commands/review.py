@@ -1,4 +1,5 @@
-"""`crucible review FILE`: findings for a PretrainJob, job config, torchtitan TOML or nanoGPT config.
+"""`crucible review FILE`: findings for a PretrainJob, job config, torchtitan TOML or nanoGPT
+config.
 
 Thin adapter: reads with `configs.load`, judges with `review.review`, prints a table (or --json).
 Exit code 1 when any finding is an error (so it can gate CI), 0 otherwise, 2 for bad input.
@@ -40,8 +41,10 @@ def run(args) -> int:
         gpus = parse_quantity(args.gpus, name="--gpus") if args.gpus else None
         if gpus is not None and gpus != int(gpus):
             raise QuantityError(f"--gpus must be a whole number, got {gpus:g}")
-        mtbf = parse_quantity(args.mtbf_hours, name="--mtbf-hours") * 3600 if args.mtbf_hours else None
-        save = parse_quantity(args.save_seconds, name="--save-seconds") if args.save_seconds else None
+        mtbf = (parse_quantity(args.mtbf_hours, name="--mtbf-hours") * 3600
+                if args.mtbf_hours else None)
+        save = (parse_quantity(args.save_seconds, name="--save-seconds")
+                if args.save_seconds else None)
         mfu = parse_fraction(args.mfu, name="--mfu")
     except QuantityError as err:
         raise UserError(str(err), "see `crucible review --help`") from None

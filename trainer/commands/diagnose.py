@@ -45,7 +45,8 @@ def read_history(path: Path) -> list[dict]:
                 try:
                     rows.append({k: float(row[columns[k]]) for k in ("step", "loss", "grad_norm")})
                 except (TypeError, ValueError):
-                    raise UserError(f"{path}, line {n}: not a number in step/loss/grad_norm") from None
+                    raise UserError(f"{path}, line {n}: not a number in "
+                                    "step/loss/grad_norm") from None
         return rows
     for n, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
@@ -84,9 +85,11 @@ def plot(rows: list[dict], verdicts, png: Path) -> None:
 
     x = list(range(1, len(rows) + 1))
     fig, (ax_loss, ax_grad) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
-    ax_loss.plot(x, [r["loss"] if math.isfinite(r["loss"]) else float("nan") for r in rows], lw=1)
-    ax_grad.plot(x, [r["grad_norm"] if math.isfinite(r["grad_norm"]) else float("nan") for r in rows],
-                 lw=1, color="tab:purple")
+    def finite(key: str) -> list[float]:
+        return [r[key] if math.isfinite(r[key]) else float("nan") for r in rows]
+
+    ax_loss.plot(x, finite("loss"), lw=1)
+    ax_grad.plot(x, finite("grad_norm"), lw=1, color="tab:purple")
     ax_grad.set_yscale("log")
     # A verdict is drawn at the record that produced it (steps repeat after a rollback).
     position = {}

@@ -13,10 +13,11 @@ from pathlib import Path
 import yaml
 
 from crucible.api.arch import PRESETS, preset
+from crucible.api.names import job_name_problem
 from crucible.trainer.hardware import ACCELERATORS
 from crucible.trainer.plan import configs
 from crucible.trainer.plan import cost as costs
-from crucible.trainer.plan import manifest, planner, scaling
+from crucible.trainer.plan import emit_job, planner, scaling
 from crucible.trainer.plan.quantities import QuantityError, parse_fraction, parse_quantity
 from crucible.trainer.plan.report import render, to_json
 
@@ -37,8 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute", help="training compute C in FLOPs (e.g. 6e23)")
     parser.add_argument("--gpu-hours", help="compute budget as GPU-hours (× --gpu peak × --mfu)")
     parser.add_argument("--model", help=f"model preset ({', '.join(sorted(PRESETS))}) or a "
-                        "PretrainJob / job config / torchtitan / nanoGPT file to take the shape from")
-    parser.add_argument("--gpu", default="h100", help=f"accelerator: {', '.join(sorted(ACCELERATORS))}")
+                        "PretrainJob / job config / torchtitan / nanoGPT file to take the shape "
+                        "from")
+    parser.add_argument("--gpu", default="h100",
+                        help=f"accelerator: {', '.join(sorted(ACCELERATORS))}")
     parser.add_argument("--gpus", default="8", help="number of GPUs (default 8)")
     parser.add_argument("--mfu", default=str(costs.DEFAULT_MFU),
                         help="expected model FLOPs utilisation, 0.4 or 40%% (default 0.4)")
@@ -48,14 +51,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mtbf-hours", help="job mean time between failures in hours "
                         "(default: Llama 3's rate, 50,700 GPU-hours per failure / GPUs)")
     parser.add_argument("--save-seconds", help="measured blocking checkpoint save time")
-    parser.add_argument("--restart-seconds", help="time from failure to training again (default 300)")
+    parser.add_argument("--restart-seconds",
+                        help="time from failure to training again (default 300)")
     parser.add_argument("--price", help="USD per GPU-hour (default: the table's assumption)")
     parser.add_argument("--inference-tokens", help="tokens to be served over the model's life "
                         "(inference-aware sizing, Sardana et al. 2024)")
     parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     parser.add_argument("--json", action="store_true", help="all figures as JSON (SI units)")
     parser.add_argument("--emit-job", action="store_true", help="print a PretrainJob manifest")
-    parser.add_argument("--name", default=None, help="job name for --emit-job")
+    parser.add_argument("--name", default=None, help="job name for --emit-job (default: the "
+                        "preset's name, else 'plan')")
     parser.add_argument("--image", default="registry.example/crucible-trainer:0.1")
     parser.add_argument("--data", default="s3://change-me/tokens/train", help="training shards")
     parser.add_argument("--val", default="s3://change-me/tokens/val", help="held-out shards")
@@ -113,14 +118,19 @@ def inputs_from_args(args) -> planner.PlanInputs:
         raise UserError(str(err), "see `crucible plan --help`") from None
 
 
-DEFAULTS_DOC = ("Why the defaults are what they are (token budget, vocabulary, sharding, checkpoint "
-                "interval, spike and restart policy): docs/defaults.md")
+DEFAULTS_DOC = ("Why the defaults are what they are (token budget, vocabulary, sharding, "
+                "checkpoint interval, spike and restart policy): docs/defaults.md")
 
 
 def run(args) -> int:
     from crucible.trainer.cli import UserError
 
     inp = inputs_from_args(args)
+    if args.emit_job:
+        # Checked before planning so a bad name fails fast, in the CRD's words, on one line.
+        problem = job_name_problem(_job_name(args, inp))
+        if problem:
+            raise UserError(problem, "pick another --name")
     try:
         plan = planner.make_plan(inp)
     except ValueError as err:
@@ -140,18 +150,28 @@ def run(args) -> int:
     return 0
 
 
+def _job_name(args, inp: planner.PlanInputs) -> str:
+    """--name as given (an empty one is refused, not replaced), else one made from the preset
+    that passes the job-name rule: `1.3b` becomes `gpt-1-3b`."""
+    if args.name is not None:
+        return args.name
+    base = (inp.preset or "plan").replace(".", "-").lower()
+    return base if job_name_problem(base) is None else f"gpt-{base}"
+
+
 def emit(plan: planner.Plan, inp: planner.PlanInputs, args) -> dict:
     from crucible.trainer.cli import UserError
 
-    name = args.name or (inp.preset or "plan").replace(".", "-").lower()
+    name = _job_name(args, inp)
     fsdp = plan.fsdp
     try:
-        return manifest.pretrain_job(
+        return emit_job.pretrain_job(
             name=name, image=args.image, cfg=plan.model, preset=inp.preset, params=plan.params,
             tokens=plan.tokens, gpus=inp.gpus, gpus_per_node=plan.gpu.gpus_per_node,
             micro_batch=inp.micro_batch, checkpoint_minutes=plan.checkpoint.daly_s / 60,
             activation_checkpointing=bool(fsdp and fsdp.layout.recompute == "full"),
-            global_batch_tokens=inp.global_batch_tokens, data_train=args.data, data_val=args.val, tokenizer=args.tokenizer,
+            global_batch_tokens=inp.global_batch_tokens, data_train=args.data, data_val=args.val,
+            tokenizer=args.tokenizer,
             checkpoint_uri=args.checkpoint_uri or f"s3://change-me/runs/{name}")
     except ValueError as err:
         raise UserError(str(err), "pick another --name or fix the flags above") from None

@@ -1,0 +1,1 @@
+"""Tests of the contract between the planes (`crucible.api`)."""

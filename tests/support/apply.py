@@ -1,0 +1,39 @@
+"""The committed CRD and operator RBAC manifests, and applying documents like them to a cluster."""
+
+from __future__ import annotations
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tests.support.repo import REPO
+
+CRD_FILE = REPO / "manifests" / "crd" / "pretrainjobs.crucible.dev.yaml"
+RBAC_FILE = REPO / "manifests" / "rbac" / "operator.yaml"
+
+
+def apply(api: client.ApiClient, doc: dict) -> None:
+    """Create, or replace what an earlier run left (the same generated documents)."""
+    kind, name, ns = doc["kind"], doc["metadata"]["name"], doc["metadata"].get("namespace")
+    rbac_api, core = client.RbacAuthorizationV1Api(api), client.CoreV1Api(api)
+    ext = client.ApiextensionsV1Api(api)
+    create, replace, read = {
+        "CustomResourceDefinition": (lambda: ext.create_custom_resource_definition(doc),
+                                     lambda rv: ext.replace_custom_resource_definition(name, doc),
+                                     lambda: ext.read_custom_resource_definition(name)),
+        "ClusterRole": (lambda: rbac_api.create_cluster_role(doc),
+                        lambda rv: rbac_api.replace_cluster_role(name, doc), None),
+        "ClusterRoleBinding": (lambda: rbac_api.create_cluster_role_binding(doc),
+                               lambda rv: rbac_api.replace_cluster_role_binding(name, doc), None),
+        "ServiceAccount": (lambda: core.create_namespaced_service_account(ns, doc),
+                           None, None),
+    }[kind]
+    try:
+        create()
+    except ApiException as err:
+        if err.status != 409:
+            raise
+        if replace is not None:
+            doc.setdefault("metadata", {})
+            if read is not None:
+                doc["metadata"]["resourceVersion"] = read().metadata.resource_version
+            replace(None)
