@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, fields
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 from crucible.api.names import PREFIX
 
@@ -62,6 +62,14 @@ def _float(value) -> float | None:
 
 def _loss_text(loss: float) -> str:
     return f"{loss:.6g}"  # six significant digits: what status and `kubectl get ptj` show
+
+
+class CommitRef(NamedTuple):
+    """The newest committed checkpoint, as the report tells it."""
+
+    step: int
+    uri: str
+    time: dt.datetime
 
 
 # Per field: (annotation key, text -> value, value -> text).

@@ -45,6 +45,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+from crucible.api.progress import CommitRef
 from crucible.api.spec import CheckpointSpec
 from crucible.trainer import storage
 
@@ -180,9 +181,10 @@ class Commit:
     time: float
     bytes: int
 
-    def for_lease(self) -> tuple[int, str, dt.datetime]:
-        """(step, uri, commit time): what the progress report says of the newest commit."""
-        return self.step, self.uri, dt.datetime.fromtimestamp(self.time, dt.timezone.utc)
+    def for_lease(self) -> CommitRef:
+        """What the progress report says of this commit."""
+        return CommitRef(self.step, self.uri,
+                         dt.datetime.fromtimestamp(self.time, dt.timezone.utc))
 
 
 # --- the checkpointer ---------------------------------------------------------------------------

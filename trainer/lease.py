@@ -22,7 +22,7 @@ import threading
 
 from crucible.api import launch
 from crucible.api.names import progress_lease_name
-from crucible.api.progress import ProgressReport
+from crucible.api.progress import CommitRef, ProgressReport
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +52,8 @@ class ProgressLease:
         self._thread.start()
 
     def update(self, *, step: int, tokens: int, loss: float | None = None,
-               checkpoint: tuple[int, str, dt.datetime] | None = None,
-               world_size: int | None = None) -> None:
-        """Record the newest progress; cheap, called every step from the training loop.
-        `checkpoint`: (step, uri, commit time) of the newest committed checkpoint."""
+               checkpoint: CommitRef | None = None, world_size: int | None = None) -> None:
+        """Record the newest progress; cheap, called every step from the training loop."""
         with self._lock:
             report = self._report
             changes: dict = {"step": step, "tokens": tokens}
@@ -66,9 +64,9 @@ class ProgressLease:
                 changes["world_size"] = world_size
             if loss is not None:
                 changes["loss"] = loss
-            if checkpoint:
-                changes.update(zip(("checkpoint_step", "checkpoint_uri", "checkpoint_time"),
-                                   checkpoint))
+            if checkpoint is not None:
+                changes.update(checkpoint_step=checkpoint.step, checkpoint_uri=checkpoint.uri,
+                               checkpoint_time=checkpoint.time)
             self._report = dataclasses.replace(report, **changes)
 
     def flush(self) -> None:

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from crucible.api.names import PREFIX
-from crucible.api.progress import ProgressReport, format_time, parse_time
+from crucible.api.progress import CommitRef, ProgressReport, format_time, parse_time
 from crucible.operator.observed import lease_view
 from crucible.trainer.checkpoint import Commit
 from crucible.trainer.lease import ProgressLease
@@ -52,14 +52,14 @@ def test_the_trainers_report_reads_back_unchanged_through_the_operator():
     assert read.to_annotations() == annotations
     assert (read.step, read.tokens, read.world_size, read.checkpoint_step) == (120, 62914560, 16,
                                                                              100)
-    assert read.loss == 3.14159 and read.checkpoint_time == parse_time(commit.for_lease()[2])
+    assert read.loss == 3.14159 and read.checkpoint_time == commit.for_lease().time
 
 
 def test_a_checkpoint_commit_keeps_the_last_loss_and_moves_step_time_only_on_a_new_step():
     lease = trainer_lease()
     lease.update(step=5, tokens=50, loss=2.5)
     first = lease._report.step_time
-    lease.update(step=5, tokens=50, checkpoint=(5, "/ckpt/step_5", dt.datetime.now(UTC)))
+    lease.update(step=5, tokens=50, checkpoint=CommitRef(5, "/ckpt/step_5", dt.datetime.now(UTC)))
     assert lease._report.loss == 2.5 and lease._report.step_time == first
     lease.update(step=6, tokens=60)
     assert lease._report.step_time >= first and lease._report.checkpoint_step == 5

@@ -62,6 +62,18 @@ class Cluster:
     def status(self, name: str) -> dict:
         return self.job(name).get("status") or {}
 
+    def rejection(self, doc: dict) -> str | None:
+        """Why the apiserver refuses `doc` as `kubectl apply` sends it (a create with field
+        validation Strict, dry run: nothing is stored); None when it accepts it."""
+        try:
+            self.objs.create_namespaced_custom_object(crd.GROUP, crd.VERSION, self.namespace,
+                                                      crd.PLURAL, doc, dry_run="All",
+                                                      field_validation="Strict")
+        except ApiException as err:
+            assert err.status in (400, 422), err
+            return err.body
+        return None
+
     def patch_spec(self, name: str, spec: dict) -> None:
         self.objs.patch_namespaced_custom_object(crd.GROUP, crd.VERSION, self.namespace,
                                                  crd.PLURAL, name, {"spec": spec})

@@ -99,17 +99,6 @@ def _valid() -> dict:
     return job_body("gpt", checkpoint={"uri": "s3://crucible/runs/gpt"})
 
 
-def _rejection(cluster, doc: dict) -> str | None:
-    try:
-        cluster.objs.create_namespaced_custom_object(crd.GROUP, crd.VERSION, cluster.namespace,
-                                                     crd.PLURAL, doc, dry_run="All",
-                                                     field_validation="Strict")
-    except ApiException as err:
-        assert err.status in (400, 422), err
-        return err.body
-    return None
-
-
 def _kubectl_rejection(cluster, doc: dict) -> str | None:
     out = subprocess.run(["kubectl", "apply", "--dry-run=server", "-n", cluster.namespace,
                           "-f", "-"], input=yaml.safe_dump(doc), capture_output=True, text=True,
@@ -134,7 +123,7 @@ def test_a_valid_job_is_accepted_with_the_models_defaults(cluster):
 @pytest.mark.parametrize("case, path, value, field", CASES, ids=[c[0] for c in CASES])
 def test_invalid_spec_is_rejected_naming_the_field(cluster, case, path, value, field):
     doc = _set(_valid(), path, value)
-    message = _rejection(cluster, doc)
+    message = cluster.rejection(doc)
     assert message is not None, f"{case}: the apiserver accepted it"
     assert field in message, f"{case}: {field!r} not named in {message}"
     if shutil.which("kubectl"):  # the CLI prints the same server-side message

@@ -7,17 +7,21 @@ e.g. a stuck NCCL collective): the operator restarts the group after hangTimeout
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 
 import pytest
 from kubernetes import client
 
+from crucible.api.progress import CommitRef
 from crucible.trainer.lease import ProgressLease
 from tests.support.kubeconfigs import write_kubeconfig
 from tests.support.operator_run import assert_clean_exit
 from tests.support.services import eventually
 
 pytestmark = pytest.mark.stack
+
+COMMITTED = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
 
 def trainer_kubeconfig(cluster, job: str, path) -> str:
@@ -42,13 +46,15 @@ def test_lease_advancing_updates_status_and_a_stalled_lease_restarts_the_group(
         try:
             for step in range(1, 7):
                 lease.update(step=step, tokens=step * 4096, loss=6.0 / step, world_size=1,
-                             checkpoint={"step": 4, "uri": "s3://crucible/runs/gpt/step_4",
-                                         "time": "2026-01-01T00:00:00Z"} if step >= 4 else None)
+                             checkpoint=CommitRef(4, "s3://crucible/runs/gpt/step_4", COMMITTED)
+                             if step >= 4 else None)
                 time.sleep(1.0)
             status = eventually(lambda: (s := cluster.status("gpt")).get("step") == 6 and s, 20,
                                 "status.step from the Lease")
             assert status["loss"] == 1.0 and status["tokensSeen"] == 6 * 4096
-            assert status["lastCheckpoint"]["step"] == 4 and status["worldSize"] == 1
+            assert status["lastCheckpoint"] == {"step": 4, "uri": "s3://crucible/runs/gpt/step_4",
+                                                "time": "2026-01-01T00:00:00Z"}
+            assert status["worldSize"] == 1
             assert 0 < status["goodput"] <= 1
             progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
             assert progressing["status"] == "True" and progressing["reason"] == "StepAdvancing"
