@@ -53,6 +53,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1              # an unexpected error (a traceback)
 EXIT_USER_ERROR = 2          # a config, data or credentials problem, told in one line
 EXIT_GUARD_ABORT = 3         # the stability guard gave up: rollbacks did not get past a spike
+EXIT_TERMINATED = 128 + 15   # stopped by SIGTERM after the save in flight: 128+n, infrastructure
 
 
 def output_dir(job: str) -> str:

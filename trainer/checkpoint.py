@@ -7,17 +7,21 @@ Layout under `checkpoint.uri` (docs/checkpoints.md, "Layout and the commit proto
   step_<N>/manifest.json       step, tokens, world size, every file with size and checksum, the
                                model/config hashes: written by rank 0 once every rank's marker is
                                there. No manifest (or a checksum mismatch) = no checkpoint.
+  step_<N>/quarantine.json     a commit that could not be loaded, and why: no longer a commit.
 
 Saving follows torchtitan's `CheckpointManager`: `dcp.async_save` on a dedicated gloo group, so
 the training loop blocks only while the state is staged (copied), then the write, the upload
 (S3: staged in a node-local folder, uploaded with retries and backoff) and the commit happen on
-a background thread. At most one save is in flight: a save waits for the previous one. A save
-that fails is abandoned without a manifest; training goes on and the next save tries again.
+a background thread. At most one save is in flight: a save waits for the previous one. Every
+rank learns whether every part made it from one all-reduce on the checkpoint group, so a save
+that fails on any rank is abandoned everywhere at once, without a manifest; training goes on and
+the next save tries again.
 
 Loading takes the newest committed step (or the newest at or below a bound, for rollbacks),
-verifies every file's size and checksum on every node, and falls back, loudly, to the previous
-committed step when any node finds corruption. DCP reshards on load, so a run restarted by
-torchrun on a different world size resumes from the same checkpoint.
+checks the manifest (`manifest_problem`: fields, step, file names that are shard names and
+nothing else), verifies every file's size and checksum on every node, and quarantines the commit
+and falls back, loudly, to the previous one when anything is wrong on any node. DCP reshards on
+load, so a run restarted by torchrun on a different world size resumes from the same checkpoint.
 
 Retention (`retention_plan`, pure) keeps the newest `keep` commits and every `keepEvery`-th step
 (what a spike rollback needs); it never deletes the newest commit.
@@ -30,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -52,25 +57,41 @@ from crucible.trainer import storage
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+QUARANTINE = "quarantine.json"   # written beside a commit that cannot be loaded: never used again
 FORMAT_VERSION = 1
+# The only file names a commit manifest may list: DCP's shards and its metadata. Anything else
+# (a path, `..`) is refused before it is joined onto a folder.
+SHARD_FILE = re.compile(r"^(__\d+_\d+\.distcp|\.metadata)$")
+_MANIFEST_FIELDS = {"step": int, "tokens": int, "world_size": int, "time": (int, float),
+                    "files": dict, "model_hash": str, "config_hash": str}
 
 
 class CheckpointError(RuntimeError):
     """Checkpoint storage cannot be used, or a checkpoint cannot be loaded into this model."""
 
 
-def failpoint(name: str) -> None:
+class InjectedFailure(RuntimeError):
+    """Raised by a `fail@<rank>` failpoint."""
+
+
+def failpoint(name: str, rank: int | None = None) -> None:
     """Chaos-testing hook: CRUCIBLE_FAILPOINT="before_upload:3,before_manifest:30" makes the
     checkpoint thread pause there for that many seconds, so a test can kill a process or stop
-    the S3 server at a known point of a save. Unset in production; costs one dict lookup."""
+    the S3 server at a known point of a save; "upload:fail@1" makes rank 1 fail there, with an
+    error no retry fixes. Unset in production; costs one dict lookup."""
     spec = os.environ.get("CRUCIBLE_FAILPOINT")
     if not spec:
         return
     for item in spec.split(","):
-        point, _, seconds = item.partition(":")
-        if point.strip() == name:
-            log.warning("failpoint %s: pausing %ss", name, seconds)
-            time.sleep(float(seconds or 0))
+        point, _, arg = item.partition(":")
+        if point.strip() != name:
+            continue
+        if arg.startswith("fail@"):
+            if rank is not None and int(arg.removeprefix("fail@")) == rank:
+                raise InjectedFailure(f"failpoint {name}: injected failure on rank {rank}")
+        else:
+            log.warning("failpoint %s: pausing %ss", name, arg)
+            time.sleep(float(arg or 0))
 
 
 # --- pure pieces -------------------------------------------------------------------------------
@@ -124,6 +145,26 @@ def file_digest(path: Path) -> dict:
     return {"size": size, "xxh3": h.hexdigest()}
 
 
+def manifest_problem(manifest, step: int) -> str | None:
+    """What makes a parsed commit manifest unusable, or None (pure: no storage is read)."""
+    if not isinstance(manifest, dict):
+        return f"the manifest is a {type(manifest).__name__}, not an object"
+    for key, kind in _MANIFEST_FIELDS.items():
+        if not isinstance(manifest.get(key), kind):
+            return f"the manifest's {key!r} is missing or malformed"
+    if manifest["step"] != step:
+        return f"the manifest says step {manifest['step']}"
+    if not manifest["files"]:
+        return "the manifest lists no files"
+    for name, entry in manifest["files"].items():
+        if not SHARD_FILE.match(name):
+            return f"the manifest lists {name!r}, which is not a checkpoint file name"
+        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int)
+                and isinstance(entry.get("xxh3"), str)):
+            return f"the manifest's entry for {name} is malformed"
+    return None
+
+
 def verify(folder: Path, files: dict[str, dict]) -> str | None:
     """None if every file matches its recorded size and checksum, else what is wrong."""
     for name, want in sorted(files.items()):
@@ -137,13 +178,15 @@ def verify(folder: Path, files: dict[str, dict]) -> str | None:
 
 
 def with_retries(action: Callable[[], None], what: str, attempts: int = 6, base_delay_s: float = 1.0,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-    """Run `action`, retrying with exponential backoff (1, 2, 4, ... s); re-raise the last error."""
+                 sleep: Callable[[float], None] = time.sleep,
+                 retry_if: Callable[[BaseException], bool] = lambda err: True) -> None:
+    """Run `action`, retrying with exponential backoff (1, 2, 4, ... s) the errors `retry_if`
+    accepts; re-raise the last error (or the first one it refuses)."""
     for attempt in range(attempts):
         try:
             return action()
         except Exception as err:  # noqa: BLE001 - storage errors come in many classes; re-raised
-            if attempt == attempts - 1:
+            if attempt == attempts - 1 or not retry_if(err):
                 raise
             delay = base_delay_s * 2**attempt
             log.warning("%s failed (%s); retry %d/%d in %.0fs", what, type(err).__name__,
@@ -230,45 +273,77 @@ class Checkpointer:
 
     # -- listing ------------------------------------------------------------------------------
     def committed_steps(self) -> list[int]:
+        """Steps with a commit manifest and no quarantine marker, oldest first."""
         steps = [parse_step(name) for name in storage.list_dirs(self.uri)]
         return sorted(s for s in steps if s is not None
-                      and storage.exists(storage.join(self.uri, step_name(s), MANIFEST)))
+                      and storage.exists(storage.join(self.uri, step_name(s), MANIFEST))
+                      and not storage.exists(storage.join(self.uri, step_name(s), QUARANTINE)))
 
-    def _manifest(self, step: int) -> dict:
-        return json.loads(storage.read_bytes(storage.join(self.uri, step_name(step), MANIFEST)))
+    def _read_commit(self, step: int) -> tuple[dict | None, str | None]:
+        """(manifest, None), or (None, why the commit cannot be read)."""
+        try:
+            manifest = json.loads(storage.read_bytes(storage.join(self.uri, step_name(step),
+                                                                  MANIFEST)))
+        except ValueError as err:
+            return None, f"the manifest is not valid JSON ({err})"
+        except Exception as err:  # noqa: BLE001 - any storage error: the reason is kept
+            return None, f"the manifest cannot be read ({storage.explain(err, self.uri)})"
+        problem = manifest_problem(manifest, step)
+        return (None, problem) if problem else (manifest, None)
+
+    def _quarantine(self, step: int, problem: str) -> None:
+        """Mark a commit that cannot be loaded so no later resume, and no retention count, takes
+        it for a checkpoint (rank 0; the files stay for inspection until retention sweeps them)."""
+        log.error("checkpoint %s/%s is corrupt: %s; quarantined, falling back to the previous "
+                  "commit", self.uri, step_name(step), problem)
+        if self.rank != 0:
+            return
+        marker = json.dumps({"step": step, "reason": problem, "time": time.time()}).encode()
+        try:
+            storage.write_bytes(storage.join(self.uri, step_name(step), QUARANTINE), marker)
+        except Exception as err:  # noqa: BLE001 - the fallback goes on; the log says why
+            log.warning("could not mark %s/%s as quarantined: %s", self.uri, step_name(step),
+                        storage.explain(err, self.uri))
+
+    def _everyone_ok(self, ok: bool) -> bool:
+        """True when every rank says ok. On the checkpoint's own gloo group: a CPU tensor on the
+        default group would fail under NCCL, which takes CUDA tensors only."""
+        flag = torch.tensor([1 if ok else 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(flag.item())
 
     # -- load -----------------------------------------------------------------------------------
     def load(self, app: AppState, max_step: int | None = None) -> dict | None:
-        """Load the newest valid commit (at or below `max_step`); None if there is none."""
+        """Load the newest loadable commit (at or below `max_step`); None if there is none. A
+        commit that cannot be loaded on some node (unreadable or malformed manifest, a missing,
+        short or altered file) is quarantined and the previous one tried."""
+        self.wait()  # a save in flight uses the checkpoint group too, and may yet commit
         box = [None]
         if self.rank == 0:
             box[0] = [s for s in self.committed_steps() if max_step is None or s <= max_step]
         dist.broadcast_object_list(box, src=0)
         for step in reversed(box[0]):
-            manifest_box = [self._manifest(step) if self.rank == 0 else None]
-            dist.broadcast_object_list(manifest_box, src=0)
-            manifest = manifest_box[0]
-            if manifest["model_hash"] != self.model_hash:
+            read_box = [self._read_commit(step) if self.rank == 0 else None]
+            dist.broadcast_object_list(read_box, src=0)
+            manifest, problem = read_box[0]
+            if manifest is not None and manifest["model_hash"] != self.model_hash:
                 raise CheckpointError(
                     f"{self.uri}/{step_name(step)} was written for a different model architecture "
                     f"(hash {manifest['model_hash']} != {self.model_hash}); use a new "
                     "checkpoint.uri for a new model, or restore the model fields")
-            folder = self._fetch(step, manifest)
-            problem = verify(folder, manifest["files"]) if self.local_rank == 0 else None
-            if problem:
-                log.error("checkpoint %s/%s is corrupt: %s; falling back to the previous commit",
-                          self.uri, step_name(step), problem)
-            ok = torch.tensor([0 if problem else 1])
-            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-            if not ok.item():
-                if self.rank == 0 and not problem:
-                    log.error("checkpoint %s/%s is corrupt on another node; falling back",
-                              self.uri, step_name(step))
+            folder = None
+            if problem is None:
+                folder, problem = self._fetch(step, manifest)
+                if problem is None and self.local_rank == 0:
+                    problem = verify(folder, manifest["files"])
+            if not self._everyone_ok(problem is None):
+                self._quarantine(step, problem or "another node could not load it")
                 continue
             dcp.load({"app": app}, storage_reader=FileSystemReader(str(folder)))
             self.last_save_step = step
             self.last_commit = Commit(step, manifest["tokens"], f"{self.uri}/{step_name(step)}",
-                                      manifest["time"], sum(f["size"] for f in manifest["files"].values()))
+                                      manifest["time"],
+                                      sum(f["size"] for f in manifest["files"].values()))
             if manifest["config_hash"] != self.config_hash and self.rank == 0:
                 log.warning("resuming from step %d of a run with different training settings", step)
             return manifest
@@ -285,19 +360,27 @@ class Checkpointer:
                     storage.delete_tree(storage.join(self.uri, name))
         dist.barrier()
 
-    def _fetch(self, step: int, manifest: dict) -> Path:
-        """The folder holding the step's files on this node (downloaded once per node for S3)."""
+    def _fetch(self, step: int, manifest: dict) -> tuple[Path, str | None]:
+        """The folder holding the step's files on this node (downloaded once per node for S3),
+        and what went wrong fetching them (None: nothing). A file that is not there is not
+        retried: no wait makes it appear."""
         if not self.remote:
-            return Path(self.uri) / step_name(step)
+            return Path(self.uri) / step_name(step), None
         folder = self.scratch / "restore" / step_name(step)
+        problem = None
         if self.local_rank == 0:
             shutil.rmtree(self.scratch / "restore", ignore_errors=True)
-            for name in manifest["files"]:
-                with_retries(lambda n=name: storage.download_file(
-                    storage.join(self.uri, step_name(step), n), folder / n),
-                    f"download of {name}", self.upload_attempts)
+            for name in manifest["files"]:  # names checked by manifest_problem: no paths
+                try:
+                    with_retries(lambda n=name: storage.download_file(
+                        storage.join(self.uri, step_name(step), n), folder / n),
+                        f"download of {name}", self.upload_attempts,
+                        retry_if=lambda err: not storage.not_found(err))
+                except Exception as err:  # noqa: BLE001 - becomes the commit's problem
+                    problem = f"{name} cannot be downloaded ({storage.explain(err, self.uri)})"
+                    break
         dist.barrier()
-        return folder
+        return folder, problem
 
     # -- save -----------------------------------------------------------------------------------
     def save(self, app: AppState, step: int, tokens: int, *, wait: bool = False) -> float:
@@ -339,7 +422,11 @@ class Checkpointer:
             self._inflight = None
 
     def _finish(self, step: int, tokens: int, folder: Path, future, started: float) -> None:
+        """Write, upload and mark this rank's part; then every rank learns at once whether every
+        part made it (one all-reduce on the checkpoint group), and rank 0 commits only if so. A
+        rank whose part failed is never waited for: the save is abandoned everywhere."""
         step_uri = storage.join(self.uri, step_name(step))
+        problem = None
         try:
             if future is not None:
                 future.result()
@@ -348,6 +435,7 @@ class Checkpointer:
                 mine.append(folder / ".metadata")
             files = {p.name: file_digest(p) for p in mine}
             failpoint("before_upload")
+            failpoint("upload", self.rank)
             if self.remote:
                 for path in mine:
                     with_retries(lambda p=path: storage.upload_file(p, storage.join(step_uri, p.name)),
@@ -355,14 +443,21 @@ class Checkpointer:
             marker = json.dumps({"rank": self.rank, "files": files}).encode()
             with_retries(lambda: storage.write_bytes(storage.join(step_uri, f"rank_{self.rank}.json"),
                                                      marker), "rank marker", self.upload_attempts)
-            if self.rank == 0:
+        except Exception as err:  # noqa: BLE001 - a failed save must not kill training
+            problem = storage.explain(err, step_uri)
+            log.error("checkpoint of step %d: rank %d's part failed: %s", step, self.rank, problem)
+        finally:
+            if self.remote:
+                shutil.rmtree(folder, ignore_errors=True)
+        try:
+            if not self._everyone_ok(problem is None):
+                log.error("checkpoint of step %d abandoned, not committed: a rank's part failed",
+                          step)
+            elif self.rank == 0:
                 self._commit(step, tokens, step_uri, started)
         except Exception as err:  # noqa: BLE001 - a failed save must not kill training
             log.error("checkpoint of step %d abandoned, not committed: %s", step,
                       storage.explain(err, step_uri))
-        finally:
-            if self.remote:
-                shutil.rmtree(folder, ignore_errors=True)
 
     def _commit(self, step: int, tokens: int, step_uri: str, started: float) -> None:
         deadline = time.monotonic() + self.marker_timeout_s

@@ -188,6 +188,7 @@ class Sampler:
     seq_len: int
     seed: int
     sample_offset: int = 0
+    restored_num_tokens: int | None = None  # the shard set's size in the last loaded checkpoint
 
     @property
     def windows_per_epoch(self) -> int:
@@ -223,8 +224,22 @@ class Sampler:
         self.sample_offset += samples
 
     def state_dict(self) -> dict:
+        # Keys are a contract with every checkpoint written: DCP refuses to load a key a
+        # checkpoint lacks, so a new one would orphan the checkpoints made before it.
         return {"seed": self.seed, "sample_offset": self.sample_offset,
                 "num_tokens": self.shards.num_tokens}
 
     def load_state_dict(self, state: dict) -> None:
         self.seed, self.sample_offset = int(state["seed"]), int(state["sample_offset"])
+        self.restored_num_tokens = int(state["num_tokens"])
+
+    def resume_problem(self) -> str | None:
+        """Why the data order cannot continue on these shards where the loaded checkpoint left
+        it, or None: sample indices run over a permutation of the shard set's windows, so
+        another shard set would reshuffle every sample."""
+        saved = self.restored_num_tokens
+        if saved is None or saved == self.shards.num_tokens:
+            return None
+        return (f"the training shards hold {self.shards.num_tokens:,} tokens but the checkpoint "
+                f"was trained on a shard set of {saved:,}: resuming would reshuffle the data "
+                "order; point data.train at the same shards, or start a new checkpoint.uri")

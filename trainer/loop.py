@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,7 +31,7 @@ from crucible.api import arch
 from crucible.api.spec import TrainJobConfig
 from crucible.trainer import optim, parallel
 from crucible.trainer.checkpoint import AppState, Checkpointer, Commit, job_hashes, should_save
-from crucible.trainer.data import Sampler, ShardSet
+from crucible.trainer.data import DataError, Sampler, ShardSet
 from crucible.trainer.evaluate import EvalResult, evaluate
 from crucible.trainer.faults import Faults
 from crucible.trainer.guard import Guard, Verdict
@@ -43,6 +45,11 @@ class BatchError(ValueError):
 
 class GuardAbort(RuntimeError):
     """The stability guard gave up: rolling back did not get the run past a spike."""
+
+
+class Terminated(RuntimeError):
+    """SIGTERM (a pod being deleted, a node draining): every rank stopped after the same step
+    and the save in flight was finished."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,19 @@ class TrainState:
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
+
+
+def resume_problem(state: TrainState, sampler: Sampler, tokens_per_step: int) -> str | None:
+    """Why a run cannot continue from the state just loaded, or None. Step s reads samples
+    `s x global batch + offset`, and every step so far took the same batch (`tokens_seen` is
+    `step x tokens per step`), so another batch would skip or repeat samples."""
+    if state.step and state.tokens_seen != state.step * tokens_per_step:
+        trained = state.tokens_seen // state.step
+        return (f"training.globalBatchTokens is {tokens_per_step} but the checkpoint was trained "
+                f"with {trained} ({state.tokens_seen} tokens in {state.step} steps): resuming "
+                "would skip or repeat samples; restore globalBatchTokens, or start a new "
+                "checkpoint.uri")
+    return sampler.resume_problem()
 
 
 @dataclass
@@ -189,6 +209,10 @@ class Run:
         self.resumed_from = None
         if self.ckpt is not None:
             restored = self.ckpt.load(self.app)  # a commit manifest (not a `Commit`), or None
+            problem = (resume_problem(self.state, self.sampler, p.tokens_per_step)
+                       if restored is not None else None)
+            if problem:
+                raise DataError(f"cannot resume from {self.ckpt.last_commit.uri}: {problem}")
             if restored is not None:
                 self.resumed_from = restored["step"]
                 log(f"resumed from {self.ckpt.last_commit.uri} (step {restored['step']}, saved by "
@@ -346,17 +370,23 @@ def train(cfg: TrainJobConfig, *, progress: bool = False, max_steps: int | None 
     """Train for the run's total steps, or `max_steps` more steps if given (the LR schedule
     still spans the whole run, so a run cut short and resumed is the same run)."""
     env = parallel.init_distributed()
+    # SIGTERM only raises a flag: the ranks agree on it in the step's all-reduce, stop after the
+    # same step and finish the save in flight (run.close) within the pod's grace period.
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         run = Run(cfg, env, log if env.is_main else (lambda *_: None))
         try:
-            return _loop(run, progress=progress, max_steps=max_steps)
+            return _loop(run, progress=progress, max_steps=max_steps, stop=stop)
         finally:
             run.close()
     finally:
+        signal.signal(signal.SIGTERM, previous)
         parallel.shutdown()
 
 
-def _loop(run: Run, *, progress: bool, max_steps: int | None) -> RunSummary:
+def _loop(run: Run, *, progress: bool, max_steps: int | None,
+          stop: threading.Event | None = None) -> RunSummary:
     cfg, env, shape, state, metrics = run.cfg, run.env, run.shape, run.state, run.metrics
     bar = None
     if progress and env.is_main:
@@ -372,8 +402,10 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None) -> RunSummary:
         while state.step < stop_at:
             step_started = time.perf_counter()
             loss_local, grad_norm, lr = run.forward_backward()
-            loss_sum, save_votes = parallel.all_reduce_sum(
-                [loss_local, float(run.wants_save(state.step + 1))], env.device)
+            stopping = stop is not None and stop.is_set()
+            loss_sum, save_votes, stop_votes = parallel.all_reduce_sum(
+                [loss_local, float(run.wants_save(state.step + 1)), float(stopping)],
+                env.device)
             loss_mean = loss_sum / env.world_size
             # The guard sees only all-reduced numbers, so every rank reaches the same verdicts.
             pre = (run.guard.check_update(state.step + 1, loss_mean, grad_norm)
@@ -407,6 +439,9 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None) -> RunSummary:
             if post is not None and post.kind == "rollback":
                 run.rollback(post)
                 continue
+            if stop_votes > 0:
+                raise Terminated(f"SIGTERM: stopped after step {state.step}, finishing the "
+                                 "checkpoint in flight")
             if save_votes > 0:
                 run.save()
             if run.lease is not None:

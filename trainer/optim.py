@@ -103,24 +103,27 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
 
 
 @torch.no_grad()
-def adam_update_sq(optimizer: torch.optim.AdamW) -> float:
+def adam_update_sq(optimizer: torch.optim.AdamW) -> torch.Tensor:
     """This rank's share of ||Δθ||² for the AdamW step just taken, from the optimizer state
-    (lr·m̂/(√v̂+ε) per parameter, decoupled weight decay left out). Summed over ranks, its root
-    is the update norm the stability guard logs: Adam instability (Molybog et al. 2023) shows
-    up as a large update that no longer follows the gradient. Reads each moment once, in the
-    local shards; one temporary per parameter, as AdamW's own foreach step makes."""
-    total = 0.0
+    (lr·m̂/(√v̂+ε) per parameter, decoupled weight decay left out), as a 0-dim float64 tensor on
+    the parameters' device. Summed over ranks, its root is the update norm the stability guard
+    logs: Adam instability (Molybog et al. 2023) shows up as a large update that no longer
+    follows the gradient. Reads each moment once, in the local shards; one temporary per
+    parameter, as AdamW's own foreach step makes. No host sync: the step count stays a tensor
+    (fused AdamW keeps it on the device) and the sum is read once, by the caller's all-reduce."""
+    total = None
     for group in optimizer.param_groups:
         beta1, beta2 = group["betas"]
         for param in group["params"]:
             state = optimizer.state.get(param)
             if not state or "exp_avg" not in state:
                 continue
-            step = float(state["step"])
+            step = state["step"]
             m, v = state["exp_avg"], state["exp_avg_sq"]
             if hasattr(m, "to_local"):  # sharded (FSDP2): this rank's slice only
                 m, v = m.to_local(), v.to_local()
             denom = (v / (1 - beta2**step)).sqrt_().add_(group["eps"])
             update = (m / (1 - beta1**step)).div_(denom)
-            total += float(update.square().sum()) * group["lr"] ** 2
-    return total
+            part = update.square().sum(dtype=torch.float64) * group["lr"] ** 2
+            total = part if total is None else total + part
+    return total if total is not None else torch.zeros((), dtype=torch.float64)

@@ -104,8 +104,20 @@ def shard(model: GPT, mesh: DeviceMesh, precision: str, *, activation_checkpoint
     return model
 
 
+# Segments that wrappers add to parameter names: torch.compile's OptimizedModule and the
+# activation-checkpoint wrapper. DCP drops them from its keys too (its FQNs are the model's own).
+_WRAPPER_SEGMENTS = ("_orig_mod", "_checkpoint_wrapped_module")
+
+
+def canonical_name(name: str) -> str:
+    """A parameter's name as the bare model has it, whatever wraps its block."""
+    return ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)
+
+
 def _seed_for(seed: int, name: str) -> int:
-    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
+    """Each parameter's own seed, from its canonical name: the same initial weights with and
+    without compile or activation checkpointing, at every world size."""
+    return (seed * 1_000_003 + zlib.crc32(canonical_name(name).encode())) % (2**63)
 
 
 def materialize(model: GPT, device: torch.device, seed: int) -> GPT:
@@ -136,10 +148,11 @@ def build_sharded_model(cfg, env: DistEnv, mesh: DeviceMesh, *, precision: str, 
     return materialize(model, env.device, seed)
 
 
-def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
-    """Sum a few floats over all ranks in one collective (the loss, flags every rank must agree
-    on such as "save now", and the stability guard's signals)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
+def all_reduce_sum(values: list[float | torch.Tensor], device: torch.device) -> list[float]:
+    """Sum a few numbers over all ranks in one collective on `device` (the loss, flags every
+    rank must agree on such as "save now", and the stability guard's signals), read back with
+    one host sync. A value may be a 0-dim tensor still on the device: it is not read first."""
+    t = torch.stack([torch.as_tensor(v, dtype=torch.float64).to(device) for v in values])
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.tolist()
 

@@ -128,6 +128,14 @@ def read_bytes(uri: str) -> bytes:
         return stream.read()
 
 
+def not_found(err: BaseException) -> bool:
+    """Whether `err` says the object or file is not there (no retry will make it appear)."""
+    if isinstance(err, FileNotFoundError):
+        return True
+    response = getattr(err, "response", None) or {}
+    return response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
+
+
 def exists(uri: str) -> bool:
     if is_s3(uri):
         bucket, key = _split_s3(uri)
@@ -136,7 +144,7 @@ def exists(uri: str) -> bool:
         try:
             s3_client().head_object(Bucket=bucket, Key=key)
         except ClientError as err:
-            if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if not_found(err):
                 return False
             raise
         return True
@@ -159,10 +167,24 @@ def open_write(uri: str) -> Iterator[IO[bytes]]:
     try:
         with os.fdopen(fd, "wb") as out:
             yield out
+            # On disk before the rename, and the rename itself on disk after it: a crash never
+            # leaves a renamed but empty file (a commit manifest, a marker) behind.
+            out.flush()
+            os.fsync(out.fileno())
         os.replace(tmp, target)
+        _fsync_dir(target.parent)
     except BaseException:
-        os.unlink(tmp)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
         raise
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_bytes(uri: str, data: bytes) -> None:

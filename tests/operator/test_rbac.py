@@ -48,7 +48,10 @@ def test_trainer_identity_may_patch_only_its_own_lease(cluster, run_operator, tm
         coordination, core = client.CoordinationV1Api(api), client.CoreV1Api(api)
         ns = cluster.namespace
         patch = {"metadata": {"annotations": {"crucible.dev/step": "1"}}}
-        assert _status(lambda: coordination.patch_namespaced_lease("gpt-progress", ns, patch)) == 200
+        # RBAC is eventually consistent: the binding may reach the authorizer a moment after the
+        # ServiceAccount exists.
+        eventually(lambda: _status(lambda: coordination.patch_namespaced_lease(
+            "gpt-progress", ns, patch)) == 200, 20, "the trainer's Role to take effect")
         assert _status(lambda: coordination.read_namespaced_lease("gpt-progress", ns)) == 200
         assert _status(lambda: coordination.patch_namespaced_lease("other-progress", ns, patch)) == 403
         assert _status(lambda: coordination.delete_namespaced_lease("gpt-progress", ns)) == 403

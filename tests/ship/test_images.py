@@ -83,6 +83,13 @@ def test_trainer_image_pins_the_projects_torch_on_the_matching_cuda_base():
     assert base.startswith(f"nvidia/cuda:{cuda}."), (base, cuda)
 
 
+def test_trainer_runtime_stage_can_compile():
+    """training.compile needs a C compiler and Python's headers where the trainer runs."""
+    final = stages(DOCKERFILES["trainer"])[-1]
+    installs = " ".join(rest for op, rest in final["ops"] if op == "RUN")
+    assert all(f" {pkg}" in installs for pkg in ("python3-dev", "gcc", "libc6-dev")), installs
+
+
 def test_operator_image_has_no_torch():
     extras = pyproject()["project"]["optional-dependencies"]
     assert not [d for d in extras["operator"] + pyproject()["project"]["dependencies"]

@@ -6,7 +6,9 @@ commit, and never a half-written checkpoint taken for a real one.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -79,7 +81,7 @@ def test_sigkill_of_a_worker_restarts_from_the_last_commit(corpus, tmp_path, ckp
     finally:
         run.close()
     log = run.text()
-    resumed = [int(s) for s in __import__("re").findall(r"resumed from .*?\(step (\d+),", log)]
+    resumed = [int(s) for s in re.findall(r"resumed from .*?\(step (\d+),", log)]
     assert resumed and resumed[-1] >= 8, log[-3000:]
     records = train_records(tmp_path / "kill" / "metrics.jsonl")
     after = [r for r in records if r["time"] > killed_at]
@@ -187,25 +189,117 @@ def test_s3_outage_during_an_upload_is_retried_and_training_goes_on(corpus, tmp_
     assert "retry 1/" in log, log[-3000:]
     trained_while_down = [r for r in train_records(jsonl) if down_at < r["time"] < down_at + 6]
     assert trained_while_down  # the loop did not wait for the store
-    commits = [int(s) for s in __import__("re").findall(r"checkpoint step (\d+) committed", log)]
+    commits = [int(s) for s in re.findall(r"checkpoint step (\d+) committed", log)]
     assert commits and max(commits) == 20
 
 
-def test_corrupt_newest_checkpoint_falls_back_to_the_previous_commit(corpus, tmp_path, ckpt, s3):
+def _flip_a_byte(client, bucket: str, step: str) -> None:
+    key = f"{step}/__1_0.distcp"
+    data = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    data[len(data) // 2] ^= 0xFF
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+
+
+def _truncate_the_manifest(client, bucket: str, step: str) -> None:
+    key = f"{step}/manifest.json"
+    data = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    client.put_object(Bucket=bucket, Key=key, Body=data[:len(data) // 2])
+
+
+def _delete_a_shard(client, bucket: str, step: str) -> None:
+    client.delete_object(Bucket=bucket, Key=f"{step}/__0_0.distcp")
+
+
+def _escape_the_restore_folder(client, bucket: str, step: str) -> None:
+    """A manifest that names a file outside its step (as an attacker or a bug might)."""
+    key = f"{step}/manifest.json"
+    manifest = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    manifest["files"]["../../x"] = manifest["files"].pop("__0_0.distcp")
+    client.put_object(Bucket=bucket, Key=key, Body=json.dumps(manifest).encode())
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (_flip_a_byte, "__1_0.distcp: size/checksum"),
+    (_truncate_the_manifest, "the manifest is not valid JSON"),
+    (_delete_a_shard, "__0_0.distcp cannot be downloaded"),
+    (_escape_the_restore_folder, "the manifest lists '../../x'"),
+], ids=lambda v: getattr(v, "__name__", "")[1:] if callable(v) else None)
+def test_an_unloadable_newest_commit_is_quarantined_and_the_previous_one_loaded(
+        corpus, tmp_path, ckpt, s3, damage, reason):
     uri, env = ckpt
+    env = {**env, "TMPDIR": str(tmp_path / "tmp")}  # the restore folder lives under it
+    (tmp_path / "tmp").mkdir()
     cfg = config(corpus, tmp_path, "corrupt", uri, steps=12, every=4)
     first = TrainProcess(cfg, tmp_path / "first.log", env=env, extra_args=["--max-steps", "8"])
     assert first.finish() == 0, first.text()[-3000:]
     bucket, _, prefix = uri[5:].partition("/")
-    key = f"{prefix}/step_8/__1_0.distcp"
-    data = bytearray(s3.client().get_object(Bucket=bucket, Key=key)["Body"].read())
-    data[len(data) // 2] ^= 0xFF
-    s3.client().put_object(Bucket=bucket, Key=key, Body=bytes(data))
+    damage(s3.client(), bucket, f"{prefix}/step_8")
     second = TrainProcess(cfg, tmp_path / "second.log", env=env)
     assert second.finish() == 0, second.text()[-3000:]
     log = second.text()
-    assert "step_8 is corrupt: __1_0.distcp" in log and "falling back" in log
-    assert "(step 4," in log
+    assert f"step_8 is corrupt: {reason}" in log and "quarantined, falling back" in log, log[-3000:]
+    assert "(step 4," in log                       # resumed from the previous good commit
+    assert "retry 1/" not in log                   # nothing waited on a file that is not there
+    assert not list((tmp_path / "tmp").rglob("x"))  # nothing written outside the restore folder
+
+
+def test_one_ranks_failed_upload_abandons_the_save_everywhere_without_a_stall(
+        corpus, tmp_path, ckpt, s3):
+    """Rank 1 cannot upload its part of any save: rank 0 must not wait for its marker (it used
+    to poll for 600 s while the next save blocked behind it), and nothing is committed."""
+    uri, env = ckpt
+    run = TrainProcess(config(corpus, tmp_path, "upload", uri, steps=12, every=4),
+                       tmp_path / "upload.log", env={**env, "CRUCIBLE_FAILPOINT": "upload:fail@1"})
+    assert run.finish() == 0, run.text()[-3000:]
+    log = run.text()
+    assert "rank 1's part failed" in log, log[-3000:]
+    assert log.count("abandoned, not committed: a rank's part failed") >= 6  # 3 saves x 2 ranks
+    assert not re.search(r"checkpoint step \d+ committed", log)
+    blocking = [float(b) for b in re.findall(r"checkpoint of step \d+ started \(([\d.]+)s", log)]
+    assert len(blocking) == 3 and max(blocking) < 5, blocking
+    assert not [k for k in objects(s3, uri) if k.endswith("manifest.json")]
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_sigterm_mid_save_finishes_the_save_and_exits_as_infrastructure(
+        corpus, tmp_path, ckpt, s3, nproc):
+    """A pod being deleted gets SIGTERM, then SIGKILL after its grace period: every rank stops
+    after the same step, the save in flight commits, and the exit code is 128+15 (what the
+    operator counts as infrastructure, not against maxRestarts)."""
+    uri, env = ckpt
+    run = TrainProcess(config(corpus, tmp_path, "term", uri, steps=200, every=4),
+                       tmp_path / "term.log", nproc=nproc,
+                       env={**env, "CRUCIBLE_FAILPOINT": "before_upload:4"})
+    try:
+        run.wait_for(r"checkpoint of step 4 started")
+        os.kill(run.proc.pid, signal.SIGTERM)
+        signalled = time.monotonic()
+        code = run.finish(timeout_s=60)
+    finally:
+        run.close()
+    log = run.text()
+    assert "SIGTERM: stopped after step" in log, log[-3000:]
+    assert "checkpoint step 4 committed" in log, log[-3000:]
+    assert "step_4/manifest.json" in objects(s3, uri)
+    assert time.monotonic() - signalled < 30
+    if nproc == 1:
+        assert code == 143, log[-3000:]
+
+
+def test_resume_with_a_changed_global_batch_is_refused_in_one_line(corpus, tmp_path, ckpt):
+    """Continuing with another batch would skip or repeat samples: say so, and lose nothing."""
+    uri, env = ckpt
+    first = TrainProcess(config(corpus, tmp_path, "batch", uri, steps=8, every=4),
+                         tmp_path / "first.log", env=env, extra_args=["--max-steps", "4"])
+    assert first.finish() == 0, first.text()[-3000:]
+    cfg = job_config(corpus, tmp_path / "batch2", name="chaos", steps=8, batch_tokens=2 * BATCH,
+                     evalTokens=4096)
+    cfg["checkpoint"] = {"uri": uri, "everySteps": 4, "everyMinutes": 0, "keep": 3}
+    run = run_crucible("train", "--config", str(write_config(cfg, tmp_path / "batch2.yaml")),
+                       env=env)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "cannot resume" in run.stderr and f"trained with {BATCH}" in run.stderr
+    assert "Traceback" not in run.stderr
 
 
 def test_bad_credentials_fail_before_any_training_step(corpus, tmp_path, ckpt):

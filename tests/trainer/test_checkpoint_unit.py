@@ -7,8 +7,9 @@ import json
 import pytest
 
 from crucible.trainer import storage
-from crucible.trainer.checkpoint import (file_digest, parse_step, retention_plan, should_save,
-                                         step_name, verify, with_retries)
+from crucible.trainer.checkpoint import (file_digest, manifest_problem, parse_step,
+                                         retention_plan, should_save, step_name, verify,
+                                         with_retries)
 
 
 @pytest.mark.parametrize("committed, keep, keep_every, deleted", [
@@ -91,3 +92,41 @@ def test_local_storage_tree_operations(tmp_path):
     assert storage.list_dirs(root) == ["step_1", "step_2"]
     assert storage.delete_tree(storage.join(root, "step_1")) == 2  # hidden files too
     assert storage.list_dirs(root) == ["step_2"]
+
+
+GOOD = {"step": 8, "tokens": 32768, "world_size": 2, "time": 1.5e9, "model_hash": "m",
+        "config_hash": "c", "files": {"__0_0.distcp": {"size": 10, "xxh3": "ab"},
+                                      ".metadata": {"size": 3, "xxh3": "cd"}}}
+
+
+@pytest.mark.parametrize("change, words", [
+    ({}, None),
+    ({"step": 4}, "says step 4"),
+    ({"files": {}}, "lists no files"),
+    ({"files": {"../../x": {"size": 1, "xxh3": "a"}}}, "'../../x', which is not"),
+    ({"files": {"__0_0.distcp/../y": {"size": 1, "xxh3": "a"}}}, "not a checkpoint file name"),
+    ({"files": {"__0_0.distcp": {"size": "10"}}}, "entry for __0_0.distcp is malformed"),
+    ({"tokens": None}, "'tokens' is missing or malformed"),
+    ({"model_hash": 7}, "'model_hash' is missing"),
+])
+def test_manifest_problem_names_what_makes_a_commit_unusable(change, words):
+    problem = manifest_problem({**GOOD, **change}, 8)
+    assert problem is None if words is None else words in problem
+    assert "not an object" in manifest_problem([1, 2], 8)
+
+
+def test_a_missing_file_is_not_retried():
+    calls = []
+
+    def missing():
+        calls.append(1)
+        raise FileNotFoundError("gone")
+
+    with pytest.raises(FileNotFoundError):
+        with_retries(missing, "download", attempts=6, sleep=lambda s: None,
+                     retry_if=lambda err: not storage.not_found(err))
+    assert calls == [1]
+    from botocore.exceptions import ClientError
+
+    assert storage.not_found(ClientError({"Error": {"Code": "NoSuchKey"}}, "GetObject"))
+    assert not storage.not_found(ClientError({"Error": {"Code": "SlowDown"}}, "GetObject"))

@@ -112,6 +112,29 @@ def test_sampler_state_round_trips_and_skip_moves_past_data(tmp_path):
                                          world_size=1)[0], after_skip)
 
 
+def test_resume_refuses_another_shard_set_naming_both_sizes(tmp_path):
+    saved = _sampler(tmp_path / "a").state_dict()
+    same = _sampler(tmp_path / "b")
+    same.load_state_dict(saved)
+    assert same.resume_problem() is None
+    _write(tmp_path / "d", "a.bin", np.arange(30_000) % 1000)
+    other = Sampler(ShardSet(tmp_path / "d"), seq_len=16, seed=7)
+    other.load_state_dict(saved)
+    assert "hold 30,000 tokens" in other.resume_problem()
+    assert "shard set of 20,000" in other.resume_problem()
+    assert _sampler(tmp_path / "e").resume_problem() is None  # nothing loaded
+
+
+def test_resume_refuses_another_global_batch_naming_both(tmp_path):
+    from crucible.trainer.loop import TrainState, resume_problem
+
+    sampler = _sampler(tmp_path)
+    assert resume_problem(TrainState(step=8, tokens_seen=8 * 4096), sampler, 4096) is None
+    assert resume_problem(TrainState(), sampler, 8192) is None  # a fresh start
+    problem = resume_problem(TrainState(step=8, tokens_seen=8 * 4096), sampler, 8192)
+    assert "globalBatchTokens is 8192" in problem and "trained with 4096" in problem
+
+
 def test_epochs_cover_every_window_once(tmp_path):
     s = _sampler(tmp_path)
     n = s.windows_per_epoch

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from crucible.api.launch import EXIT_GUARD_ABORT, EXIT_OK
+from crucible.api.launch import EXIT_GUARD_ABORT, EXIT_OK, EXIT_TERMINATED
 
 TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
 
@@ -50,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
         summary = loop.train(cfg, progress=args.progress, max_steps=args.max_steps)
     except (DataError, loop.BatchError, CheckpointError) as err:
         raise UserError(str(err)) from None
+    except loop.Terminated as err:
+        print(f"crucible train: {err}", file=sys.stderr)
+        return EXIT_TERMINATED  # infrastructure for the operator: killed by a signal, in effect
     except loop.GuardAbort as err:
         message = f"stopped by the stability guard: {err}"
         _termination_message(message)

@@ -1,0 +1,177 @@
+"""The GPU path end to end, in one short run: NCCL training, save, SIGKILL, resume, rollback, eval.
+
+Every trainer test runs on gloo; this script runs the same stages where users run them, on CUDA
+with NCCL (one process per GPU, at most 2), and prints PASS or FAIL per stage with the losses:
+
+  data      a BPE tokenizer and shards from Python's own reference docs (CPU)
+  train     30 steps, a commit every 10 steps
+  kill      the run goes on with its next save held back; SIGKILL while it is in flight
+  resume    from the last commit (step 30), with one update at 100x LR injected at step 45:
+            the stability guard must roll back to an earlier commit and the run must finish
+  eval      `crucible eval` scores the newest commit on held-out text
+
+On a machine without CUDA it prepares the data, says where CUDA is required, and stops (exit 0).
+`--cpu` runs every stage on CPU with gloo instead, to check the script itself.
+
+  python bench/gpu_check.py [--cpu] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+STEPS, FIRST_STOP, EVERY, BAD_LR_STEP = 60, 30, 10, 45
+GUARD = {"minHistory": 16, "recoverSteps": 10, "rollbackMarginSteps": 5, "cooldownSteps": 20}
+
+
+def prepare_data(root: Path) -> dict:
+    import pydoc_data.topics as topics
+
+    from crucible.trainer.tokenizer.bpe import train_bpe
+    from crucible.trainer.tokenizer.encode import encode_to_shards
+
+    docs = [topics.topics[key] for key in sorted(topics.topics)]
+    tok = train_bpe(docs, 2048, root / "tokenizer.json")
+    encode_to_shards(tok, docs, root / "shards", val_fraction=0.1, seed=0)
+    return {"train": str(root / "shards" / "train"), "val": str(root / "shards" / "val"),
+            "tokenizer": str(tok)}
+
+
+def write_config(root: Path, data: dict, nproc: int, cpu: bool) -> Path:
+    cfg = {"name": "gpu-check", "outputDir": str(root / "run"),
+           "model": {"preset": "tiny", "vocabSize": 2048}, "data": data,
+           "training": {"tokens": STEPS * 8 * 128 * nproc, "globalBatchTokens": 8 * 128 * nproc,
+                        "microBatch": 8, "warmupSteps": 5, "lr": 3e-3,
+                        "precision": "fp32" if cpu else "bf16", "evalTokens": 8192},
+           "checkpoint": {"uri": str(root / "ckpt"), "everySteps": EVERY, "everyMinutes": 0,
+                          "keep": 4, "keepEvery": EVERY},
+           "faultTolerance": {"spikeGuard": GUARD}, "metrics": {"port": 0}}
+    path = root / "job.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def train_cmd(config: Path, nproc: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}", "-m", "crucible.trainer", "train", "--config",
+            str(config), *extra]
+
+
+def records(root: Path, kind: str) -> list[dict]:
+    path = root / "run" / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == kind]
+
+
+def committed(root: Path) -> list[int]:
+    return sorted(int(p.parent.name.removeprefix("step_"))
+                  for p in (root / "ckpt").glob("step_*/manifest.json"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cpu", action="store_true", help="run every stage on CPU with gloo")
+    parser.add_argument("--keep", help="work in this folder and keep it (default: a temp folder)")
+    args = parser.parse_args()
+    root = Path(args.keep or tempfile.mkdtemp(prefix="crucible-gpu-check-"))
+    root.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"}
+    results: list[tuple[str, bool, str]] = []
+
+    def stage(name: str, ok: bool, detail: str) -> bool:
+        results.append((name, ok, detail))
+        print(f"{'PASS' if ok else 'FAIL'}  {name:<7} {detail}", flush=True)
+        return ok
+
+    data = prepare_data(root)
+    stage("data", True, f"shards under {root / 'shards'}")
+    import torch
+
+    if not args.cpu and not torch.cuda.is_available():
+        print("CUDA is required from here (NCCL training, save, SIGKILL, resume, rollback, "
+              "eval): no CUDA device on this machine, stopping. `--cpu` runs the stages on gloo.")
+        return 0
+    nproc = 2 if args.cpu else max(1, min(2, torch.cuda.device_count()))
+    device = "cpu (gloo)" if args.cpu else f"{torch.cuda.get_device_name(0)} x{nproc} (NCCL)"
+    print(f"device: {device}; torch {torch.__version__}", flush=True)
+    if args.cpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    config = write_config(root, data, nproc, args.cpu)
+    logs = root / "logs"
+    logs.mkdir(exist_ok=True)
+
+    # train: the first 30 steps, commits at 10, 20, 30.
+    run = subprocess.run(train_cmd(config, nproc, "--max-steps", str(FIRST_STOP)), env=env,
+                         capture_output=True, text=True, timeout=900)
+    (logs / "train.log").write_text(run.stdout + run.stderr)
+    losses = [round(r["loss"], 3) for r in records(root, "train")]
+    if not stage("train", run.returncode == 0 and committed(root)[-1:] == [FIRST_STOP],
+                 f"exit {run.returncode}, commits {committed(root)}, loss {losses[:1]} -> "
+                 f"{losses[-1:]}"):
+        return report(results, root)
+
+    # kill: the next save (step 40) is held back before its upload; SIGKILL while it waits.
+    with open(logs / "kill.log", "w") as out:
+        proc = subprocess.Popen(train_cmd(config, nproc), env={
+            **env, "CRUCIBLE_FAILPOINT": "before_upload:600"}, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None and not any(
+                r["step"] > FIRST_STOP + EVERY for r in records(root, "train")):
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    stage("kill", committed(root)[-1:] == [FIRST_STOP],
+          f"SIGKILL after step {max(r['step'] for r in records(root, 'train'))}, "
+          f"newest commit still {committed(root)[-1:]}")
+
+    # resume: from step 30, with one bad update the guard must roll back.
+    run = subprocess.run(train_cmd(config, nproc), env={
+        **env, "CRUCIBLE_INJECT": f"lr_x100@{BAD_LR_STEP}"}, capture_output=True, text=True,
+        timeout=900)
+    text = run.stdout + run.stderr
+    (logs / "resume.log").write_text(text)
+    rollbacks = [r for r in records(root, "guard") if r["verdict"] == "rollback"]
+    final = [r for r in records(root, "train") if r["step"] == STEPS]
+    stage("resume", run.returncode == 0 and f"(step {FIRST_STOP}," in text and bool(final),
+          f"exit {run.returncode}, resumed from step {FIRST_STOP}: "
+          f"{f'(step {FIRST_STOP},' in text}, final loss "
+          f"{round(final[-1]['loss'], 3) if final else None}")
+    stage("rollback", bool(rollbacks), f"{len(rollbacks)} rollback(s) after the bad update at "
+          f"step {BAD_LR_STEP}" + (f", to before step {rollbacks[0]['onset']}" if rollbacks else ""))
+
+    # eval: the newest commit on held-out text.
+    run = subprocess.run([sys.executable, "-m", "crucible.trainer", "eval", "--config",
+                          str(config), "--json"], env=env, capture_output=True, text=True,
+                         timeout=600)
+    (logs / "eval.log").write_text(run.stdout + run.stderr)
+    try:
+        result = json.loads(run.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        result = {}
+    stage("eval", run.returncode == 0 and "loss" in result,
+          f"exit {run.returncode}, held-out loss {result.get('loss')}, "
+          f"{result.get('bits_per_byte')} bits/byte")
+    return report(results, root)
+
+
+def report(results: list[tuple[str, bool, str]], root: Path) -> int:
+    failed = [name for name, ok, _ in results if not ok]
+    print(f"{'FAIL' if failed else 'PASS'}: {len(results) - len(failed)}/{len(results)} stages"
+          + (f" (failed: {', '.join(failed)}; logs under {root / 'logs'})" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Checkpoint collectives stay where NCCL would accept them.
+
+On a GPU the default process group is NCCL, which takes CUDA tensors only ("No backend type
+associated with device type cpu"); the checkpointer's own collectives run on its gloo group.
+This machine has no GPU, so the test records every tensor collective that save, load, a
+fallback past a quarantined commit and a rollback's `discard_after` issue from Crucible's code
+(not from torch's own object collectives, which pick the group's device themselves) and fails
+if any of them uses the default group. A real NCCL group is not available here; the rule it
+would enforce is checked instead.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+PROBE = textwrap.dedent("""
+    import json, os, socket, sys, traceback
+    from pathlib import Path
+    import torch
+    import torch.distributed as dist
+
+    calls = []
+    def recording(name, real):
+        def wrapper(tensor, *args, group=None, **kwargs):
+            frame = traceback.extract_stack(limit=3)[-2]
+            if "torch" not in Path(frame.filename).parts:
+                calls.append((name, group is None or group == dist.group.WORLD,
+                              str(tensor.device), frame.filename.rsplit("/", 1)[-1], frame.lineno))
+            return real(tensor, *args, group=group, **kwargs)
+        return wrapper
+    for name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter_tensor",
+                 "all_gather_into_tensor"):
+        setattr(dist, name, recording(name, getattr(dist, name)))
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+    from crucible.api.spec import CheckpointSpec
+    from crucible.trainer.checkpoint import AppState, Checkpointer, MANIFEST
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2, 4)).sum().backward(); opt.step()
+    uri = sys.argv[1]
+    ckpt = Checkpointer(CheckpointSpec(uri=uri, keep=2, **{"async": False}), job="probe",
+                        rank=0, world_size=1, local_rank=0, model_hash="m", config_hash="c")
+    app = AppState(model, opt, {})
+    ckpt.save(app, 4, 400, wait=True)
+    ckpt.save(app, 8, 800, wait=True)
+    Path(uri, "step_8", MANIFEST).write_text("{ truncated")
+    restored = ckpt.load(app)
+    ckpt.discard_after(restored["step"])
+    print(json.dumps({"restored": restored["step"], "committed": ckpt.committed_steps(),
+                      "calls": calls}))
+    dist.destroy_process_group()
+""")
+
+
+def test_checkpoint_collectives_never_put_a_tensor_on_the_default_group(tmp_path):
+    run = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "ckpt")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    import json
+
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["restored"] == 4 and out["committed"] == [4]   # step 8 quarantined, then discarded
+    ours = [c for c in out["calls"] if c[3] == "checkpoint.py"]
+    assert ours, "the checkpointer issued no tensor collective: the probe saw nothing"
+    on_default = [c for c in ours if c[1]]
+    assert not on_default, f"tensor collectives on the default (NCCL on a GPU) group: {on_default}"
