@@ -8,6 +8,7 @@ Layout under `checkpoint.uri` (docs/checkpoints.md, "Layout and the commit proto
                                model/config hashes: written by rank 0 once every rank's marker is
                                there. No manifest (or a checksum mismatch) = no checkpoint.
   step_<N>/quarantine.json     a commit that could not be loaded, and why: no longer a commit.
+  incarnation.json             the token of the start that owns the URI: only it commits or prunes.
 
 Saving follows torchtitan's `CheckpointManager`: `dcp.async_save` on a dedicated gloo group, so
 the training loop blocks only while the state is staged (copied), then the write, the upload
@@ -58,6 +59,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 QUARANTINE = "quarantine.json"   # written beside a commit that cannot be loaded: never used again
+INCARNATION = "incarnation.json"  # the run that owns the checkpoints under the URI (newest start)
 FORMAT_VERSION = 1
 # The only file names a commit manifest may list: DCP's shards and its metadata. Anything else
 # (a path, `..`) is refused before it is joined onto a folder.
@@ -68,6 +70,10 @@ _MANIFEST_FIELDS = {"step": int, "tokens": int, "world_size": int, "time": (int,
 
 class CheckpointError(RuntimeError):
     """Checkpoint storage cannot be used, or a checkpoint cannot be loaded into this model."""
+
+
+class StaleIncarnation(RuntimeError):
+    """A newer start of the job owns the checkpoints: this one may neither commit nor prune."""
 
 
 class InjectedFailure(RuntimeError):
@@ -248,6 +254,7 @@ class Checkpointer:
         # so they never interleave with the training group's collectives.
         self.group = dist.new_group(backend="gloo")
         self._inflight: threading.Thread | None = None
+        self.incarnation: str | None = None  # set by claim(); None: a reader (eval) that fences no one
         self.last_commit: Commit | None = None
         self.last_save_step = 0
         self.last_save_time = time.monotonic()
@@ -270,6 +277,34 @@ class Checkpointer:
         dist.broadcast_object_list(box, src=0)
         if box[0]:
             raise CheckpointError(f"checkpoint storage is not usable: {box[0]}")
+
+    # -- fencing ------------------------------------------------------------------------------
+    def claim(self) -> None:
+        """Make this start the owner of the checkpoints under the URI (rank 0 writes a fresh
+        token, every rank learns it). An older incarnation still running (a pod terminating
+        after its replacement started) then finds another token and neither commits nor prunes:
+        checked before every commit and every deletion, which narrows the race to the time
+        between that read and the write."""
+        box = [os.urandom(8).hex() if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        self.incarnation = box[0]
+        if self.rank == 0:
+            storage.write_bytes(storage.join(self.uri, INCARNATION), json.dumps(
+                {"token": self.incarnation, "time": time.time()}).encode())
+
+    def _check_owner(self, what: str) -> None:
+        """Raise StaleIncarnation unless this start still owns the URI (fails closed: an
+        unreadable token means not owned, and the save or deletion waits for the next try)."""
+        if self.incarnation is None:
+            return
+        try:
+            owner = json.loads(storage.read_bytes(storage.join(self.uri, INCARNATION)))["token"]
+        except Exception as err:  # noqa: BLE001 - the reason goes into the refusal
+            raise StaleIncarnation(f"cannot {what}: the owner token under {self.uri} cannot be "
+                                   f"read ({storage.explain(err, self.uri)})") from None
+        if owner != self.incarnation:
+            raise StaleIncarnation(f"cannot {what}: a newer start of this job owns {self.uri} "
+                                   f"(token {owner}, ours {self.incarnation})")
 
     # -- listing ------------------------------------------------------------------------------
     def committed_steps(self) -> list[int]:
@@ -354,10 +389,14 @@ class Checkpointer:
         abandoned timeline, and a later resume must not pick them up."""
         self.wait()
         if self.rank == 0:
-            for name in storage.list_dirs(self.uri):
-                s = parse_step(name)
-                if s is not None and s > step:
-                    storage.delete_tree(storage.join(self.uri, name))
+            try:
+                self._check_owner(f"discard the checkpoints after step {step}")
+                for name in storage.list_dirs(self.uri):
+                    s = parse_step(name)
+                    if s is not None and s > step:
+                        storage.delete_tree(storage.join(self.uri, name))
+            except StaleIncarnation as err:
+                log.error("%s", err)
         dist.barrier()
 
     def _fetch(self, step: int, manifest: dict) -> tuple[Path, str | None]:
@@ -474,9 +513,11 @@ class Checkpointer:
                 time.sleep(0.2)
         files = {name: entry for m in markers.values() for name, entry in m["files"].items()}
         failpoint("before_manifest")
+        self._check_owner(f"commit step {step}")
         manifest = {"format": FORMAT_VERSION, "step": step, "tokens": tokens,
                     "world_size": self.world_size, "time": time.time(), "files": files,
-                    "model_hash": self.model_hash, "config_hash": self.config_hash}
+                    "model_hash": self.model_hash, "config_hash": self.config_hash,
+                    "incarnation": self.incarnation}
         storage.write_bytes(storage.join(step_uri, MANIFEST), json.dumps(manifest, indent=1).encode())
         commit = Commit(step, tokens, step_uri, manifest["time"], sum(f["size"] for f in files.values()))
         self.last_commit = commit
@@ -487,6 +528,7 @@ class Checkpointer:
 
     def _apply_retention(self, newest: int) -> None:
         try:
+            self._check_owner("prune old checkpoints")
             committed = self.committed_steps()
             for step in retention_plan(committed, self.spec.keep, self.spec.keep_every):
                 storage.delete_tree(storage.join(self.uri, step_name(step)))

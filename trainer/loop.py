@@ -174,6 +174,7 @@ class Run:
         self.ckpt = self._checkpointer()
         if self.ckpt is not None:
             self.ckpt.probe()
+            self.ckpt.claim()
 
         torch.manual_seed(t.seed)
         self.model = parallel.build_sharded_model(

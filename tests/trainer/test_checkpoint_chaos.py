@@ -286,6 +286,27 @@ def test_sigterm_mid_save_finishes_the_save_and_exits_as_infrastructure(
         assert code == 143, log[-3000:]
 
 
+def test_a_stale_incarnation_neither_commits_nor_prunes(corpus, tmp_path, ckpt, s3):
+    """A newer start of the job claims the URI while this one is in the middle of a save (a pod
+    still terminating after its replacement started): the old one must not commit."""
+    uri, env = ckpt
+    run = TrainProcess(config(corpus, tmp_path, "stale", uri, steps=8, every=4),
+                       tmp_path / "stale.log", nproc=1,
+                       env={**env, "CRUCIBLE_FAILPOINT": "before_manifest:6"})
+    bucket, _, prefix = uri[5:].partition("/")
+    try:
+        run.wait_for(r"checkpoint of step 4 started")
+        s3.client().put_object(Bucket=bucket, Key=f"{prefix}/incarnation.json",
+                               Body=json.dumps({"token": "newer", "time": time.time()}).encode())
+        assert run.finish(timeout_s=300) == 0, run.text()[-3000:]
+    finally:
+        run.close()
+    log = run.text()
+    assert "cannot commit step 4: a newer start of this job owns" in log, log[-3000:]
+    assert not re.search(r"checkpoint step \d+ committed", log)
+    assert not [k for k in objects(s3, uri) if k.endswith("manifest.json")]
+
+
 def test_resume_with_a_changed_global_batch_is_refused_in_one_line(corpus, tmp_path, ckpt):
     """Continuing with another batch would skip or repeat samples: say so, and lose nothing."""
     uri, env = ckpt
