@@ -254,7 +254,8 @@ class Checkpointer:
         # so they never interleave with the training group's collectives.
         self.group = dist.new_group(backend="gloo")
         self._inflight: threading.Thread | None = None
-        self.incarnation: str | None = None  # set by claim(); None: a reader (eval) that fences no one
+        # Set by claim(); None for a reader (`crucible eval`), which fences no one.
+        self.incarnation: str | None = None
         self.last_commit: Commit | None = None
         self.last_save_step = 0
         self.last_save_time = time.monotonic()
