@@ -23,13 +23,13 @@ committed YAML (charts/crucible/crds/ links to the same file).
 from __future__ import annotations
 
 import copy
-import typing
 
 import yaml
 from pydantic import BaseModel
 
-from crucible.api.names import (API_VERSION, CRD_NAME, GROUP, JOB_NAME_PATTERN, KIND,
-                                MAX_JOB_NAME_LENGTH, PLURAL, SHORT_NAMES, SINGULAR, VERSION)
+# API_VERSION is re-exported: the operator's adapter and tests spell the resource as crd.*.
+from crucible.api.names import (API_VERSION, CRD_NAME, GROUP, JOB_NAME_PATTERN,  # noqa: F401
+                                KIND, MAX_JOB_NAME_LENGTH, PLURAL, SHORT_NAMES, SINGULAR, VERSION)
 from crucible.api.spec import PretrainJobSpec, model_type
 
 NAME = CRD_NAME
