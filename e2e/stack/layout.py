@@ -100,21 +100,25 @@ class Layout:
 
 
 # Uncommon loopback ports, so a developer's own cluster or MinIO on the defaults does not clash.
+# All stay below 32768, where Linux's ephemeral range (net.ipv4.ip_local_port_range, 32768-60999 by
+# default) starts: a port in that range can be taken as the local end of any outgoing connection
+# (even one to itself while a server is down), so a server restarted there may find it in use.
 PORTS = {
-    "etcd": 32379,
-    "etcd-peer": 32380,
-    "kube-apiserver": 36443,
-    "kube-controller-manager": 30257,
-    "kube-scheduler": 30259,
-    "kwok": 30247,
-    "seaweedfs-master": 39333,
-    "seaweedfs-master-grpc": 49333,
-    "seaweedfs-volume": 38080,
-    "seaweedfs-volume-grpc": 48080,
-    "seaweedfs-filer": 38888,
-    "seaweedfs-filer-grpc": 48888,
-    "s3": 38333,
-    "prometheus": 39090,
+    "etcd": 22379,
+    "etcd-peer": 22380,
+    "kube-apiserver": 26443,
+    "kube-controller-manager": 20257,
+    "kube-scheduler": 20259,
+    "kwok": 20247,
+    "seaweedfs-master": 19333,
+    "seaweedfs-master-grpc": 29333,
+    "seaweedfs-volume": 18080,
+    "seaweedfs-volume-grpc": 28080,
+    "seaweedfs-filer": 18888,
+    "seaweedfs-filer-grpc": 28888,
+    "s3": 18333,
+    "s3-grpc": 28333,  # SeaweedFS's gRPC ports are its HTTP ports + 10000 unless set, as here
+    "prometheus": 19090,
 }
 
 # Label the KWOK controller selects its nodes by. A node relabelled away from "managed" gets no

@@ -250,7 +250,11 @@ def _seaweedfs(l: Layout) -> list[str]:
             f"-volume.port={p('seaweedfs-volume')}", f"-volume.port.grpc={p('seaweedfs-volume-grpc')}",
             "-volume.max=64",
             "-filer", f"-filer.port={p('seaweedfs-filer')}", f"-filer.port.grpc={p('seaweedfs-filer-grpc')}",
-            "-s3", f"-s3.port={p('s3')}", f"-s3.config={l.state / 'seaweedfs-s3.json'}"]
+            "-s3", f"-s3.port={p('s3')}", f"-s3.port.grpc={p('s3-grpc')}",
+            f"-s3.config={l.state / 'seaweedfs-s3.json'}",
+            # Off: catalogs on fixed ports (8181, 9101) that a second server would collide on,
+            # and usage reports to a URL outside this machine.
+            "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false"]
 
 
 def _prometheus(l: Layout) -> list[str]:
@@ -269,7 +273,7 @@ def _api_ok(l: Layout, s: dict, path: str, port: str, authenticated: bool = Fals
 SERVICES = [
     Service("etcd", "etcd", ("etcd", "etcd-peer"), _etcd,
             lambda l, s: procs.http_ok(f"http://127.0.0.1:{l.port('etcd')}/health")),
-    Service("seaweedfs", "weed", ("s3", "seaweedfs-master", "seaweedfs-master-grpc",
+    Service("seaweedfs", "weed", ("s3", "s3-grpc", "seaweedfs-master", "seaweedfs-master-grpc",
                                   "seaweedfs-volume", "seaweedfs-volume-grpc", "seaweedfs-filer",
                                   "seaweedfs-filer-grpc"), _seaweedfs,
             # Any S3 answer (403 to an anonymous list) means the gateway is serving.

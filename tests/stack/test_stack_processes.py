@@ -13,7 +13,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "e2e"))
 
 from stack import procs  # noqa: E402
-from stack.layout import Layout, StackError  # noqa: E402
+from stack.layout import PORTS, Layout, StackError  # noqa: E402
+from tests.support.private_s3 import PORT_OFFSET  # noqa: E402
 
 
 @pytest.fixture
@@ -57,6 +58,14 @@ def test_port_in_use_is_one_clear_error(layout):
         port = sock.getsockname()[1]
         with pytest.raises(StackError, match=rf"port {port} \(needed by web\) is in use"):
             procs.start(layout, "web", ["/bin/sleep", "1"], ports=[port], port_wait_s=0.5)
+
+
+def test_every_port_is_below_the_ephemeral_range():
+    # A server restarted on a port in the ephemeral range can find it taken by some outgoing
+    # connection's local end; the private S3 that chaos tests kill and restart sits at an offset.
+    low, _ = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    assert max(PORTS.values()) + PORT_OFFSET < low, (max(PORTS.values()), PORT_OFFSET, low)
+    assert min(PORTS.values()) >= 1024  # never a privileged port
 
 
 def test_stack_script_reports_missing_toolchain_in_one_line(tmp_path):

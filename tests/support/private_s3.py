@@ -17,6 +17,9 @@ from stack import procs, services  # noqa: E402
 from stack.layout import Layout  # noqa: E402
 
 
+PORT_OFFSET = 200  # beside the shared stack's ports, still below the ephemeral range
+
+
 @dataclass
 class PrivateS3:
     layout: Layout
@@ -24,7 +27,7 @@ class PrivateS3:
     proc: subprocess.Popen | None = None
 
     @classmethod
-    def create(cls, folder: Path, port_offset: int = 200) -> "PrivateS3":
+    def create(cls, folder: Path, port_offset: int = PORT_OFFSET) -> "PrivateS3":
         cache = Path(os.environ.get("CRUCIBLE_CACHE", Path.home() / ".cache" / "crucible"))
         layout = Layout(cache=cache, state=folder, port_offset=port_offset, kwok_nodes=2)
         folder.mkdir(parents=True, exist_ok=True)
