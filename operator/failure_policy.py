@@ -113,24 +113,35 @@ def _quarantine(p: Pass, broken: f.NodeFailure, node):
     if broken.node not in bad:
         bad.append(broken.node)
         del bad[:-MAX_BAD_NODES]
-    if node is None or node.annotation("crucible.dev/failure-reason"):
-        return  # gone, or already annotated (first job to see it wins; no flip-flopping)
+    if node is None:
+        return
+    this_job = f"{p.job.namespace}/{p.job.name}"
+    if node.annotation("crucible.dev/failure-reason"):
+        # Already annotated (first job to see it wins; no flip-flopping). A pass can start from
+        # a status written before this job's own cordon landed (the node is watched apart from
+        # the job): the node's annotation, not that status, says whether the job cordoned it.
+        if node.annotation("crucible.dev/cordoned-by") == this_job:
+            _list_cordoned(p, broken.node)
+        return
     cordon = p.spec.fault_tolerance.cordon_failed_nodes and not node.unschedulable
     patch = {"metadata": {"annotations": {
         "crucible.dev/failure-reason": broken.reason,
         "crucible.dev/failure-message": broken.message[:500],
-        "crucible.dev/failure-job": f"{p.job.namespace}/{p.job.name}",
+        "crucible.dev/failure-job": this_job,
         "crucible.dev/failure-time": format_time(p.now)}}}
     if cordon:
         patch["spec"] = {"unschedulable": True}
-        patch["metadata"]["annotations"]["crucible.dev/cordoned-by"] = (
-            f"{p.job.namespace}/{p.job.name}")
-        cordoned = p.status.setdefault("cordonedNodes", [])
-        if broken.node not in cordoned:
-            cordoned.append(broken.node)
+        patch["metadata"]["annotations"]["crucible.dev/cordoned-by"] = this_job
+        _list_cordoned(p, broken.node)
     p.act("patch_node", "Node", broken.node, patch, reason="Cordon" if cordon else "Annotate")
     p.event("Warning", "NodeFailure", f"{broken.message}: " + (
         "cordoned and annotated it" if cordon else "annotated it (cordonFailedNodes is false)"))
+
+
+def _list_cordoned(p: Pass, node: str) -> None:
+    cordoned = p.status.setdefault("cordonedNodes", [])
+    if node not in cordoned:
+        cordoned.append(node)
 
 
 def _hang(p: Pass) -> bool:

@@ -242,6 +242,24 @@ def test_node_failure_under_pod_0_restarts_the_group_after_the_grace():
     assert ("delete", "Pod", "gpt-0-1") in acts(stale)
 
 
+def test_a_pass_from_a_status_older_than_its_own_cordon_still_lists_the_node():
+    # The node already carries this job's cordon (an earlier pass patched it) but the status the
+    # pass starts from was read before that pass's status landed: the restart must not drop it.
+    nodes = b.healthy_nodes()
+    nodes["gpu-node-0"] = b.node("gpu-node-0", ready="Unknown", since=0, unschedulable=True,
+                                 annotations={"crucible.dev/failure-reason": "NodeUnreachable",
+                                              "crucible.dev/cordoned-by": "team-a/gpt"})
+    nodes["gpu-node-1"] = b.node("gpu-node-1", ready="Unknown", since=0, unschedulable=True,
+                                 annotations={"crucible.dev/failure-reason": "NodeUnreachable",
+                                              "crucible.dev/cordoned-by": "team-b/other"})
+    outcome = decide(b.job(status={**running_status(), "cordonedNodes": ["gpu-node-3"]}),
+                     b.observed(b.running(0, 4, H), nodes=nodes), b.at(61))
+    assert outcome.status["podGeneration"] == 1
+    assert not acts(outcome, "patch_node")                   # annotated once, never again
+    # Another job's cordon is that job's to report.
+    assert outcome.status["cordonedNodes"] == ["gpu-node-3", "gpu-node-0"]
+
+
 def test_configured_node_condition_counts_as_failure_and_cordon_can_be_off():
     nodes = b.healthy_nodes()
     nodes["gpu-node-1"] = b.node("gpu-node-1", conditions={"GPUUnhealthy": "True"})
