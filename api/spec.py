@@ -200,6 +200,11 @@ class TrainingSpec(Spec):
     log_every: int = Field(1, ge=1, description="Steps between log lines.")
     compile: bool = Field(False, description="torch.compile each block (GPU).")
     activation_checkpointing: bool = Field(False, description="Recompute each block in backward.")
+    gradient_sync: Literal["everyMicroBatch", "lastMicroBatch"] = Field(
+        "everyMicroBatch", description="When FSDP reduce-scatters gradients during accumulation: "
+        "after every micro-batch (only sharded gradients are held; torchtitan's default), or "
+        "only after the last (1/accumulation of the gradient traffic, but every GPU holds the "
+        "full unsharded fp32 gradients, 4 bytes x parameters, while accumulating).")
 
     @property
     def total_steps_hint(self) -> int:

@@ -48,7 +48,7 @@ def save_and_restore(model_name: str, uri: str, repeats: int) -> list[dict]:
     rows = []
     for mode in ("sync", "async"):
         model = parallel.build_sharded_model(cfg, env, mesh, precision="fp32", seed=0)
-        opt = optim.build_optimizer(model, TrainingSpec(tokens=1), env.device)
+        opt = optim.build_optimizer(model, TrainingSpec(tokens=1))
         x = torch.randint(0, cfg.vocab_size, (1, 65))
         model(x[:, :-1], x[:, 1:]).backward()
         opt.step()  # AdamW state exists: a realistic checkpoint

@@ -41,7 +41,7 @@ def bench_model(torch, name: str, a, env, mesh) -> dict:
     model = parallel.build_sharded_model(cfg, env, mesh, precision="bf16", seed=0,
                                          activation_checkpointing=a.activation_checkpointing,
                                          compile_blocks=a.compile)
-    opt = optim.build_optimizer(model, TrainingSpec(tokens=1), env.device)
+    opt = optim.build_optimizer(model, TrainingSpec(tokens=1))
     B, T = a.micro_batch, cfg.seq_len
     x = torch.randint(0, cfg.vocab_size, (B, T + 1), device="cuda")
     times = []

@@ -3,11 +3,14 @@
 Reads like torchtitan's `train.py` in outline. `Run.__init__` derives the run's shape (its
 batch arithmetic, printed at start as nanoGPT prints tokens per iteration), builds the sharded
 model, optimizer and data sampler, proves checkpoint storage works and resumes from the newest
-committed checkpoint. One optimizer step (`_loop`, with `Run.forward_backward` and
-`Run.apply_update`): LR from the pure schedule, gradient accumulation (FSDP gradient sync only
-on the last micro-step), clip, update. After each step one small all-reduce carries what every
-rank must agree on: the loss, and rank 0's "save now" (time-based saving would otherwise
-diverge between ranks). Each step's numbers are one `StepMetrics` record, built in `_loop`,
+committed checkpoint. One optimizer step (`_loop`, with `Run.forward_backward`, `Run.agree` and
+`Run.apply_update`): LR from the pure schedule, gradient accumulation (FSDP reduce-scatters after
+every micro-batch, or only after the last: `training.gradientSync`), clip, then one small
+all-reduce on the compute device carries what every rank must agree on: the loss, the gradient
+norm, the norm of the update about to be applied, rank 0's "save now" (time-based saving would
+otherwise diverge between ranks) and SIGTERM. Reading it back is the step's only host sync
+outside logging, eval and save steps: the stability guard decides on those numbers, then the
+update is applied or skipped. Each step's numbers are one `StepMetrics` record, built in `_loop`,
 that the exporter, the JSONL file, the log line, the progress bar and the progress Lease all
 read. Everything a restart needs is a `Stateful` part of `AppState` (model, optimizer, LR
 scale, sampler, `TrainState`, the stability guard). The guard's actions (skip, rollback) stay
@@ -116,6 +119,17 @@ def resume_problem(state: TrainState, sampler: Sampler, tokens_per_step: int) ->
     return sampler.resume_problem()
 
 
+@dataclass(frozen=True)
+class StepNumbers:
+    """What every rank agrees on after a step's forward/backward (`Run.agree`)."""
+
+    loss: float          # mean over ranks and micro-batches
+    grad_norm: float     # global, before clipping
+    update_norm: float   # of the update the step would apply
+    save: bool           # rank 0 wants a checkpoint after this step
+    stop: bool           # some rank got SIGTERM
+
+
 @dataclass
 class RunSummary:
     steps: int
@@ -180,7 +194,7 @@ class Run:
         self.model = parallel.build_sharded_model(
             self.model_cfg, env, parallel.build_mesh(env), precision=t.precision, seed=t.seed,
             activation_checkpointing=t.activation_checkpointing, compile_blocks=t.compile)
-        self.optimizer = optim.build_optimizer(self.model, t, env.device)
+        self.optimizer = optim.build_optimizer(self.model, t)
         self.lr_scale = optim.LRScale()
         self.sampler = Sampler(self.train_shards, p.seq_len, t.seed)
         self.state = TrainState()
@@ -243,9 +257,10 @@ class Run:
                               checkpoint=commit.for_lease())
 
     # -- one optimizer step ----------------------------------------------------------------------
-    def forward_backward(self) -> tuple[float, float, float]:
+    def forward_backward(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """Forward/backward over the accumulation micro-steps, then clip (not yet the update).
-        Returns (this rank's mean loss, global grad norm before clipping, learning rate)."""
+        Returns (this rank's mean loss, global grad norm before clipping, learning rate); the
+        two numbers stay on the device for the step's one packed all-reduce (`agree`)."""
         t, p, env = self.cfg.training, self.shape, self.env
         step = self.state.step
         faults = self.faults.take(step + 1)
@@ -264,26 +279,35 @@ class Run:
                 gen = torch.Generator(device=env.device).manual_seed(step * 1000 + micro)
                 inputs, targets = torch.randint(0, self.train_shards.vocab_size, (2, *x.shape),
                                                 generator=gen, device=env.device)
-            # Reduce-scatter gradients only once per step, after the last micro-batch.
-            self.model.set_requires_gradient_sync(micro == p.accum_steps - 1)
+            if t.gradient_sync == "lastMicroBatch":
+                # Reduce-scatter once per step, after the last micro-batch: until then each
+                # rank holds full unsharded fp32 gradients.
+                self.model.set_requires_gradient_sync(micro == p.accum_steps - 1)
             loss = self.model(inputs, targets)
             if "nan" in faults:
                 loss = loss * float("nan")
             (loss / p.accum_steps).backward()
             loss_sum += loss.detach()
         grad_norm = optim.clip_grad_norm(self.model, t.grad_clip)
-        return float(loss_sum) / p.accum_steps, grad_norm, lr
+        return loss_sum / p.accum_steps, grad_norm, lr
 
-    def apply_update(self, apply: bool) -> float:
-        """Take the optimizer step, or (a skipped step) drop the gradients: no state changes.
-        Returns the update's norm over all ranks (0 when skipped)."""
-        update_sq = 0.0
+    def agree(self, loss_local: torch.Tensor, grad_norm: torch.Tensor, *, save: bool,
+              stop: bool) -> "StepNumbers":
+        """The step's one collective and its one host read: every number the ranks must agree
+        on, summed in a single all-reduce on the compute device."""
+        update_sq = optim.next_update_sq(self.optimizer)
+        # The grad norm is already global (the same on every rank): rank 0's alone is summed.
+        norm = grad_norm if self.env.is_main else 0.0
+        loss_sum, norm, update_sq, saves, stops = parallel.all_reduce_sum(
+            [loss_local, norm, update_sq, float(save), float(stop)], self.env.device)
+        return StepNumbers(loss=loss_sum / self.env.world_size, grad_norm=norm,
+                           update_norm=math.sqrt(update_sq), save=saves > 0, stop=stops > 0)
+
+    def apply_update(self, apply: bool) -> None:
+        """Take the optimizer step, or (a skipped step) drop the gradients: no state changes."""
         if apply:
             self.optimizer.step()
-            update_sq = optim.adam_update_sq(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
-        (total,) = parallel.all_reduce_sum([update_sq], self.env.device)
-        return math.sqrt(total)
 
     def record(self, verdict: Verdict) -> None:
         """Count, log and write a non-ok guard verdict (every rank reaches the same ones)."""
@@ -403,16 +427,14 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None,
         while state.step < stop_at:
             step_started = time.perf_counter()
             loss_local, grad_norm, lr = run.forward_backward()
-            stopping = stop is not None and stop.is_set()
-            loss_sum, save_votes, stop_votes = parallel.all_reduce_sum(
-                [loss_local, float(run.wants_save(state.step + 1)), float(stopping)],
-                env.device)
-            loss_mean = loss_sum / env.world_size
+            agreed = run.agree(loss_local, grad_norm, save=run.wants_save(state.step + 1),
+                               stop=stop is not None and stop.is_set())
+            loss_mean, grad_norm = agreed.loss, agreed.grad_norm
             # The guard sees only all-reduced numbers, so every rank reaches the same verdicts.
             pre = (run.guard.check_update(state.step + 1, loss_mean, grad_norm)
                    if run.guard else None)
             applied = pre is None or pre.ok
-            update_norm = run.apply_update(applied)
+            run.apply_update(applied)
             state.step += 1
             state.tokens_seen += shape.tokens_per_step
             post = (run.guard.observe(state.step, loss_mean, grad_norm, applied)
@@ -426,7 +448,7 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None,
             m = StepMetrics(
                 step=state.step, tokens_total=state.tokens_seen, world_size=env.world_size,
                 train_loss=loss_mean, grad_norm=grad_norm, learning_rate=lr, applied=applied,
-                update_norm=update_norm, tokens_per_second=tps,
+                update_norm=agreed.update_norm if applied else 0.0, tokens_per_second=tps,
                 mfu=tps / env.world_size * shape.flops_per_token / run.peak_flops,
                 step_seconds=step_s, lr_scale=run.lr_scale.at(state.step - 1),
                 checkpoint_age_seconds=(time.time() - last_commit.time
@@ -440,10 +462,10 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None,
             if post is not None and post.kind == "rollback":
                 run.rollback(post)
                 continue
-            if stop_votes > 0:
+            if agreed.stop:
                 raise Terminated(f"SIGTERM: stopped after step {state.step}, finishing the "
                                  "checkpoint in flight")
-            if save_votes > 0:
+            if agreed.save:
                 run.save()
             if run.lease is not None:
                 run.lease.update(step=m.step, tokens=m.tokens_total, loss=m.train_loss,

@@ -33,10 +33,11 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
             {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: torch.nn.Module, spec: TrainingSpec, device: torch.device) -> torch.optim.AdamW:
+def build_optimizer(model: torch.nn.Module, spec: TrainingSpec) -> torch.optim.AdamW:
+    # Fused on every device (torch has a CPU kernel too), so the CPU tests run the GPU's path:
+    # the fused step reads nothing back to the host, where foreach reads each step count.
     return torch.optim.AdamW(param_groups(model, spec.weight_decay), lr=spec.lr,
-                             betas=(spec.beta1, spec.beta2), eps=spec.eps,
-                             fused=device.type == "cuda", foreach=None if device.type == "cuda" else True)
+                             betas=(spec.beta1, spec.beta2), eps=spec.eps, fused=True)
 
 
 def lr_at(step: int, spec: TrainingSpec, total_steps: int) -> float:
@@ -92,38 +93,53 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
-    """Global gradient norm before clipping (over all shards); clips in place if max_norm > 0."""
+def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """Global gradient norm before clipping (over all shards), as a 0-dim tensor on the
+    gradients' device; clips in place if max_norm > 0. Not read here: the step's one host read
+    is the loop's packed all-reduce."""
     params = [p for p in model.parameters() if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"),
                                           foreach=True)
     if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2: the norm of the whole model
-        norm = norm.full_tensor()
-    return float(norm)
+        norm = norm.full_tensor()  # a device collective, no host read
+    return norm
 
 
 @torch.no_grad()
-def adam_update_sq(optimizer: torch.optim.AdamW) -> torch.Tensor:
-    """This rank's share of ||Δθ||² for the AdamW step just taken, from the optimizer state
-    (lr·m̂/(√v̂+ε) per parameter, decoupled weight decay left out), as a 0-dim float64 tensor on
-    the parameters' device. Summed over ranks, its root is the update norm the stability guard
-    logs: Adam instability (Molybog et al. 2023) shows up as a large update that no longer
-    follows the gradient. Reads each moment once, in the local shards; one temporary per
-    parameter, as AdamW's own foreach step makes. No host sync: the step count stays a tensor
-    (fused AdamW keeps it on the device) and the sum is read once, by the caller's all-reduce."""
+def next_update_sq(optimizer: torch.optim.AdamW) -> torch.Tensor:
+    """This rank's share of ||Δθ||² for the AdamW step about to be taken with the gradients now
+    held (lr·m̂/(√v̂+ε) per parameter with the moments and step count the step will produce;
+    decoupled weight decay left out), as a 0-dim float64 tensor on the parameters' device.
+    Summed over ranks, its root is the update norm the stability guard logs: Adam instability
+    (Molybog et al. 2023) shows up as a large update that no longer follows the gradient.
+
+    Computed before the step, not read from the state after it, so it rides in the same
+    all-reduce as the loss and gradient norm that decide whether the step is taken: one host
+    read per optimizer step. Local shards only; one temporary per moment per parameter, as
+    AdamW's own step makes. The step count stays a tensor (fused AdamW keeps it on the device)."""
     total = None
     for group in optimizer.param_groups:
         beta1, beta2 = group["betas"]
         for param in group["params"]:
-            state = optimizer.state.get(param)
-            if not state or "exp_avg" not in state:
+            grad = param.grad
+            if grad is None:
                 continue
-            step = state["step"]
-            m, v = state["exp_avg"], state["exp_avg_sq"]
-            if hasattr(m, "to_local"):  # sharded (FSDP2): this rank's slice only
-                m, v = m.to_local(), v.to_local()
+            state = optimizer.state.get(param) or {}
+            if hasattr(grad, "to_local"):  # sharded (FSDP2): this rank's slice only
+                grad = grad.to_local()
+            if "exp_avg" in state:
+                m, v, step = state["exp_avg"], state["exp_avg_sq"], state["step"] + 1
+                if hasattr(m, "to_local"):
+                    m, v = m.to_local(), v.to_local()
+                m = torch.lerp(m, grad, 1 - beta1)  # as AdamW: m + (1-β1)(g - m)
+                v = v.mul(beta2).addcmul_(grad, grad, value=1 - beta2)
+            else:  # the first step: AdamW starts both moments at zero
+                m, v, step = grad * (1 - beta1), grad.square().mul_(1 - beta2), 1
             denom = (v / (1 - beta2**step)).sqrt_().add_(group["eps"])
             update = (m / (1 - beta1**step)).div_(denom)
             part = update.square().sum(dtype=torch.float64) * group["lr"] ** 2
             total = part if total is None else total + part
-    return total if total is not None else torch.zeros((), dtype=torch.float64)
+    if total is None:
+        param = next(p for group in optimizer.param_groups for p in group["params"])
+        return torch.zeros((), dtype=torch.float64, device=param.device)
+    return total

@@ -61,23 +61,24 @@ def test_weight_decay_only_on_matrices_not_embeddings_norms_or_biases():
     assert len(decayed) + len(plain) == len(list(model.parameters()))
 
 
-def test_update_norm_from_adam_state_equals_the_real_parameter_change():
+def test_update_norm_predicted_before_the_step_equals_the_real_parameter_change():
     import torch
 
-    from crucible.trainer.optim import adam_update_sq
+    from crucible.trainer.optim import next_update_sq
 
     torch.manual_seed(0)
     model = GPT(arch.preset("tiny", vocab_size=97))
     model.init_weights()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     x = torch.randint(0, 97, (2, 4, 32))
-    for _ in range(3):  # a few steps, so bias correction and both moments matter
+    for _ in range(3):  # the first step (no state yet) and two more: bias correction and moments
         before = [p.detach().clone() for p in model.parameters()]
         model(x[0], x[1]).backward()
+        predicted = next_update_sq(opt)
         opt.step()
         opt.zero_grad()
         moved = sum(float((p.detach() - b).square().sum()) for p, b in zip(model.parameters(), before))
-        assert math.sqrt(adam_update_sq(opt)) == pytest.approx(math.sqrt(moved), rel=1e-3)
+        assert math.sqrt(predicted) == pytest.approx(math.sqrt(moved), rel=1e-3)
 
 
 def test_update_norm_reads_nothing_back_to_the_host(monkeypatch):
@@ -85,7 +86,7 @@ def test_update_norm_reads_nothing_back_to_the_host(monkeypatch):
     update norm stays on the device until the step's one all-reduce reads it."""
     import torch
 
-    from crucible.trainer.optim import adam_update_sq
+    from crucible.trainer.optim import next_update_sq
 
     model = GPT(arch.preset("tiny", vocab_size=97))
     model.init_weights()
@@ -93,13 +94,14 @@ def test_update_norm_reads_nothing_back_to_the_host(monkeypatch):
     x = torch.randint(0, 97, (2, 4, 32))
     model(x[0], x[1]).backward()
     opt.step()
+    model(x[0], x[1]).backward()
     reads = []
     for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
         real = getattr(torch.Tensor, name)
         monkeypatch.setattr(torch.Tensor, name,
                             lambda self, *a, _real=real, _name=name: reads.append(_name)
                             or _real(self, *a))
-    total = adam_update_sq(opt)
+    total = next_update_sq(opt)
     monkeypatch.undo()
     assert reads == [] and isinstance(total, torch.Tensor) and total.ndim == 0
     assert float(total) > 0

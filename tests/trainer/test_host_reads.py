@@ -1,0 +1,74 @@
+"""At most one host read per optimizer step outside logging steps.
+
+On a GPU every read of a device tensor (`.item()`, `.tolist()`, `float(t)`, `bool(t)`, ...)
+waits for all queued kernels: a few per step serialise the host with the device. The probe
+counts those calls from Python on every rank of a real two-process run (gloo here, where they
+cost nothing, but the same calls are what would stall CUDA) and attributes them to steps by the
+loop's one `log_step` call per step. Reads inside torch's C++ code are not visible to it; those
+are torch's own, the same in any loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from crucible.api.launch import TORCHRUN_ENV
+from tests.support.repo import REPO
+from tests.support.training import job_config, write_config
+
+PROBE = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    from crucible.api.spec import load_train_config
+    from crucible.trainer import loop, metrics
+
+    reads = []
+    for name in ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__"):
+        real = getattr(torch.Tensor, name)
+        def counting(self, *args, _real=real, _name=name, **kwargs):
+            reads.append(_name)
+            return _real(self, *args, **kwargs)
+        setattr(torch.Tensor, name, counting)
+
+    per_step, mark = [], [0]
+    real_log_step = metrics.Metrics.log_step
+    def log_step(self, step):
+        per_step.append((step.step, reads[mark[0]:]))
+        mark[0] = len(reads)
+        real_log_step(self, step)
+    metrics.Metrics.log_step = log_step
+
+    loop.train(load_train_config(sys.argv[1]), log=lambda *_: None)
+    with open(f"{sys.argv[2]}.{os.environ['RANK']}", "w") as out:
+        json.dump(per_step, out)
+""")
+
+
+@pytest.mark.parametrize("gradient_sync", ["everyMicroBatch", "lastMicroBatch"])
+def test_non_logging_steps_read_the_device_at_most_once(corpus, tmp_path, gradient_sync):
+    log_every = 5
+    cfg = job_config(corpus, tmp_path / "out", steps=12, logEvery=log_every,
+                     gradientSync=gradient_sync)
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         str(probe), str(write_config(cfg, tmp_path / "job.yaml")), str(tmp_path / "reads")],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **TORCHRUN_ENV})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        per_step = json.loads((tmp_path / f"reads.{rank}").read_text())
+        assert [step for step, _ in per_step] == list(range(1, 13))
+        # Step 1 includes start-up (resume checks, the first log line); logging steps may read.
+        quiet = {step: calls for step, calls in per_step if step > 1 and step % log_every}
+        assert len(quiet) == 9
+        assert all(len(calls) <= 1 for calls in quiet.values()), (rank, quiet)
+        # The one read is the packed all-reduce's `tolist`: the loop still agrees every step.
+        assert all(calls == ["tolist"] for calls in quiet.values()), (rank, quiet)
