@@ -152,7 +152,7 @@ def all_reduce_sum(values: list[float | torch.Tensor], device: torch.device) -> 
     """Sum a few numbers over all ranks in one collective on `device` (the loss, flags every
     rank must agree on such as "save now", and the stability guard's signals), read back with
     one host sync. A value may be a 0-dim tensor still on the device: it is not read first."""
-    t = torch.stack([torch.as_tensor(v, dtype=torch.float64).to(device) for v in values])
+    t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device) for v in values])
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.tolist()
 
