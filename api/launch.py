@@ -73,7 +73,8 @@ def rendezvous_endpoint(job: str, generation: int) -> str:
 
 
 def torchrun_env(job: str, generation: int, index: int, *, nodes_min: int, nodes_max: int,
-                 procs_per_node: int, max_restarts: int) -> dict[str, str]:
+                 procs_per_node: int, max_restarts: int,
+                 rendezvous_timeout_s: int = 600) -> dict[str, str]:
     """torchrun's flags as PET_* variables (names as Kubeflow's PyTorchJob sets them)."""
     return {
         "PET_NNODES": f"{nodes_min}:{nodes_max}",
@@ -82,8 +83,8 @@ def torchrun_env(job: str, generation: int, index: int, *, nodes_min: int, nodes
         "PET_RDZV_ENDPOINT": rendezvous_endpoint(job, generation),
         "PET_RDZV_ID": f"{job}-{generation}",
         # Pod 0 serves the c10d store; say so rather than let torch guess from DNS whether the
-        # endpoint is "this machine".
-        "PET_RDZV_CONF": f"is_host={1 if index == 0 else 0}",
+        # endpoint is "this machine". join_timeout: how long the pods wait for nodes.min peers.
+        "PET_RDZV_CONF": f"is_host={1 if index == 0 else 0},join_timeout={rendezvous_timeout_s}",
         "PET_MAX_RESTARTS": str(max_restarts),
         **TORCHRUN_ENV,
     }

@@ -337,6 +337,11 @@ class FaultToleranceSpec(Spec):
     terminating_timeout_seconds: Annotated[int, OPERATOR_ONLY] = Field(
         120, ge=0, le=86400, description="Pods still Terminating this long after their grace "
         "period ended are force-deleted (their node is usually gone).")
+    rendezvous_timeout_seconds: int = Field(
+        600, ge=30, le=86400, description="torchrun's rendezvous join timeout: how long pods wait "
+        "for nodes.min of them to gather. When fewer than nodes.min pods can be scheduled the "
+        "survivors exit after it, and the operator restarts the group without counting it "
+        "(InsufficientCapacity) until capacity returns.")
     torchrun_max_restarts: int = Field(
         3, ge=0, le=1000, description="torchrun --max-restarts: worker failures torchrun restarts "
         "in place, inside the pod, before the pod fails and the operator steps in.")

@@ -144,7 +144,7 @@ def _num(description: str) -> dict:
     return {"type": "number", "description": description}
 
 
-PHASES = ["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+PHASES = ["Pending", "Running", "Restarting", "Waiting", "Suspended", "Succeeded", "Failed"]
 
 
 def status_schema() -> dict:
@@ -180,7 +180,8 @@ def status_schema() -> dict:
                 "restarts (handled failures, goodput accumulators). Not a user interface.",
                 "x-kubernetes-preserve-unknown-fields": True}
     return _obj("Observed state, written by crucible-operator.", {
-        "phase": _str("Pending, Running, Restarting, Suspended, Succeeded or Failed.",
+        "phase": _str("Pending, Running, Restarting, Waiting (for capacity: fewer than "
+                      "nodes.min pods can be scheduled), Suspended, Succeeded or Failed.",
                       enum=PHASES),
         "conditions": {"type": "array", "description": "Kubernetes-style conditions.",
                        "items": condition, "x-kubernetes-list-type": "map",

@@ -21,6 +21,9 @@ What each failure does (docs/operator.md has the why):
   carries on with the others (>= nodes.min) and takes the new pod in, not counted;
 - infrastructure failure of pod 0: it hosts the c10d store (manifests.py), so the survivors
   cannot re-rendezvous: restart the group, not counted;
+- fewer than nodes.min pods schedulable (a full pool): phase Waiting, PodsScheduled=False
+  (InsufficientCapacity); the survivors' exits after the rendezvous timeout restart the group,
+  not counted; pod 0 is always created first and the others once it has a node;
 - failed node: cordon it (cordonFailedNodes) and annotate it with the job and reason at once;
   keep new pods off it (node anti-affinity); after the grace, force-delete the job's pods there;
 - pods Terminating past their grace + terminatingTimeoutSeconds: force-delete;
@@ -43,10 +46,10 @@ from crucible.operator import manifests as m
 from crucible.operator import progress
 from crucible.operator.observed import JobView, Observed, PodView
 from crucible.operator.outcome import (FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, SUSPENDED,
-                                       TERMINAL, Action, Event, Outcome, Pass)
+                                       TERMINAL, WAITING, Action, Event, Outcome, Pass)
 
-__all__ = ["decide", "Outcome", "Action", "Event", "PENDING", "RUNNING", "RESTARTING", "SUSPENDED",
-           "SUCCEEDED", "FAILED"]
+__all__ = ["decide", "Outcome", "Action", "Event", "PENDING", "RUNNING", "RESTARTING", "WAITING",
+           "SUSPENDED", "SUCCEEDED", "FAILED"]
 
 
 # --- the pass -------------------------------------------------------------------------------------
@@ -184,6 +187,9 @@ def _phase(p: Pass, current: dict[int, PodView]):
         p.track["everRunning"] = True
         p.cond(c.RUNNING, True, "PodsRunning", summary)
         p.cond(c.RESTARTING, False, "PodsRunning", summary)
+    elif policy.short_of_capacity(p, current):
+        p.status["phase"] = WAITING
+        p.cond(c.RUNNING, False, "InsufficientCapacity", summary)
     else:
         p.status["phase"] = RESTARTING if p.track.get("everRunning") else PENDING
         p.cond(c.RUNNING, False, "NotEnoughPods", summary)

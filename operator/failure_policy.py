@@ -29,8 +29,16 @@ def restart_needed(p: Pass, current: dict[int, PodView]) -> bool:
         p.bump("SpecChanged", "the spec changed what the pods run")
         return True
     fresh = [pod for pod in current.values() if pod.uid not in p.handled]
+    short = short_of_capacity(p, current)
     for pod in fresh:
         failure = f.pod_failure(pod, ft)
+        if failure and failure.counted and short:
+            # Fewer than nodes.min pods ever had a node: the rendezvous could not complete, so
+            # this exit is the survivors giving up on it (rendezvousTimeoutSeconds), not the
+            # program failing. Restart without spending the budget; the job waits for capacity.
+            p.bump("InsufficientCapacity", f"{failure.message} while {short}", f.Failure(
+                "InsufficientCapacity", f.INFRASTRUCTURE, f"{failure.message} while {short}"))
+            return True
         if failure and failure.counted:
             _application_failure(p, failure)
             return True
@@ -54,6 +62,41 @@ def restart_needed(p: Pass, current: dict[int, PodView]) -> bool:
     if _node_failures(p, current):
         return True
     return _hang(p)
+
+
+def short_of_capacity(p: Pass, current: dict[int, PodView]) -> str | None:
+    """Why this generation has not been able to gather nodes.min pods, or None; remembered in
+    `tracking` from the first pass that sees the shortage until nodes.min pods run at once.
+    Remembered, not just observed: when the survivors exit, their nodes free up and the pod
+    that waited for one is scheduled at once, so the pass that sees the exits may see no
+    unschedulable pod any more."""
+    now = capacity_shortage(p, current)
+    if now:
+        p.track["capacityShort"] = {"generation": p.gen, "reason": now}
+        return now
+    remembered = p.track.get("capacityShort") or {}
+    if remembered.get("generation") != p.gen:
+        p.track.pop("capacityShort", None)
+        return None
+    running = sum(1 for pod in current.values() if pod.phase == "Running" and not pod.deleting
+                  and not p.node_broken(pod.node))
+    if running >= p.spec.nodes.min:
+        p.track.pop("capacityShort", None)
+        return None
+    return remembered.get("reason")
+
+
+def capacity_shortage(p: Pass, current: dict[int, PodView]) -> str | None:
+    """Why the generation cannot gather nodes.min pods right now, or None: some pod of it is
+    unschedulable and fewer than nodes.min of them have a node (pod 0 not yet bound counts as
+    no capacity at all, since the others are created only once it is)."""
+    unschedulable = [pod for pod in current.values() if pod.unschedulable and not pod.node
+                     and not pod.deleting]
+    placed = sum(1 for pod in current.values() if pod.node)
+    if not unschedulable or placed >= p.spec.nodes.min:
+        return None
+    return (f"only {placed} of nodes.min={p.spec.nodes.min} pods can be scheduled "
+            f"({unschedulable[0].name}: {unschedulable[0].unschedulable})")
 
 
 def _application_failure(p: Pass, failure: f.Failure):
@@ -178,12 +221,22 @@ def replace_and_create(p: Pass, current: dict[int, PodView]):
             if pod.deleting:
                 p.wake(ft.terminating_timeout_seconds - (p.now - pod.deletion).total_seconds())
     # The adapter posts a "Created" event for each pod the API actually created.
-    for index in (i for i in range(p.spec.nodes.max) if i not in current):
+    for index in _to_create(p, current):
         body = m.pod(p.job.name, p.job.namespace, p.job.uid, p.spec, p.gen, index,
                      avoid_nodes=p.track.get("badNodes", []))
         p.act("create", "Pod", body["metadata"]["name"], body)
         p.status.setdefault("startTime", format_time(p.now))
     p.track["members"] = {str(i): pod.uid for i, pod in current.items() if i is not None}
+
+
+def _to_create(p: Pass, current: dict[int, PodView]) -> list[int]:
+    """Missing pod indices, pod 0 first: it hosts the rendezvous store, so the others are
+    created only once it has a node. In a full pool the scheduler then never leaves pod 0 the
+    Pending one while the others hold the GPUs and time out waiting for it."""
+    missing = [i for i in range(p.spec.nodes.max) if i not in current]
+    if 0 in missing:
+        return [0]
+    return missing if current[0].node else []
 
 
 def pending(p: Pass, current: dict[int, PodView]) -> bool:
@@ -200,7 +253,13 @@ def pending(p: Pass, current: dict[int, PodView]) -> bool:
         waiting.append(problem)
     unschedulable = [w for w in waiting if w.reason == "Unschedulable"]
     placed = sum(1 for pod in current.values() if pod.node)
-    if unschedulable:
+    short = capacity_shortage(p, current)
+    if short:
+        was = c.get(p.conds, c.PODS_SCHEDULED)
+        if not was or was.get("reason") != "InsufficientCapacity":
+            p.event("Warning", "InsufficientCapacity", f"waiting for capacity: {short}")
+        p.cond(c.PODS_SCHEDULED, False, "InsufficientCapacity", short)
+    elif unschedulable:
         was = c.get(p.conds, c.PODS_SCHEDULED)
         if not was or was.get("reason") != "Unschedulable":
             p.event("Warning", "Unschedulable", unschedulable[0].message)

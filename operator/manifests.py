@@ -151,7 +151,8 @@ def torchrun_env(job: str, spec: PretrainJobSpec, generation: int, index: int) -
     """PET_* flags for torchrun (`crucible.api.launch.torchrun_env`) as container env."""
     flags = launch.torchrun_env(job, generation, index, nodes_min=spec.nodes.min,
                                 nodes_max=spec.nodes.max, procs_per_node=spec.procs_per_node,
-                                max_restarts=spec.fault_tolerance.torchrun_max_restarts)
+                                max_restarts=spec.fault_tolerance.torchrun_max_restarts,
+                                rendezvous_timeout_s=spec.fault_tolerance.rendezvous_timeout_seconds)
     return [{"name": k, "value": v} for k, v in flags.items()]
 
 

@@ -19,8 +19,8 @@ from crucible.operator import failures as f
 from crucible.operator import progress
 from crucible.operator.observed import JobView, Observed, PodView
 
-PENDING, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED = (
-    "Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+PENDING, RUNNING, RESTARTING, WAITING, SUSPENDED, SUCCEEDED, FAILED = (
+    "Pending", "Running", "Restarting", "Waiting", "Suspended", "Succeeded", "Failed")
 TERMINAL = (SUCCEEDED, FAILED)
 MAX_HANDLED = 64       # failed pod instances remembered (by uid) beyond 2 x nodes.max
 

@@ -42,14 +42,21 @@ def running_status(gen=0, *, app=0, members=None, **extra):
 
 
 # --- creation ----------------------------------------------------------------------------------
-def test_new_job_creates_children_then_all_pods_of_generation_zero():
+def test_new_job_creates_children_then_pod_0_and_the_rest_once_pod_0_has_a_node():
     outcome = decide(b.job(), b.observed(children=frozenset()), b.at(0))
     kinds = [a.kind for a in outcome.actions if a.verb == "create"]
     assert kinds[:6] == ["ServiceAccount", "Role", "RoleBinding", "Lease", "ConfigMap", "Service"]
-    assert acts(outcome, "create", "Pod") == [("create", "Pod", f"gpt-0-{i}") for i in range(4)]
+    # Pod 0 hosts the rendezvous store: it alone first, so it is never the one left Pending.
+    assert acts(outcome, "create", "Pod") == [("create", "Pod", "gpt-0-0")]
     assert outcome.status["phase"] == "Pending" and outcome.status["podGeneration"] == 0
     assert outcome.status["startTime"] == b.ts(0)
     assert outcome.status["observedGeneration"] == 1
+    unbound = b.pod(0, 0, phase="Pending", node=None, spec_hash=H)
+    assert acts(decide(b.job(status=outcome.status), b.observed([unbound]), b.at(1)),
+                "create", "Pod") == []
+    bound = b.pod(0, 0, phase="Pending", node="gpu-node-0", spec_hash=H)
+    assert acts(decide(b.job(status=outcome.status), b.observed([bound]), b.at(2)),
+                "create", "Pod") == [("create", "Pod", f"gpt-0-{i}") for i in (1, 2, 3)]
 
 
 def test_existing_children_are_not_recreated_and_a_drifted_configmap_is_replaced():
@@ -101,7 +108,7 @@ def test_next_pass_deletes_the_old_generation_and_creates_the_new_one():
     outcome = decide(b.job(status=status), b.observed(old), b.at(31))
     deleted = acts(outcome, "delete", "Pod")
     assert set(deleted) == {("delete", "Pod", f"gpt-0-{i}") for i in (0, 1, 3)}  # failed kept
-    assert acts(outcome, "create", "Pod") == [("create", "Pod", f"gpt-1-{i}") for i in range(4)]
+    assert acts(outcome, "create", "Pod") == [("create", "Pod", "gpt-1-0")]  # pod 0 first
     assert outcome.status["restarts"]["total"] == 0   # counted once, in the pass that decided it
 
 
@@ -342,7 +349,7 @@ def test_suspend_deletes_pods_and_resume_starts_a_new_generation():
     assert resumed.status["tracking"]["suspendedSeconds"] == 60
     assert resumed.status["restarts"]["total"] == 0         # not a restart
     nxt = decide(b.job(status=resumed.status), b.observed(), b.at(161))
-    assert acts(nxt, "create", "Pod") == [("create", "Pod", f"gpt-1-{i}") for i in range(4)]
+    assert acts(nxt, "create", "Pod") == [("create", "Pod", "gpt-1-0")]
 
 
 def test_spec_change_that_reaches_the_pods_restarts_and_operator_knobs_do_not():
@@ -372,10 +379,43 @@ def test_image_pull_errors_fail_the_job_after_the_pending_timeout_unschedulable_
                    unschedulable="0/4 nodes are available: 4 Insufficient nvidia.com/gpu.")
              for i in range(4)]
     outcome = decide(b.job(), b.observed(stuck), b.at(5000))
-    assert outcome.status["phase"] == "Pending"
-    assert cond(outcome, "PodsScheduled")["reason"] == "Unschedulable"
+    assert outcome.status["phase"] == "Waiting"           # not Failed, however long
+    assert cond(outcome, "PodsScheduled")["reason"] == "InsufficientCapacity"
     assert "Insufficient nvidia.com/gpu" in cond(outcome, "PodsScheduled")["message"]
-    assert "Unschedulable" in reasons(outcome)
+    assert "InsufficientCapacity" in reasons(outcome)
+    # One pod short of max but nodes.min (2) placed: an elastic job runs, reporting the pod.
+    some = b.running(0, 3, H) + [stuck[3]]
+    outcome = decide(b.job(status=running_status()), b.observed(some), b.at(5))
+    assert outcome.status["phase"] == "Running"
+    assert cond(outcome, "PodsScheduled")["reason"] == "Unschedulable"
+
+
+FULL_POOL = {"nodes": {"min": 4, "max": 4}}
+NO_GPU = "0/4 nodes are available: 1 node(s) were unschedulable, 3 Insufficient nvidia.com/gpu."
+
+
+def test_in_a_full_pool_the_survivors_exits_restart_without_spending_the_budget():
+    h = m.spec_hash(b.spec(**FULL_POOL))
+    pods = b.running(0, 3, h) + [b.pod(0, 3, phase="Pending", node=None, spec_hash=h,
+                                       unschedulable=NO_GPU)]
+    waiting = decide(b.job(status=running_status(), **FULL_POOL), b.observed(pods), b.at(100))
+    assert waiting.status["phase"] == "Waiting"
+    assert cond(waiting, "PodsScheduled")["reason"] == "InsufficientCapacity"
+    assert "only 3 of nodes.min=4" in cond(waiting, "PodsScheduled")["message"]
+    assert not acts(waiting, "delete") and not acts(waiting, "create")
+    # The survivors give up on the rendezvous (exit 1), which frees their nodes, so the pass
+    # that sees the exits may already see the waiting pod scheduled on one of them: a restart,
+    # but not the program's fault.
+    exited = [b.pod(0, i, phase="Failed", exit_code=1, node=f"gpu-node-{i}", spec_hash=h)
+              for i in range(3)] + [b.pod(0, 3, node="gpu-node-0", spec_hash=h)]
+    outcome = decide(b.job(status=waiting.status, **FULL_POOL), b.observed(exited), b.at(700))
+    assert outcome.status["podGeneration"] == 1
+    assert outcome.status["restarts"]["application"] == 0
+    assert outcome.status["restarts"]["byCause"] == {"InsufficientCapacity": 1}
+    assert outcome.status["phase"] != "Failed"
+    # A generation that once had nodes.min pods running: the same exit is the program's.
+    counted = decide(b.job(status=running_status(), **FULL_POOL), b.observed(exited), b.at(700))
+    assert counted.status["restarts"]["application"] == 1
 
 
 def test_invalid_spec_fails_with_the_field_named():

@@ -112,12 +112,12 @@ def test_unschedulable_pods_are_reported_with_the_schedulers_reason(cluster, run
         cluster.create_job("gpt", nodes={"min": 1, "max": 1},
                            scheduling={"nodeSelector": {"crucible.dev/pool": "tpu"}})
         status = eventually(lambda: (s := cluster.status("gpt")) and any(
-            c["type"] == "PodsScheduled" and c["reason"] == "Unschedulable"
-            for c in s.get("conditions", [])) and s, 30, "PodsScheduled=False, Unschedulable")
+            c["type"] == "PodsScheduled" and c["reason"] == "InsufficientCapacity"
+            for c in s.get("conditions", [])) and s, 30, "PodsScheduled=False, InsufficientCapacity")
         scheduled = next(c for c in status["conditions"] if c["type"] == "PodsScheduled")
         assert scheduled["status"] == "False"
         assert "node(s) didn't match Pod's node affinity/selector" in scheduled["message"]
-        assert status["phase"] == "Pending"
-        assert "Unschedulable" in cluster.event_reasons("gpt")
+        assert status["phase"] == "Waiting"      # for a node that fits: never Failed for it
+        assert "InsufficientCapacity" in cluster.event_reasons("gpt")
         cluster.delete_job("gpt")
-    assert_clean_exit(runner, "Unschedulable: pod gpt-0-0: 0/")
+    assert_clean_exit(runner, "InsufficientCapacity: waiting for capacity: only 0 of nodes.min=1")

@@ -66,11 +66,15 @@ def test_torchrun_reads_every_flag_from_the_rendered_env(monkeypatch):
     assert args.rdzv_backend == "c10d"
     assert args.rdzv_endpoint == "gpt-3-0.gpt:29400"      # pod 0, through the headless Service
     assert args.rdzv_id == "gpt-3"
-    assert args.rdzv_conf == "is_host=0"                  # only pod 0 serves the c10d store
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+
+    conf = _parse_rendezvous_config(args.rdzv_conf)
+    assert conf["is_host"] == "0"                         # only pod 0 serves the c10d store
+    assert conf["join_timeout"] == "600"                  # faultTolerance.rendezvousTimeoutSeconds
     assert args.max_restarts == 3
     assert args.module and args.training_script == "crucible.trainer"
     assert args.training_script_args == ["train", "--config", "/etc/crucible/job.yaml"]
-    assert _env(_pod(index=0))["PET_RDZV_CONF"] == "is_host=1"
+    assert _env(_pod(index=0))["PET_RDZV_CONF"].startswith("is_host=1,")
 
 
 def test_pods_find_their_lease_and_credentials_through_env():
