@@ -129,14 +129,21 @@ def _node_failures(p: Pass, current: dict[int, PodView]) -> bool:
         broken = p.node_broken(pod.node)
         if broken is None:
             continue
-        _quarantine(p, broken, p.obs.nodes.get(pod.node))
+        if pod.uid in p.handled:
+            # Counted already; still listed (watch lag, or a finalizer holds it): never again.
+            if not pod.deleting:
+                p.act("force_delete", "Pod", pod.name, reason=broken.reason)
+            continue
         wait_s = ft.node_failure_grace_seconds - broken.age_s(p.now)
         if wait_s > 0:
+            # Only suspect until the grace ends: a node back within it (a kubelet restart, a
+            # short partition) is neither cordoned nor kept out of the job.
             p.degraded = True
             p.cond(c.DEGRADED, True, broken.reason, f"{broken.message}; pod {pod.name} is "
                    f"replaced in {wait_s:.0f}s unless the node recovers")
             p.wake(wait_s)
             continue
+        _quarantine(p, broken, p.obs.nodes.get(pod.node))
         failure = f.Failure("NodeFailure", f.INFRASTRUCTURE,
                             f"{broken.message} under pod {pod.name}")
         p.mark_handled(pod.uid)
@@ -159,10 +166,10 @@ def _quarantine(p: Pass, broken: f.NodeFailure, node):
     if node is None:
         return
     this_job = f"{p.job.namespace}/{p.job.name}"
-    if node.annotation("crucible.dev/failure-reason"):
-        # Already annotated (first job to see it wins; no flip-flopping). A pass can start from
-        # a status written before this job's own cordon landed (the node is watched apart from
-        # the job): the node's annotation, not that status, says whether the job cordoned it.
+    if _already_reported(node, broken):
+        # First job to see a failure wins; no flip-flopping. A pass can start from a status
+        # written before this job's own cordon landed (the node is watched apart from the
+        # job): the node's annotation, not that status, says whether the job cordoned it.
         if node.annotation("crucible.dev/cordoned-by") == this_job:
             _list_cordoned(p, broken.node)
         return
@@ -179,6 +186,25 @@ def _quarantine(p: Pass, broken: f.NodeFailure, node):
     p.act("patch_node", "Node", broken.node, patch, reason="Cordon" if cordon else "Annotate")
     p.event("Warning", "NodeFailure", f"{broken.message}: " + (
         "cordoned and annotated it" if cordon else "annotated it (cordonFailedNodes is false)"))
+
+
+def _already_reported(node, broken: f.NodeFailure) -> bool:
+    """The node carries a report of this failure. One older than the failure's start is of an
+    earlier one, repaired since (uncordoned, back to Ready): this failure is reported anew."""
+    if not node.annotation("crucible.dev/failure-reason"):
+        return False
+    reported = parse_time(node.annotation("crucible.dev/failure-time"))
+    return reported is None or broken.since is None or broken.since <= reported
+
+
+def bad_nodes(p: Pass) -> list[str]:
+    """Nodes this job keeps its pods off: those that failed under it, until they are healthy
+    and schedulable again (whoever repaired a node uncordons it; that lifts the ban)."""
+    bad = [name for name in p.track.get("badNodes", [])
+           if name not in p.obs.nodes or p.node_broken(name) or p.obs.nodes[name].unschedulable]
+    if bad != p.track.get("badNodes", []):
+        p.track["badNodes"] = bad
+    return bad
 
 
 def _list_cordoned(p: Pass, node: str) -> None:
@@ -223,7 +249,7 @@ def replace_and_create(p: Pass, current: dict[int, PodView]):
     # The adapter posts a "Created" event for each pod the API actually created.
     for index in _to_create(p, current):
         body = m.pod(p.job.name, p.job.namespace, p.job.uid, p.spec, p.gen, index,
-                     avoid_nodes=p.track.get("badNodes", []))
+                     avoid_nodes=bad_nodes(p))
         p.act("create", "Pod", body["metadata"]["name"], body)
         p.status.setdefault("startTime", format_time(p.now))
     p.track["members"] = {str(i): pod.uid for i, pod in current.items() if i is not None}

@@ -206,19 +206,71 @@ def _node_down(since=20.0, **kw):
     return nodes
 
 
-def test_failed_node_is_cordoned_and_annotated_at_once_and_pods_wait_for_the_grace():
+def test_a_failed_node_is_suspect_for_the_grace_then_cordoned_and_its_pod_replaced():
     outcome = decide(b.job(status=running_status()), b.observed(b.running(0, 4, H),
                                                              nodes=_node_down()), b.at(30))
-    (patch,) = [a for a in outcome.actions if a.verb == "patch_node"]
+    # Within the grace (a kubelet restart, a short partition): only suspect.
+    assert not acts(outcome, "patch_node") and not acts(outcome, "force_delete")
+    assert "cordonedNodes" not in outcome.status
+    assert not outcome.status["tracking"].get("badNodes")
+    assert cond(outcome, "Degraded")["status"] == "True"
+    assert outcome.wake_in_s == pytest.approx(50)            # 60 s grace from t=20, now t=30
+    assert outcome.status["pods"]["lost"] == 1
+    after = decide(b.job(status=outcome.status), b.observed(b.running(0, 4, H),
+                                                            nodes=_node_down()), b.at(81))
+    (patch,) = [a for a in after.actions if a.verb == "patch_node"]
     assert patch.name == "gpu-node-2" and patch.body["spec"] == {"unschedulable": True}
     ann = patch.body["metadata"]["annotations"]
     assert ann["crucible.dev/failure-reason"] == "NodeUnreachable"
     assert ann["crucible.dev/failure-job"] == "team-a/gpt"
-    assert outcome.status["cordonedNodes"] == ["gpu-node-2"]
-    assert not acts(outcome, "force_delete")
-    assert cond(outcome, "Degraded")["status"] == "True"
-    assert outcome.wake_in_s == pytest.approx(50)            # 60 s grace from t=20, now t=30
-    assert outcome.status["pods"]["lost"] == 1
+    assert after.status["cordonedNodes"] == ["gpu-node-2"]
+    assert acts(after, "force_delete") == [("force_delete", "Pod", "gpt-0-2")]
+    assert after.status["tracking"]["badNodes"] == ["gpu-node-2"]
+
+
+def test_a_node_back_within_the_grace_is_never_cordoned():
+    down = decide(b.job(status=running_status()), b.observed(b.running(0, 4, H),
+                                                          nodes=_node_down()), b.at(40))
+    back = decide(b.job(status=down.status), b.observed(b.running(0, 4, H)), b.at(41))
+    assert not acts(down, "patch_node") and not acts(back, "patch_node")
+    assert back.status["restarts"]["total"] == 0
+    assert cond(back, "Degraded")["status"] == "False"
+
+
+def test_a_pod_held_on_a_dead_node_is_counted_once_however_many_passes_see_it():
+    nodes = _node_down(annotations={"crucible.dev/failure-reason": "NodeUnreachable",
+                                    "crucible.dev/failure-time": b.ts(80)}, unschedulable=True)
+    held = b.running(0, 4, H)
+    held[2] = b.pod(0, 2, node="gpu-node-2", deletion=81, spec_hash=H, uid="uid-gpt-0-2")
+    status = decide(b.job(status=running_status()), b.observed(b.running(0, 4, H), nodes=nodes),
+                    b.at(81)).status
+    for t in range(82, 92):  # ten resyncs while a finalizer keeps the pod listed
+        outcome = decide(b.job(status=status), b.observed(held, nodes=nodes), b.at(t))
+        status = outcome.status
+        assert "NodeFailure" not in reasons(outcome)
+    assert status["restarts"]["byCause"] == {"NodeFailure": 1}
+
+
+def test_a_repaired_node_that_fails_again_is_cordoned_again_and_uncordon_lifts_the_ban():
+    # Reported at t=10 by an earlier failure, uncordoned since by whoever repaired it.
+    reported = {"crucible.dev/failure-reason": "NodeUnreachable",
+                "crucible.dev/failure-time": b.ts(10)}
+    repaired = b.healthy_nodes()
+    repaired["gpu-node-2"] = b.node("gpu-node-2", annotations=reported)
+    status = running_status(tracking={"members": {str(i): f"uid-gpt-0-{i}" for i in range(4)},
+                                      "everRunning": True, "badNodes": ["gpu-node-2"]})
+    outcome = decide(b.job(status=status), b.observed(b.running(0, 2, H), nodes=repaired),
+                     b.at(200))
+    created = [a for a in outcome.actions if a.verb == "create" and a.kind == "Pod"]
+    assert created and all(a.body["spec"].get("affinity") is None for a in created)
+    assert outcome.status["tracking"]["badNodes"] == []
+    # It fails again at t=300: a new failure, reported and cordoned anew after the grace.
+    again = _node_down(since=300, annotations=reported)
+    outcome = decide(b.job(status=running_status()), b.observed(b.running(0, 4, H), nodes=again),
+                     b.at(361))
+    (patch,) = [a for a in outcome.actions if a.verb == "patch_node"]
+    assert patch.body["spec"] == {"unschedulable": True}
+    assert patch.body["metadata"]["annotations"]["crucible.dev/failure-time"] == b.ts(361)
 
 
 def test_after_the_grace_the_pod_is_force_deleted_and_recreated_avoiding_the_node():
@@ -273,7 +325,7 @@ def test_configured_node_condition_counts_as_failure_and_cordon_can_be_off():
     job = b.job(status=running_status(), faultTolerance={"nodeFailureConditions": ["GPUUnhealthy"],
                                                          "cordonFailedNodes": False})
     outcome = decide(job, b.observed(b.running(0, 4, m.spec_hash(job_spec(job))), nodes=nodes),
-                  b.at(5))
+                  b.at(61))
     (patch,) = [a for a in outcome.actions if a.verb == "patch_node"]
     assert "spec" not in patch.body                      # annotated, not cordoned
     assert patch.body["metadata"]["annotations"]["crucible.dev/failure-reason"] == "NodeGPUUnhealthy"

@@ -2,7 +2,7 @@
 
 Chaos survived: the node under a worker pod goes silent (the real node lifecycle controller marks
 it Ready=Unknown and taints it unreachable), then the node under pod 0, the c10d store's host.
-Expected: cordon + annotation at once, the pod force-deleted after nodeFailureGraceSeconds and
+Expected: after nodeFailureGraceSeconds, cordon + annotation, the pod force-deleted and
 recreated on a healthy node (anti-affinity to the bad one); for pod 0, a whole-group restart.
 Every node this test kills is revived, uncordoned and un-annotated, whatever happens.
 """
