@@ -1,7 +1,9 @@
 """Sharded checkpoints (DCP) on local disk or S3, committed by a manifest written last.
 
 Layout under `checkpoint.uri` (docs/checkpoints.md, "Layout and the commit protocol"):
-  step_<N>/__<rank>_0.distcp   one DCP shard per rank      (torch.distributed.checkpoint)
+  step_<N>/__<rank>_0.distcp   rank's DTensor shards        (torch.distributed.checkpoint)
+  step_<N>/__<rank>_1.distcp   rank's share of the replicated values (optimizer steps, RNG,
+                               loop state; kilobytes), when it has one: checkpoint_fetch.py
   step_<N>/.metadata           DCP's global index           (written by rank 0)
   step_<N>/rank_<r>.json       rank r's files, sizes and xxh3-128 checksums, after its upload
   step_<N>/manifest.json       step, tokens, world size, every file with size and checksum, the
@@ -20,9 +22,12 @@ the next save tries again.
 
 Loading takes the newest committed step (or the newest at or below a bound, for rollbacks),
 checks the manifest (`manifest_problem`: fields, step, file names that are shard names and
-nothing else), verifies every file's size and checksum on every node, and quarantines the commit
-and falls back, loudly, to the previous one when anything is wrong on any node. DCP reshards on
-load, so a run restarted by torchrun on a different world size resumes from the same checkpoint.
+nothing else), and then each rank fetches (S3: into a folder of its own) and verifies only
+`.metadata` and the files its own part of the load reads (checkpoint_fetch.py: worked out from
+DCP's load plan, so about 1/world_size of the commit). When anything is wrong on any rank, every
+rank learns it, and what, and the commit is quarantined and the previous one tried, loudly. DCP
+reshards on load, so a run restarted by torchrun on a different world size resumes from the same
+checkpoint (each rank's file set follows its new slice).
 
 Retention (`retention_plan`, pure) keeps the newest `keep` commits and every `keepEvery`-th step
 (what a spike rollback needs); it never deletes the newest commit.
@@ -47,13 +52,15 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
 from crucible.api.progress import CommitRef
 from crucible.api.spec import CheckpointSpec
 from crucible.trainer import storage
+from crucible.trainer.checkpoint_fetch import (METADATA, SplitWriter, files_needed, load_planner,
+                                               local_load_plan, read_metadata)
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +175,24 @@ def manifest_problem(manifest, step: int) -> str | None:
         if not (isinstance(entry, dict) and isinstance(entry.get("size"), int)
                 and isinstance(entry.get("xxh3"), str)):
             return f"the manifest's entry for {name} is malformed"
+    if METADATA not in manifest["files"]:
+        return f"the manifest does not list DCP's {METADATA}"
     return None
+
+
+def describe_problems(problems: list[str | None]) -> str:
+    """One line saying what each rank (list index) found wrong with a commit: for the log and the
+    quarantine marker, which rank 0 writes though another rank may be the one that saw it (each
+    rank fetches only its own files). A problem every rank shares, such as the manifest's, which
+    rank 0 reads for all, is named once, without ranks."""
+    seen: dict[str, list[int]] = {}
+    for rank, problem in enumerate(problems):
+        if problem:
+            seen.setdefault(problem, []).append(rank)
+    return "; ".join(
+        problem if len(ranks) == len(problems)
+        else f"{problem} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
+        for problem, ranks in seen.items()) or "no rank said what was wrong"
 
 
 def verify(folder: Path, files: dict[str, dict]) -> str | None:
@@ -260,6 +284,9 @@ class Checkpointer:
         self.last_save_step = 0
         self.last_save_time = time.monotonic()
         self.last_blocking_s = 0.0
+        # Bytes of the last loaded commit each rank fetched (S3) or verified in place (local),
+        # by rank; the commit's total is last_commit.bytes.
+        self.last_load_bytes: list[int] = []
 
     # -- start-up checks ----------------------------------------------------------------------
     def probe(self) -> None:
@@ -351,8 +378,12 @@ class Checkpointer:
     # -- load -----------------------------------------------------------------------------------
     def load(self, app: AppState, max_step: int | None = None) -> dict | None:
         """Load the newest loadable commit (at or below `max_step`); None if there is none. A
-        commit that cannot be loaded on some node (unreadable or malformed manifest, a missing,
-        short or altered file) is quarantined and the previous one tried."""
+        commit that cannot be loaded on some rank (unreadable or malformed manifest, a missing,
+        short or altered file that rank needs) is quarantined by all and the previous one tried.
+
+        Each rank fetches and verifies only the files it reads (`_fetch`). A damaged file that no
+        rank of this world size reads goes unnoticed: it cannot affect this load, and a later
+        load that does read it (another world size) finds it and falls back then."""
         self.wait()  # a save in flight uses the checkpoint group too, and may yet commit
         box = [None]
         if self.rank == 0:
@@ -367,23 +398,46 @@ class Checkpointer:
                     f"{self.uri}/{step_name(step)} was written for a different model architecture "
                     f"(hash {manifest['model_hash']} != {self.model_hash}); use a new "
                     "checkpoint.uri for a new model, or restore the model fields")
-            folder = None
+            folder, needed = None, []
             if problem is None:
-                folder, problem = self._fetch(step, manifest)
-                if problem is None and self.local_rank == 0:
-                    problem = verify(folder, manifest["files"])
+                folder, needed, problem = self._fetch(step, manifest, app)
+            # One all-reduce decides for every rank at once: a rank must never quarantine a
+            # commit that another rank loads. Only then are the reasons gathered, for the log.
             if not self._everyone_ok(problem is None):
-                self._quarantine(step, problem or "another node could not load it")
+                self._quarantine(step, describe_problems(self._gather(problem)))
                 continue
-            dcp.load({"app": app}, storage_reader=FileSystemReader(str(folder)))
+            dcp.load({"app": app}, storage_reader=FileSystemReader(str(folder)),
+                     planner=load_planner())
+            self._clear_restore()  # in memory now: the node-local copy is no longer needed
+            total = sum(f["size"] for f in manifest["files"].values())
+            self._report_fetch(step, sum(manifest["files"][n]["size"] for n in needed), total,
+                               needed)
             self.last_save_step = step
             self.last_commit = Commit(step, manifest["tokens"], f"{self.uri}/{step_name(step)}",
-                                      manifest["time"],
-                                      sum(f["size"] for f in manifest["files"].values()))
+                                      manifest["time"], total)
             if manifest["config_hash"] != self.config_hash and self.rank == 0:
                 log.warning("resuming from step %d of a run with different training settings", step)
             return manifest
+        self._clear_restore()
         return None
+
+    def _gather(self, value) -> list:
+        """`value` from every rank, by rank (on the checkpoint group, as every collective here)."""
+        values = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(values, value, group=self.group)
+        return values
+
+    def _report_fetch(self, step: int, fetched: int, total: int, needed: list[str]) -> None:
+        """Record how many of the commit's bytes each rank fetched, and log it on rank 0 (the
+        only rank that logs at INFO) with the files, one line per rank."""
+        reports = self._gather((fetched, needed))
+        self.last_load_bytes = [count for count, _ in reports]
+        if self.rank == 0:
+            verb = "fetched" if self.remote else "verified"
+            for rank, (count, names) in enumerate(reports):
+                log.info("restore of %s/%s: rank %d %s %d of %d bytes (%.0f%%): %s", self.uri,
+                         step_name(step), rank, verb, count, total, 100 * count / max(total, 1),
+                         ", ".join(names))
 
     def discard_after(self, step: int) -> None:
         """Delete every checkpoint newer than `step` (rank 0): after a rollback they belong to an
@@ -400,27 +454,56 @@ class Checkpointer:
                 log.error("%s", err)
         dist.barrier()
 
-    def _fetch(self, step: int, manifest: dict) -> tuple[Path, str | None]:
-        """The folder holding the step's files on this node (downloaded once per node for S3),
-        and what went wrong fetching them (None: nothing). A file that is not there is not
-        retried: no wait makes it appear."""
-        if not self.remote:
-            return Path(self.uri) / step_name(step), None
-        folder = self.scratch / "restore" / step_name(step)
-        problem = None
-        if self.local_rank == 0:
-            shutil.rmtree(self.scratch / "restore", ignore_errors=True)
-            for name in manifest["files"]:  # names checked by manifest_problem: no paths
-                try:
-                    with_retries(lambda n=name: storage.download_file(
-                        storage.join(self.uri, step_name(step), n), folder / n),
-                        f"download of {name}", self.upload_attempts,
-                        retry_if=lambda err: not storage.not_found(err))
-                except Exception as err:  # noqa: BLE001 - becomes the commit's problem
-                    problem = f"{name} cannot be downloaded ({storage.explain(err, self.uri)})"
-                    break
-        dist.barrier()
-        return folder, problem
+    def _restore_folder(self) -> Path:
+        """This rank's own download folder: ranks fetch different files, and two agents on one
+        host (tests, or a pod replaced in place) must not clear each other's."""
+        return self.scratch / "restore" / f"rank{self.rank}"
+
+    def _clear_restore(self) -> None:
+        if self.remote:
+            shutil.rmtree(self._restore_folder(), ignore_errors=True)
+
+    def _fetch(self, step: int, manifest: dict,
+               app: AppState) -> tuple[Path, list[str], str | None]:
+        """The folder holding what this rank reads of the step (S3: downloaded into this rank's
+        own folder), those files, and what went wrong (None: nothing). `.metadata` comes first
+        and is verified before it is unpickled; DCP's load plan for `app` on it then names the
+        rest. A planning error is left to `dcp.load` to report, as before: everything is fetched."""
+        self._clear_restore()
+        folder = (self._restore_folder() / step_name(step) if self.remote
+                  else Path(self.uri) / step_name(step))
+        problem = self._get(step, folder, manifest["files"], [METADATA])
+        if problem is not None:
+            return folder, [METADATA], problem
+        try:
+            metadata = read_metadata(folder)
+            needed = files_needed(metadata, local_load_plan({"app": app}, metadata))
+        except Exception as err:  # noqa: BLE001 - dcp.load raises it again, with its context
+            log.warning("cannot work out which files of %s rank %d reads (%s: %s): fetching all",
+                        step_name(step), self.rank, type(err).__name__, err)
+            needed = set(manifest["files"])
+        unlisted = sorted(needed - manifest["files"].keys())
+        if unlisted:
+            return folder, [METADATA], (f"DCP's {METADATA} names {unlisted[0]}, which the "
+                                        "manifest does not list")
+        rest = sorted(needed - {METADATA})
+        return folder, [METADATA, *rest], self._get(step, folder, manifest["files"], rest)
+
+    def _get(self, step: int, folder: Path, files: dict[str, dict],
+             names: list[str]) -> str | None:
+        """Download (S3) `names` into `folder` and verify their sizes and checksums against the
+        manifest's `files`; what is wrong, or None. A file that is not there is not retried: no
+        wait makes it appear. Names are manifest names, checked by manifest_problem: no paths."""
+        for name in names if self.remote else ():
+            try:
+                with_retries(lambda n=name: storage.download_file(
+                    storage.join(self.uri, step_name(step), n), folder / n),
+                    f"download of {name}", self.upload_attempts,
+                    retry_if=lambda err: not storage.not_found(err))
+            except Exception as err:  # noqa: BLE001 - becomes the commit's problem
+                uri = storage.join(self.uri, step_name(step), name)
+                return f"{name} cannot be downloaded ({storage.explain(err, uri)})"
+        return verify(folder, {name: files[name] for name in names})
 
     # -- save -----------------------------------------------------------------------------------
     def save(self, app: AppState, step: int, tokens: int, *, wait: bool = False) -> float:
@@ -438,7 +521,7 @@ class Checkpointer:
             # must not be mixed into this attempt's manifest.
             storage.delete_tree(storage.join(self.uri, step_name(step)))
         dist.barrier(group=self.group)
-        writer = FileSystemWriter(str(folder), sync_files=not self.remote)
+        writer = SplitWriter(str(folder), sync_files=not self.remote)
         if self.spec.async_:
             future = dcp.async_save({"app": app}, storage_writer=writer, process_group=self.group)
         else:

@@ -275,8 +275,12 @@ def explain(err: BaseException, uri: str) -> str:
     if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403"):
         return (f"S3 refused the credentials for {uri} ({code}): check AWS_ACCESS_KEY_ID / "
                 "AWS_SECRET_ACCESS_KEY and the key's permissions on the bucket")
-    if code in ("NoSuchBucket", "404") or name == "NoSuchBucket":
+    if code == "NoSuchBucket" or name == "NoSuchBucket":
         return f"bucket of {uri} does not exist ({code or name}): create it or fix the URI"
+    if code in ("404", "NoSuchKey", "NotFound"):
+        # A HEAD (boto3's download_file starts with one) has no body to say which is missing.
+        bucket = ", or no such bucket" if code == "404" else ""
+        return f"{uri} is not there ({code}: no such object{bucket})"
     if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError",
                 "ReadTimeoutError"):
         endpoint = os.environ.get("AWS_ENDPOINT_URL", "the default AWS endpoint")

@@ -1,22 +1,51 @@
 """Run `crucible train` under torchrun in the background and break it on purpose.
 
 A `TrainProcess` keeps the whole output in a file, can wait for a line, find the worker
-processes torchrun started, and kill one of them or the whole agent (its process group)."""
+processes torchrun started, and kill one of them or the whole agent (its process group).
+`ckpt` (a fixture), `config` and `objects`: a fresh checkpoint prefix on the stack's S3, a job
+config that checkpoints there, and what is stored under it; shared by the checkpoint tests."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from crucible.api.launch import TORCHRUN_ENV
 from tests.support.repo import REPO
 from tests.support.services import eventually
-from tests.support.training import crucible_cmd
+from tests.support.training import crucible_cmd, job_config, write_config
+
+BATCH = 4096  # tokens per step: 32 sequences of 128
+
+
+@pytest.fixture
+def ckpt(s3):
+    """A fresh checkpoint prefix in the stack's bucket, and the env that reaches it."""
+    uri = f"s3://{s3.bucket}/chaos/{secrets.token_hex(4)}"
+    env = {"AWS_ENDPOINT_URL": s3.endpoint, "AWS_ACCESS_KEY_ID": s3.access_key,
+           "AWS_SECRET_ACCESS_KEY": s3.secret_key, "AWS_DEFAULT_REGION": s3.region}
+    return uri, env
+
+
+def config(corpus, tmp_path, name: str, uri: str, steps: int, every: int = 4, **checkpoint):
+    cfg = job_config(corpus, tmp_path / name, name="chaos", steps=steps, batch_tokens=BATCH,
+                     evalTokens=4096)
+    cfg["checkpoint"] = {"uri": uri, "everySteps": every, "everyMinutes": 0, "keep": 3, **checkpoint}
+    return write_config(cfg, tmp_path / f"{name}.yaml")
+
+
+def objects(s3, uri: str) -> set[str]:
+    bucket, _, prefix = uri[5:].partition("/")
+    pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+    return {o["Key"][len(prefix) + 1:] for page in pages for o in page.get("Contents", [])}
 
 
 class TrainProcess:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import signal
 import socket
 import time
@@ -19,31 +18,8 @@ import pytest
 from tests.support.private_s3 import PrivateS3
 from tests.support.services import eventually
 from tests.support.training import job_config, run_crucible, write_config
-from tests.trainer.chaos import TrainProcess, train_records
-
-BATCH = 4096  # tokens per step: 32 sequences of 128
-
-
-@pytest.fixture
-def ckpt(s3):
-    """A fresh checkpoint prefix in the stack's bucket, and the env that reaches it."""
-    uri = f"s3://{s3.bucket}/chaos/{secrets.token_hex(4)}"
-    env = {"AWS_ENDPOINT_URL": s3.endpoint, "AWS_ACCESS_KEY_ID": s3.access_key,
-           "AWS_SECRET_ACCESS_KEY": s3.secret_key, "AWS_DEFAULT_REGION": s3.region}
-    return uri, env
-
-
-def config(corpus, tmp_path, name: str, uri: str, steps: int, every: int = 4, **checkpoint):
-    cfg = job_config(corpus, tmp_path / name, name="chaos", steps=steps, batch_tokens=BATCH,
-                     evalTokens=4096)
-    cfg["checkpoint"] = {"uri": uri, "everySteps": every, "everyMinutes": 0, "keep": 3, **checkpoint}
-    return write_config(cfg, tmp_path / f"{name}.yaml")
-
-
-def objects(s3, uri: str) -> set[str]:
-    bucket, _, prefix = uri[5:].partition("/")
-    pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
-    return {o["Key"][len(prefix) + 1:] for page in pages for o in page.get("Contents", [])}
+from tests.trainer.chaos import BATCH, TrainProcess, config, objects, train_records
+from tests.trainer.chaos import ckpt  # noqa: F401 - a fixture: pytest finds it by its name here
 
 
 def test_exact_resume_equals_a_straight_run(corpus, tmp_path, ckpt):
@@ -239,6 +215,9 @@ def test_an_unloadable_newest_commit_is_quarantined_and_the_previous_one_loaded(
     log = second.text()
     assert f"step_8 is corrupt: {reason}" in log and "quarantined, falling back" in log, log[-3000:]
     assert "(step 4," in log                       # resumed from the previous good commit
+    # Both ranks loaded it, also when only one of them reads the damaged file (rank 0 logs what
+    # each rank fetched, once every rank has loaded).
+    assert "step_4: rank 0 fetched" in log and "step_4: rank 1 fetched" in log, log[-3000:]
     assert "retry 1/" not in log                   # nothing waited on a file that is not there
     assert not list((tmp_path / "tmp").rglob("x"))  # nothing written outside the restore folder
 

@@ -1,4 +1,5 @@
-"""Checkpoint decisions as pure functions: retention, when to save, retries, verification."""
+"""Checkpoint decisions as pure functions: retention, when to save, retries, verification, and
+what a quarantine says when ranks saw different problems."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import json
 import pytest
 
 from crucible.trainer import storage
-from crucible.trainer.checkpoint import (file_digest, manifest_problem, parse_step,
-                                         retention_plan, should_save, step_name, verify,
-                                         with_retries)
+from crucible.trainer.checkpoint import (describe_problems, file_digest, manifest_problem,
+                                         parse_step, retention_plan, should_save, step_name,
+                                         verify, with_retries)
 
 
 @pytest.mark.parametrize("committed, keep, keep_every, deleted", [
@@ -82,6 +83,9 @@ def test_storage_errors_are_explained_without_secrets():
     assert "AWS_ACCESS_KEY_ID" in storage.explain(NoCredentialsError(), "s3://b/p")
     missing = ClientError({"Error": {"Code": "NoSuchBucket", "Message": "x"}}, "PutObject")
     assert "does not exist" in storage.explain(missing, "s3://b/p")
+    gone = ClientError({"Error": {"Code": "404", "Message": "Not Found"}}, "HeadObject")
+    assert storage.explain(gone, "s3://b/p/x") == \
+        "s3://b/p/x is not there (404: no such object, or no such bucket)"
 
 
 def test_local_storage_tree_operations(tmp_path):
@@ -103,6 +107,7 @@ GOOD = {"step": 8, "tokens": 32768, "world_size": 2, "time": 1.5e9, "model_hash"
     ({}, None),
     ({"step": 4}, "says step 4"),
     ({"files": {}}, "lists no files"),
+    ({"files": {"__0_0.distcp": {"size": 10, "xxh3": "ab"}}}, "does not list DCP's .metadata"),
     ({"files": {"../../x": {"size": 1, "xxh3": "a"}}}, "'../../x', which is not"),
     ({"files": {"__0_0.distcp/../y": {"size": 1, "xxh3": "a"}}}, "not a checkpoint file name"),
     ({"files": {"__0_0.distcp": {"size": "10"}}}, "entry for __0_0.distcp is malformed"),
@@ -113,6 +118,16 @@ def test_manifest_problem_names_what_makes_a_commit_unusable(change, words):
     problem = manifest_problem({**GOOD, **change}, 8)
     assert problem is None if words is None else words in problem
     assert "not an object" in manifest_problem([1, 2], 8)
+
+
+def test_a_quarantine_names_each_ranks_problem_and_the_rank_that_saw_it():
+    """Each rank fetches only its own files, so rank 0 (which writes the marker) may not be the
+    rank that found the damage."""
+    assert describe_problems([None, "__1_0.distcp is missing"]) == \
+        "__1_0.distcp is missing (rank 1)"
+    assert describe_problems(["bad manifest"] * 3) == "bad manifest"  # read once, for all
+    assert describe_problems(["a", "b", "a", None]) == "a (ranks 0, 2); b (rank 1)"
+    assert describe_problems([None, None]) == "no rank said what was wrong"
 
 
 def test_a_missing_file_is_not_retried():
