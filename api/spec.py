@@ -239,6 +239,15 @@ class CheckpointSpec(Spec):
                             "(spike rollbacks need older checkpoints); 0: off.")
     async_: bool = Field(True, alias="async", description="Stage in memory, upload in the "
                          "background: training blocks only for the copy.")
+    accept_changed_batch: bool = Field(False, description="Resume even though "
+                                       "training.globalBatchTokens changed since the checkpoint: "
+                                       "training continues at the first sample not yet trained "
+                                       "on, and the steps left are the tokens left over the new "
+                                       "batch. Otherwise such a resume is refused.")
+    accept_changed_data: bool = Field(False, description="Resume even though the training "
+                                      "shards changed since the checkpoint (another token "
+                                      "count): the new shards' order starts from its beginning. "
+                                      "Otherwise such a resume is refused.")
     credentials_secret: str | None = Field(None, description="Secret with AWS_ACCESS_KEY_ID, "
                                            "AWS_SECRET_ACCESS_KEY (and optionally AWS_ENDPOINT_URL).")
 

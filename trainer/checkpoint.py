@@ -6,7 +6,7 @@ Layout under `checkpoint.uri` (docs/checkpoints.md, "Layout and the commit proto
                                loop state; kilobytes), when it has one: checkpoint_fetch.py
   step_<N>/.metadata           DCP's global index           (written by rank 0)
   step_<N>/rank_<r>.json       rank r's files, sizes and xxh3-128 checksums, after its upload
-  step_<N>/manifest.json       step, tokens, world size, every file with size and checksum, the
+  step_<N>/manifest.json       step, tokens, global batch, world size, every file with size and checksum, the
                                model/config hashes: written by rank 0 once every rank's marker is
                                there. No manifest (or a checksum mismatch) = no checkpoint.
   step_<N>/quarantine.json     a commit that could not be loaded, and why: no longer a commit.
@@ -265,8 +265,12 @@ class Checkpointer:
     def __init__(self, spec: CheckpointSpec, *, job: str, rank: int, world_size: int,
                  local_rank: int, model_hash: str, config_hash: str,
                  on_commit: Callable[[Commit, float], None] | None = None,
-                 marker_timeout_s: float = 600.0, upload_attempts: int = 6):
+                 marker_timeout_s: float = 600.0, upload_attempts: int = 6,
+                 batch_tokens: int | None = None):
         assert spec.uri, "Checkpointer needs checkpoint.uri"
+        # Recorded in each manifest: the batch the steps so far were taken with, which a resume
+        # compares against its own (a state's tokens/step is an average once it has changed).
+        self.batch_tokens = batch_tokens
         self.spec, self.uri = spec, spec.uri.rstrip("/")
         self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
         self.model_hash, self.config_hash = model_hash, config_hash
@@ -601,7 +605,7 @@ class Checkpointer:
         manifest = {"format": FORMAT_VERSION, "step": step, "tokens": tokens,
                     "world_size": self.world_size, "time": time.time(), "files": files,
                     "model_hash": self.model_hash, "config_hash": self.config_hash,
-                    "incarnation": self.incarnation}
+                    "incarnation": self.incarnation, "global_batch_tokens": self.batch_tokens}
         storage.write_bytes(storage.join(step_uri, MANIFEST), json.dumps(manifest, indent=1).encode())
         commit = Commit(step, tokens, step_uri, manifest["time"], sum(f["size"] for f in files.values()))
         self.last_commit = commit

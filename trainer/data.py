@@ -233,13 +233,3 @@ class Sampler:
         self.seed, self.sample_offset = int(state["seed"]), int(state["sample_offset"])
         self.restored_num_tokens = int(state["num_tokens"])
 
-    def resume_problem(self) -> str | None:
-        """Why the data order cannot continue on these shards where the loaded checkpoint left
-        it, or None: sample indices run over a permutation of the shard set's windows, so
-        another shard set would reshuffle every sample."""
-        saved = self.restored_num_tokens
-        if saved is None or saved == self.shards.num_tokens:
-            return None
-        return (f"the training shards hold {self.shards.num_tokens:,} tokens but the checkpoint "
-                f"was trained on a shard set of {saved:,}: resuming would reshuffle the data "
-                "order; point data.train at the same shards, or start a new checkpoint.uri")

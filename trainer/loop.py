@@ -25,7 +25,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -106,17 +106,57 @@ class TrainState:
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
 
 
-def resume_problem(state: TrainState, sampler: Sampler, tokens_per_step: int) -> str | None:
-    """Why a run cannot continue from the state just loaded, or None. Step s reads samples
-    `s x global batch + offset`, and every step so far took the same batch (`tokens_seen` is
-    `step x tokens per step`), so another batch would skip or repeat samples."""
-    if state.step and state.tokens_seen != state.step * tokens_per_step:
-        trained = state.tokens_seen // state.step
-        return (f"training.globalBatchTokens is {tokens_per_step} but the checkpoint was trained "
-                f"with {trained} ({state.tokens_seen} tokens in {state.step} steps): resuming "
-                "would skip or repeat samples; restore globalBatchTokens, or start a new "
-                "checkpoint.uri")
-    return sampler.resume_problem()
+@dataclass(frozen=True)
+class Resume:
+    """How a run continues from a loaded checkpoint: a refusal (`problem`), or the sampler offset
+    and total step count to continue with, and what changed (`notes`, for the log)."""
+
+    problem: str | None = None
+    sample_offset: int = 0
+    total_steps: int = 0
+    notes: tuple[str, ...] = ()
+
+
+def plan_resume(state: TrainState, *, saved_batch_tokens: int | None, batch_tokens: int,
+                seq_len: int, saved_data_tokens: int | None, data_tokens: int,
+                sample_offset: int, total_tokens: float, accept_batch: bool,
+                accept_data: bool) -> Resume:
+    """Continue from `state` (just loaded) with this run's batch and shards. Pure.
+
+    Step s reads samples `s x batch + offset` (data.Sampler). With the batch the checkpoint was
+    trained with, nothing changes. With another one, accepted, the offset moves so that the next
+    step reads the first sample not yet trained on: S x B_old + offset = S x B_new + offset'
+    at the step S resumed from; and the steps left are the tokens left over the new batch.
+    Another shard set, accepted, is a new data order: it starts from its beginning (the
+    samples read so far were indices into another permutation). Unaccepted, either is refused,
+    naming both values: it would skip, repeat or reshuffle samples."""
+    step, seqs = state.step, batch_tokens // seq_len
+    saved = saved_batch_tokens or (state.tokens_seen // step if step else None)
+    total = max(1, math.ceil(total_tokens / batch_tokens))
+    offset, notes = sample_offset, []
+    if step and saved != batch_tokens:
+        if not accept_batch:
+            return Resume(problem=(
+                f"training.globalBatchTokens is {batch_tokens} but the checkpoint was trained "
+                f"with {saved} ({state.tokens_seen} tokens in {step} steps): resuming would skip "
+                "or repeat samples; restore globalBatchTokens, set checkpoint.acceptChangedBatch "
+                "to continue at the next unseen sample, or start a new checkpoint.uri"))
+        offset += step * (saved // seq_len - seqs)
+        notes.append(f"global batch {saved} -> {batch_tokens} tokens (accepted): continuing at "
+                     f"sample {step * seqs + offset}")
+    if step:
+        total = step + max(0, math.ceil((total_tokens - state.tokens_seen) / batch_tokens))
+    if saved_data_tokens is not None and saved_data_tokens != data_tokens:
+        if not accept_data:
+            return Resume(problem=(
+                f"the training shards hold {data_tokens:,} tokens but the checkpoint was trained "
+                f"on a shard set of {saved_data_tokens:,}: resuming would reshuffle the data "
+                "order; point data.train at the same shards, set checkpoint.acceptChangedData to "
+                "start the new shards' order from its beginning, or start a new checkpoint.uri"))
+        offset = -step * seqs
+        notes.append(f"training shards of {saved_data_tokens:,} -> {data_tokens:,} tokens "
+                     "(accepted): their order starts from its beginning")
+    return Resume(sample_offset=offset, total_steps=total, notes=tuple(notes))
 
 
 @dataclass(frozen=True)
@@ -224,15 +264,30 @@ class Run:
         self.resumed_from = None
         if self.ckpt is not None:
             restored = self.ckpt.load(self.app)  # a commit manifest (not a `Commit`), or None
-            problem = (resume_problem(self.state, self.sampler, p.tokens_per_step)
-                       if restored is not None else None)
-            if problem:
-                raise DataError(f"cannot resume from {self.ckpt.last_commit.uri}: {problem}")
             if restored is not None:
+                self._continue_from(restored)
                 self.resumed_from = restored["step"]
                 log(f"resumed from {self.ckpt.last_commit.uri} (step {restored['step']}, saved by "
                     f"{restored['world_size']} ranks, now {env.world_size})")
                 self._on_commit(self.ckpt.last_commit, None)
+
+    def _continue_from(self, restored: dict) -> None:
+        """Check (and, where the job accepts a change, adjust) the state just loaded."""
+        spec, p = self.cfg.checkpoint, self.shape
+        plan = plan_resume(self.state, saved_batch_tokens=restored.get("global_batch_tokens"),
+                           batch_tokens=p.tokens_per_step, seq_len=p.seq_len,
+                           saved_data_tokens=self.sampler.restored_num_tokens,
+                           data_tokens=self.train_shards.num_tokens,
+                           sample_offset=self.sampler.sample_offset,
+                           total_tokens=self.cfg.training.tokens,
+                           accept_batch=spec.accept_changed_batch,
+                           accept_data=spec.accept_changed_data)
+        if plan.problem:
+            raise DataError(f"cannot resume from {self.ckpt.last_commit.uri}: {plan.problem}")
+        for note in plan.notes:
+            self.log(f"resume: {note}")
+        self.sampler.sample_offset = plan.sample_offset
+        self.shape = replace(p, total_steps=plan.total_steps)
 
     def _checkpointer(self) -> Checkpointer | None:
         spec = self.cfg.checkpoint
@@ -243,7 +298,8 @@ class Run:
         return Checkpointer(spec, job=self.cfg.name, rank=self.env.rank,
                             world_size=self.env.world_size, local_rank=self.env.local_rank,
                             model_hash=model_hash, config_hash=config_hash,
-                            on_commit=self._on_commit)
+                            on_commit=self._on_commit,
+                            batch_tokens=self.shape.tokens_per_step)
 
     def _on_commit(self, commit: Commit, upload_s: float | None) -> None:
         """Rank 0, from the checkpoint thread (or at resume): publish the newest commit."""

@@ -286,8 +286,10 @@ def test_a_stale_incarnation_neither_commits_nor_prunes(corpus, tmp_path, ckpt, 
     assert not [k for k in objects(s3, uri) if k.endswith("manifest.json")]
 
 
-def test_resume_with_a_changed_global_batch_is_refused_in_one_line(corpus, tmp_path, ckpt):
-    """Continuing with another batch would skip or repeat samples: say so, and lose nothing."""
+def test_resume_with_a_changed_global_batch_is_refused_in_one_line_unless_accepted(
+        corpus, tmp_path, ckpt):
+    """Continuing with another batch would skip or repeat samples: say so, and lose nothing;
+    with checkpoint.acceptChangedBatch, continue with the tokens left at the new batch."""
     uri, env = ckpt
     first = TrainProcess(config(corpus, tmp_path, "batch", uri, steps=8, every=4),
                          tmp_path / "first.log", env=env, extra_args=["--max-steps", "4"])
@@ -299,7 +301,16 @@ def test_resume_with_a_changed_global_batch_is_refused_in_one_line(corpus, tmp_p
                        env=env)
     assert run.returncode == 2, run.stderr[-2000:]
     assert "cannot resume" in run.stderr and f"trained with {BATCH}" in run.stderr
-    assert "Traceback" not in run.stderr
+    assert "acceptChangedBatch" in run.stderr and "Traceback" not in run.stderr
+    # Accepted: the 4 steps' worth of tokens left of the first run's budget, 2 steps at 2x.
+    cfg["training"]["tokens"] = 8 * BATCH
+    cfg["checkpoint"]["acceptChangedBatch"] = True
+    run = run_crucible("train", "--config", str(write_config(cfg, tmp_path / "batch3.yaml")),
+                       env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"global batch {BATCH} -> {2 * BATCH} tokens (accepted)" in run.stdout
+    steps = train_records(tmp_path / "batch2" / "metrics.jsonl")
+    assert [(r["step"], r["tokens"]) for r in steps] == [(5, 6 * BATCH), (6, 8 * BATCH)]
 
 
 def test_bad_credentials_fail_before_any_training_step(corpus, tmp_path, ckpt):

@@ -113,26 +113,67 @@ def test_sampler_state_round_trips_and_skip_moves_past_data(tmp_path):
 
 
 def test_resume_refuses_another_shard_set_naming_both_sizes(tmp_path):
+    from crucible.trainer.loop import TrainState, plan_resume
+
     saved = _sampler(tmp_path / "a").state_dict()
-    same = _sampler(tmp_path / "b")
-    same.load_state_dict(saved)
-    assert same.resume_problem() is None
-    _write(tmp_path / "d", "a.bin", np.arange(30_000) % 1000)
-    other = Sampler(ShardSet(tmp_path / "d"), seq_len=16, seed=7)
+    other = _sampler(tmp_path / "b")
     other.load_state_dict(saved)
-    assert "hold 30,000 tokens" in other.resume_problem()
-    assert "shard set of 20,000" in other.resume_problem()
-    assert _sampler(tmp_path / "e").resume_problem() is None  # nothing loaded
+    assert other.restored_num_tokens == 20_000
+    args = dict(saved_batch_tokens=4096, batch_tokens=4096, seq_len=16, sample_offset=0,
+                total_tokens=20 * 4096, accept_batch=False)
+    state = TrainState(step=8, tokens_seen=8 * 4096)
+    same = plan_resume(state, saved_data_tokens=20_000, data_tokens=20_000, accept_data=False,
+                       **args)
+    assert same.problem is None and same.sample_offset == 0 and same.total_steps == 20
+    refused = plan_resume(state, saved_data_tokens=20_000, data_tokens=30_000, accept_data=False,
+                          **args)
+    assert "hold 30,000 tokens" in refused.problem and "shard set of 20,000" in refused.problem
+    assert "checkpoint.acceptChangedData" in refused.problem
+    # Accepted: step 8 reads sample 0 of the new shards' order.
+    accepted = plan_resume(state, saved_data_tokens=20_000, data_tokens=30_000,
+                           accept_data=True, **args)
+    assert accepted.problem is None and 8 * 4096 // 16 + accepted.sample_offset == 0
+    assert "accepted" in accepted.notes[0]
 
 
-def test_resume_refuses_another_global_batch_naming_both(tmp_path):
-    from crucible.trainer.loop import TrainState, resume_problem
+def test_resume_with_another_global_batch_is_refused_or_continues_at_the_next_unseen_sample(
+        tmp_path):
+    from crucible.trainer.loop import TrainState, plan_resume
 
-    sampler = _sampler(tmp_path)
-    assert resume_problem(TrainState(step=8, tokens_seen=8 * 4096), sampler, 4096) is None
-    assert resume_problem(TrainState(), sampler, 8192) is None  # a fresh start
-    problem = resume_problem(TrainState(step=8, tokens_seen=8 * 4096), sampler, 8192)
-    assert "globalBatchTokens is 8192" in problem and "trained with 4096" in problem
+    args = dict(seq_len=16, saved_data_tokens=None, data_tokens=20_000, total_tokens=20 * 64,
+                accept_data=False)
+    state = TrainState(step=8, tokens_seen=8 * 64)   # 8 steps of 4 sequences of 16 tokens
+    fresh = plan_resume(TrainState(), saved_batch_tokens=None, batch_tokens=128, sample_offset=0,
+                        accept_batch=False, **args)
+    assert fresh.problem is None and fresh.total_steps == 10  # a fresh start: nothing to check
+    refused = plan_resume(state, saved_batch_tokens=64, batch_tokens=128, sample_offset=0,
+                          accept_batch=False, **args)
+    assert "globalBatchTokens is 128" in refused.problem and "trained with 64" in refused.problem
+    assert "checkpoint.acceptChangedBatch" in refused.problem
+    # An old manifest without the batch: the state's tokens per step stand in for it.
+    legacy = plan_resume(state, saved_batch_tokens=None, batch_tokens=128, sample_offset=0,
+                         accept_batch=False, **args)
+    assert "trained with 64" in legacy.problem
+    # Accepted, from a sampler that had also skipped 3 samples (a rollback): the next step reads
+    # exactly the samples a run that kept the old batch would have read next, and onwards.
+    old = _sampler(tmp_path / "old")
+    old.skip(3)
+    resumed = plan_resume(state, saved_batch_tokens=64, batch_tokens=128, sample_offset=3,
+                          accept_batch=True, **args)
+    assert resumed.problem is None
+    new = _sampler(tmp_path / "new")
+    new.sample_offset = resumed.sample_offset
+    kept = np.concatenate([old.batch(s, 0, global_batch=4, micro_batch=4, rank=0,
+                                     world_size=1)[0] for s in (8, 9)])
+    doubled = new.batch(8, 0, global_batch=8, micro_batch=8, rank=0, world_size=1)[0]
+    assert np.array_equal(doubled, kept)
+    # The tokens left (20 x 64 - 8 x 64) at 128 a step: 6 more steps.
+    assert resumed.total_steps == 8 + 6
+    # A checkpoint that already went through a change records its batch: no average is used.
+    again = plan_resume(TrainState(step=10, tokens_seen=8 * 64 + 2 * 128),
+                        saved_batch_tokens=128, batch_tokens=128, sample_offset=0,
+                        accept_batch=False, **args)
+    assert again.problem is None and again.total_steps == 10 + 4  # (1280 - 768) / 128
 
 
 def test_epochs_cover_every_window_once(tmp_path):
