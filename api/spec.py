@@ -340,9 +340,16 @@ class FaultToleranceSpec(Spec):
         description="Node condition types that mean the node is broken when True (set by "
         "node-problem-detector or a GPU health checker, e.g. GPUUnhealthy).")
     pending_timeout_seconds: Annotated[int, OPERATOR_ONLY] = Field(
-        600, ge=10, le=86400, description="Pods Pending longer than this: an image pull or "
-        "container config error fails the job; an unschedulable pod is reported with the "
-        "scheduler's reason (multi-GB trainer images can take minutes to pull).")
+        600, ge=10, le=86400, description="Pods Pending longer than this before the job's first "
+        "run: an image pull or container config error fails the job (once it has run, the same "
+        "errors are reported as Degraded and retried); an unschedulable pod is reported with "
+        "the scheduler's reason (multi-GB trainer images can take minutes to pull).")
+    max_infrastructure_restarts: Annotated[int, OPERATOR_ONLY] = Field(
+        10, ge=1, le=10000, description="Restarts of one infrastructure cause (OOMKilled, "
+        "Signal, NodeFailure, ...) tolerated within infrastructureRestartWindowMinutes before "
+        "the job fails (InfrastructureLoop). Waiting for capacity never counts.")
+    infrastructure_restart_window_minutes: Annotated[int, OPERATOR_ONLY] = Field(
+        60, ge=1, le=10080, description="The window of maxInfrastructureRestarts.")
     terminating_timeout_seconds: Annotated[int, OPERATOR_ONLY] = Field(
         120, ge=0, le=86400, description="Pods still Terminating this long after their grace "
         "period ended are force-deleted (their node is usually gone).")

@@ -81,10 +81,13 @@ def _run(p: Pass):
     p.track["goodput"] = progress.advance(p.track.get("goodput", {}), p.obs.lease)
     current = {pod.index: pod for pod in p.obs.pods if pod.generation == p.gen}
     _stale(p)
-    if _succeeded(p, current) or policy.restart_needed(p, current):
+    if _succeeded(p, current):
+        return
+    if policy.restart_needed(p, current):
+        policy.infrastructure_loop(p)
         return
     policy.replace_and_create(p, current)
-    if policy.pending(p, current):
+    if policy.infrastructure_loop(p) or policy.pending(p, current):
         return
     _phase(p, current)
 

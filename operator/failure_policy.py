@@ -207,6 +207,33 @@ def bad_nodes(p: Pass) -> list[str]:
     return bad
 
 
+def infrastructure_loop(p: Pass) -> bool:
+    """Fail the job when one infrastructure cause restarted it more than
+    maxInfrastructureRestarts times within infrastructureRestartWindowMinutes (an OOMKilled pod
+    0, say, which would otherwise restart forever without spending the budget). Waiting for
+    capacity is not a loop: it never counts."""
+    ft = p.spec.fault_tolerance
+    window_s = ft.infrastructure_restart_window_minutes * 60
+    recent = p.track.setdefault("infrastructureRestarts", {})
+    for failure in p.restarts:
+        if failure.kind == f.INFRASTRUCTURE and failure.cause != "InsufficientCapacity":
+            recent.setdefault(failure.cause, []).append(format_time(p.now))
+    for cause, times in list(recent.items()):
+        kept = [t for t in times if (p.now - parse_time(t)).total_seconds() < window_s]
+        if kept:
+            recent[cause] = kept
+        else:
+            del recent[cause]
+        if len(kept) > ft.max_infrastructure_restarts:
+            last = [x.message for x in p.restarts if x.cause == cause]
+            p.fail("InfrastructureLoop", f"{len(kept)} restarts caused by {cause} within "
+                   f"{ft.infrastructure_restart_window_minutes} min (more than "
+                   f"maxInfrastructureRestarts={ft.max_infrastructure_restarts})"
+                   + (f"; the last: {last[-1]}" if last else ""))
+            return True
+    return False
+
+
 def _list_cordoned(p: Pass, node: str) -> None:
     cordoned = p.status.setdefault("cordonedNodes", [])
     if node not in cordoned:
@@ -270,6 +297,14 @@ def pending(p: Pass, current: dict[int, PodView]) -> bool:
     for pod in current.values():
         problem = f.pending_problem(pod)
         if problem is None:
+            continue
+        if problem.hopeless and p.track.get("everRunning"):
+            # The same image and config already trained this job: a registry outage or a
+            # Secret being rotated, not a mistake in the spec. Report it and let the kubelet
+            # keep retrying (it backs off on its own); never end a long run over it.
+            p.degraded = True
+            p.cond(c.DEGRADED, True, problem.reason, f"{problem.message}; retrying (the job has "
+                   "trained with this spec before)")
             continue
         if problem.hopeless and f.pending_too_long(pod, ft, p.now):
             p.fail(problem.reason, f"{problem.message} for over {ft.pending_timeout_seconds}s")

@@ -33,7 +33,8 @@ OPERATOR_ONLY_PATHS = {
     "faultTolerance.hangTimeoutSeconds", "faultTolerance.retryableExitCodes",
     "faultTolerance.maxRestartsWithoutProgress", "faultTolerance.nodeFailureGraceSeconds",
     "faultTolerance.nodeFailureConditions", "faultTolerance.pendingTimeoutSeconds",
-    "faultTolerance.terminatingTimeoutSeconds",
+    "faultTolerance.terminatingTimeoutSeconds", "faultTolerance.maxInfrastructureRestarts",
+    "faultTolerance.infrastructureRestartWindowMinutes",
 }
 # A valid new value for each, to change it with.
 OPERATOR_ONLY_EDITS = {
@@ -43,6 +44,8 @@ OPERATOR_ONLY_EDITS = {
     "faultTolerance.maxRestartsWithoutProgress": 9, "faultTolerance.nodeFailureGraceSeconds": 5,
     "faultTolerance.nodeFailureConditions": ["GPUUnhealthy"],
     "faultTolerance.pendingTimeoutSeconds": 900, "faultTolerance.terminatingTimeoutSeconds": 30,
+    "faultTolerance.maxInfrastructureRestarts": 3,
+    "faultTolerance.infrastructureRestartWindowMinutes": 10,
 }
 POD_FACING_EDITS = {
     "training.lr": 1e-3, "image": "registry.example/crucible-trainer:0.2",

@@ -470,6 +470,42 @@ def test_in_a_full_pool_the_survivors_exits_restart_without_spending_the_budget(
     assert counted.status["restarts"]["application"] == 1
 
 
+def test_image_errors_after_the_job_has_run_are_degraded_and_retried_not_terminal():
+    # A replacement pod that waited long for a node, then cannot pull the image the job has
+    # been training with (a registry outage): report it, never fail a long run over it.
+    pods = b.running(0, 3, H) + [b.pod(0, 3, phase="Pending", node="gpu-node-3",
+                                       waiting="ImagePullBackOff", spec_hash=H)]
+    outcome = decide(b.job(status=running_status()),
+                     b.observed(pods, lease_view_=b.lease(900, 4990)), b.at(5000))
+    assert outcome.status["phase"] == "Running"
+    assert cond(outcome, "Degraded")["reason"] == "ImagePullFailed"
+
+
+def test_one_infrastructure_cause_looping_fails_the_job_and_capacity_waits_do_not_count():
+    job = dict(faultTolerance={"maxInfrastructureRestarts": 2,
+                               "infrastructureRestartWindowMinutes": 10})
+    h = m.spec_hash(b.spec(**job))
+    status = running_status()
+    for i, t in enumerate((0, 100, 200)):   # pod 0 OOMKilled three times in 200 s
+        pods = [b.pod(i, 0, phase="Failed", node="gpu-node-0", spec_hash=h,
+                      terminated_reason="OOMKilled", exit_code=137, uid=f"oom-{i}")] + [
+            b.pod(i, k, node=f"gpu-node-{k}", spec_hash=h, uid=f"u-{i}-{k}") for k in (1, 2, 3)]
+        outcome = decide(b.job(status=status, **job), b.observed(pods), b.at(t))
+        status = outcome.status
+        assert status["phase"] == ("Failed" if i == 2 else "Restarting"), status["phase"]
+    assert cond(outcome, "Failed")["reason"] == "InfrastructureLoop"
+    assert "3 restarts caused by OOMKilled within 10 min" in cond(outcome, "Failed")["message"]
+    assert status["restarts"]["application"] == 0
+    # Spread out beyond the window, the same three are no loop.
+    status = running_status()
+    for i, t in enumerate((0, 700, 1400)):
+        pods = [b.pod(i, 0, phase="Failed", node="gpu-node-0", spec_hash=h,
+                      terminated_reason="OOMKilled", exit_code=137, uid=f"oom-{i}")] + [
+            b.pod(i, k, node=f"gpu-node-{k}", spec_hash=h, uid=f"u-{i}-{k}") for k in (1, 2, 3)]
+        status = decide(b.job(status=status, **job), b.observed(pods), b.at(t)).status
+    assert status["phase"] == "Restarting" and status["restarts"]["byCause"] == {"OOMKilled": 3}
+
+
 def test_invalid_spec_fails_with_the_field_named():
     outcome = decide(b.job(nodes={"min": 5, "max": 2}), b.observed(), b.at(0))
     assert outcome.status["phase"] == "Failed"
