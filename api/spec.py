@@ -314,7 +314,11 @@ class FaultToleranceSpec(Spec):
     cordon_failed_nodes: Annotated[bool, OPERATOR_ONLY] = Field(
         True, description="Cordon and annotate nodes that failed.")
     hang_timeout_seconds: Annotated[int, OPERATOR_ONLY] = Field(
-        600, ge=30, description="Restart when the progress Lease has not advanced for this long.")
+        600, ge=30, description="Restart when the progress Lease's step has not changed for this "
+        "long (timed on the operator's clock) once the group has stepped.")
+    startup_timeout_seconds: Annotated[int, OPERATOR_ONLY] = Field(
+        1800, ge=60, le=86400, description="Restart when a group has not completed its first "
+        "step this long after starting (rendezvous, restoring a checkpoint, the first compile).")
     spike_guard: SpikeGuardSpec = Field(default_factory=SpikeGuardSpec,
                                         description="Loss-spike and divergence detection.")
     # Exit codes follow Kubeflow's ExitCode policy: 1-127 come from the program (application),

@@ -78,6 +78,7 @@ def decide(job: JobView, obs: Observed, now: dt.datetime) -> Outcome:
 
 def _run(p: Pass):
     p.status.update(progress.report(p.obs.lease, p.status))
+    progress.note_step(p.track, p.obs.lease, p.now)
     p.track["goodput"] = progress.advance(p.track.get("goodput", {}), p.obs.lease)
     current = {pod.index: pod for pod in p.obs.pods if pod.generation == p.gen}
     _stale(p)
@@ -201,8 +202,9 @@ def _phase(p: Pass, current: dict[int, PodView]):
         fewer = running and len(healthy) < spec.nodes.max
         p.cond(c.DEGRADED, fewer, "FewerPods" if fewer else
                ("AllPodsHealthy" if running else p.status["phase"]), summary)
-    if lease is not None and lease.step_time is not None:
-        age = (p.now - lease.step_time).total_seconds()
+    stepped = parse_time(p.track.get("stepSeenAt"))
+    if lease is not None and lease.step_time is not None and stepped is not None:
+        age = (p.now - stepped).total_seconds()  # the operator's clock, as the hang check's
         ok = age < ft.hang_timeout_seconds
         p.cond(c.PROGRESSING, ok, "StepAdvancing" if ok else "NoProgress",
                f"step {lease.step} at {format_time(lease.step_time)}")

@@ -102,8 +102,8 @@ def capacity_shortage(p: Pass, current: dict[int, PodView]) -> str | None:
 def _application_failure(p: Pass, failure: f.Failure):
     ft, r = p.spec.fault_tolerance, p.status.get("restarts") or {}
     used = r.get("application", 0)
-    # Progress since the last application failure: a step completed after it.
-    stepped = p.obs.lease.step_time if p.obs.lease else None
+    # Progress since the last application failure: a step seen after it (operator clock).
+    stepped = parse_time(p.track.get("stepSeenAt"))
     last = parse_time(p.track.get("lastFailureTime"))
     streak = 1 if (stepped is not None and (last is None or stepped > last)) else \
         int(p.track.get("noProgressFailures", 0)) + 1
@@ -241,21 +241,31 @@ def _list_cordoned(p: Pass, node: str) -> None:
 
 
 def _hang(p: Pass) -> bool:
+    """No step for hangTimeoutSeconds once the group has stepped; none within
+    startupTimeoutSeconds of its start (rendezvous, restoring a checkpoint, the first compile
+    can take far longer than a step). Both on the operator's clock (`progress.note_step`)."""
     if p.phase != RUNNING:
         return False
-    since = progress.hang_since(p.obs.lease, c.true_since(p.conds, c.RUNNING),
-                                parse_time(p.track.get("lastDisruption")))
-    timeout = p.spec.fault_tolerance.hang_timeout_seconds
-    if since is None:
+    ft = p.spec.fault_tolerance
+    starts = [t for t in (c.true_since(p.conds, c.RUNNING), parse_time(p.track.get("lastDisruption")))
+              if t is not None]
+    started = max(starts) if starts else None
+    stepped = parse_time(p.track.get("stepSeenAt"))
+    if stepped is not None and (started is None or stepped > started):
+        since, timeout, knob = stepped, ft.hang_timeout_seconds, "hangTimeoutSeconds"
+    elif started is not None:
+        since, timeout, knob = started, ft.startup_timeout_seconds, "startupTimeoutSeconds"
+    else:
         return False
     if (p.now - since).total_seconds() < timeout:
         p.wake(timeout - (p.now - since).total_seconds())
         return False
     step = p.obs.lease.step if p.obs.lease else None
-    p.cond(c.PROGRESSING, False, "Hang", f"no step completed for {timeout}s")
-    _application_failure(p, f.Failure("Hang", f.APPLICATION, f"no training step for {timeout}s"
-                                      + (f" (stuck after step {step})" if step is not None else
-                                         " (no step yet)")))
+    p.cond(c.PROGRESSING, False, "Hang", f"no step completed for {timeout}s ({knob})")
+    what = (f"no training step for {timeout}s (stuck after step {step})"
+            if knob == "hangTimeoutSeconds" else
+            f"no training step within {timeout}s of the start ({knob})")
+    _application_failure(p, f.Failure("Hang", f.APPLICATION, what))
     return True
 
 

@@ -12,8 +12,8 @@ Owns three pure computations over `ProgressReport` and the job's status:
   accumulators live in `status.tracking.goodput` so an operator restart loses nothing. This is
   the goodput notion of Google's ML Goodput ("productive training time / total time") with
   lost-work subtraction, as the AI-Hypercomputer/resiliency goodput calculator does;
-- `hang_since`: the moment the hang clock started: the newer of the last step-time and the last
-  disruption or (re)start. Hang detection reads `step-time`, never `renewTime`: the trainer's
+- `note_step`: when the operator first saw the reported step change, on its own clock; hang
+  and crash-loop checks time from it. They read the step, never `renewTime`: the trainer's
   renewal thread keeps running while the training loop is stuck (trainer/lease.py).
 """
 
@@ -93,7 +93,10 @@ def goodput(acc: dict, start: dt.datetime | None, suspended_s: float,
     return round(min(1.0, acc.get("productiveSeconds", 0.0) / wall), 4)
 
 
-def hang_since(lease: ProgressReport | None, *others: dt.datetime | None) -> dt.datetime | None:
-    """Start of the hang clock: the newest of the last step and the given (re)start times."""
-    times = [t for t in (lease.step_time if lease else None, *others) if t is not None]
-    return max(times) if times else None
+def note_step(track: dict, lease: ProgressReport | None, now: dt.datetime) -> dt.datetime | None:
+    """When the operator last saw the reported step change, on its own clock (kept in
+    `tracking`): hang and crash-loop decisions compare it with the operator's `now`, never the
+    trainer node's `step-time`, so a skewed node clock can neither fake nor hide a hang."""
+    if lease is not None and lease.step is not None and lease.step != track.get("stepSeen"):
+        track["stepSeen"], track["stepSeenAt"] = lease.step, format_time(now)
+    return parse_time(track.get("stepSeenAt"))

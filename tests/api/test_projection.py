@@ -34,7 +34,7 @@ OPERATOR_ONLY_PATHS = {
     "faultTolerance.maxRestartsWithoutProgress", "faultTolerance.nodeFailureGraceSeconds",
     "faultTolerance.nodeFailureConditions", "faultTolerance.pendingTimeoutSeconds",
     "faultTolerance.terminatingTimeoutSeconds", "faultTolerance.maxInfrastructureRestarts",
-    "faultTolerance.infrastructureRestartWindowMinutes",
+    "faultTolerance.infrastructureRestartWindowMinutes", "faultTolerance.startupTimeoutSeconds",
 }
 # A valid new value for each, to change it with.
 OPERATOR_ONLY_EDITS = {
@@ -46,6 +46,7 @@ OPERATOR_ONLY_EDITS = {
     "faultTolerance.pendingTimeoutSeconds": 900, "faultTolerance.terminatingTimeoutSeconds": 30,
     "faultTolerance.maxInfrastructureRestarts": 3,
     "faultTolerance.infrastructureRestartWindowMinutes": 10,
+    "faultTolerance.startupTimeoutSeconds": 900,
 }
 POD_FACING_EDITS = {
     "training.lr": 1e-3, "image": "registry.example/crucible-trainer:0.2",

@@ -126,7 +126,7 @@ def test_budget_exhausted_fails_the_job_and_deletes_its_active_pods():
 def test_failures_with_no_step_in_between_fail_fast():
     job = b.job(status=running_status(app=1, tracking={
         "members": {}, "everRunning": True, "noProgressFailures": 1,
-        "lastFailureTime": b.ts(10)}), faultTolerance={"maxRestarts": 20,
+        "lastFailureTime": b.ts(10), "stepSeen": 5, "stepSeenAt": b.ts(5)}), faultTolerance={"maxRestarts": 20,
                                                          "maxRestartsWithoutProgress": 1})
     pods = [b.pod(0, 0, phase="Failed", exit_code=2, spec_hash=m.spec_hash(job_spec(job)))]
     outcome = decide(job, b.observed(pods, lease_view_=b.lease(5, 5)), b.at(30))  # step before
@@ -354,8 +354,10 @@ def test_lease_advancing_updates_step_loss_and_goodput():
 
 
 def test_lease_stuck_past_the_timeout_is_a_hang_restart():
-    outcome = decide(b.job(status=running_status()), b.observed(b.running(0, 4, H),
-                                                             lease_view_=b.lease(50, 100)),
+    stuck = running_status(tracking={"members": {}, "everRunning": True, "stepSeen": 50,
+                                     "stepSeenAt": b.ts(100)})
+    outcome = decide(b.job(status=stuck), b.observed(b.running(0, 4, H),
+                                                     lease_view_=b.lease(50, 100)),
                   b.at(701))
     assert outcome.status["podGeneration"] == 1
     assert outcome.status["restarts"]["byCause"] == {"Hang": 1}
@@ -363,13 +365,34 @@ def test_lease_stuck_past_the_timeout_is_a_hang_restart():
     assert "stuck after step 50" in outcome.events[0].message
 
 
-def test_hang_clock_starts_at_the_last_disruption_not_at_the_old_step():
-    status = running_status(tracking={"members": {}, "everRunning": True,
-                                      "lastDisruption": b.ts(600)})
+def test_after_a_restart_the_startup_timeout_runs_until_the_first_new_step():
+    status = running_status(tracking={"members": {}, "everRunning": True, "stepSeen": 50,
+                                      "stepSeenAt": b.ts(100), "lastDisruption": b.ts(600)})
     outcome = decide(b.job(status=status), b.observed(b.running(0, 4, H), lease_view_=b.lease(50, 100)),
                   b.at(701))
     assert outcome.status["podGeneration"] == 0
-    assert outcome.wake_in_s == pytest.approx(499)
+    assert outcome.wake_in_s == pytest.approx(1800 - 101)  # startupTimeoutSeconds from t=600
+    late = decide(b.job(status=status), b.observed(b.running(0, 4, H),
+                                                   lease_view_=b.lease(50, 100)), b.at(2401))
+    assert late.status["restarts"]["byCause"] == {"Hang": 1}
+    assert "within 1800s of the start" in late.events[0].message
+
+
+def test_hangs_are_timed_on_the_operators_clock_not_the_trainer_nodes():
+    ahead = running_status(tracking={"members": {}, "everRunning": True, "stepSeen": 50,
+                                     "stepSeenAt": b.ts(100)})
+    # The trainer node's clock runs an hour ahead: its stale step still looks fresh to it.
+    outcome = decide(b.job(status=ahead), b.observed(b.running(0, 4, H),
+                                                     lease_view_=b.lease(50, 3700)), b.at(701))
+    assert outcome.status["restarts"]["byCause"] == {"Hang": 1}
+    # An hour behind, but stepping: every pass sees a new step, so no hang.
+    status = ahead
+    for t, step in ((200, 51), (800, 52), (1400, 53)):
+        outcome = decide(b.job(status=status), b.observed(
+            b.running(0, 4, H), lease_view_=b.lease(step, t - 3600)), b.at(t))
+        status = outcome.status
+        assert outcome.status["restarts"]["total"] == 0
+        assert cond(outcome, "Progressing")["status"] == "True"
 
 
 # --- lifecycle ---------------------------------------------------------------------------------

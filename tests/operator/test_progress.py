@@ -38,10 +38,13 @@ def test_a_restart_takes_back_the_steps_after_the_last_checkpoint():
     assert acc["productiveSeconds"] == 90 and acc["steps"] == 90
 
 
-def test_hang_clock_takes_the_newest_of_step_and_restarts():
-    assert progress.hang_since(b.lease(5, 100), b.at(50), None) == b.at(100)
-    assert progress.hang_since(b.lease(5, 100), b.at(150)) == b.at(150)
-    assert progress.hang_since(None, None) is None
+def test_a_step_is_timed_when_the_operator_first_sees_it_change():
+    track: dict = {}
+    assert progress.note_step(track, None, b.at(10)) is None
+    assert progress.note_step(track, b.lease(5, 99999), b.at(20)) == b.at(20)  # not its time
+    assert progress.note_step(track, b.lease(5, 99999), b.at(30)) == b.at(20)  # unchanged
+    assert progress.note_step(track, b.lease(3, 0), b.at(40)) == b.at(40)  # back (a resume)
+    assert track == {"stepSeen": 3, "stepSeenAt": b.ts(40)}
 
 
 def test_status_merge_patch_deletes_nested_keys_the_new_status_dropped():
