@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as dt
+import hashlib
 import logging
 import socket
+import threading
 from dataclasses import dataclass, field
 
 from kubernetes import client
@@ -38,6 +40,13 @@ class Applied:
     transient: list[str] = field(default_factory=list)   # 5xx, 429, timeouts, connection errors
 
 
+def event_name(job: str, uid: str, event: Event) -> str:
+    """The one Event object of a job's (type, reason, message): the same name every time, so a
+    repeat is a count on it. A hash keeps it a valid name whatever the message holds."""
+    digest = hashlib.sha256(f"{uid}\n{event.type}\n{event.reason}\n{event.message}".encode())
+    return f"{job}.{digest.hexdigest()[:16]}"
+
+
 class Kube:
     def __init__(self, api: client.ApiClient, fan_out: int = 8):
         self.api = api
@@ -48,6 +57,8 @@ class Kube:
         self.rbac = client.RbacAuthorizationV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.instance = socket.gethostname()
+        self._event_lock = threading.Lock()
+        self._event_counts: dict[str, int] = {}  # Event name -> count posted
 
     # -- actions ------------------------------------------------------------------------------
     def _create(self, ns: str, kind: str, body: dict):
@@ -137,12 +148,28 @@ class Kube:
             {"status": merge_patch(dict(job.status), status)})
 
     def post_events(self, job: JobView, events: list[Event]) -> list[str]:
-        """Post events; an event that cannot be posted is logged, never fatal."""
+        """Post events, one Event object per job, type, reason and message: a repeat (an
+        `ApiRejected` quota refusal every pass, say) raises its `count` and `lastTimestamp`, as
+        client-go's event correlator does, instead of a new object each time. An event that
+        cannot be posted is logged, never fatal."""
         problems = []
         now = format_time(dt.datetime.now(dt.timezone.utc))
-        for event in events:
+        with self._event_lock:  # one poster at a time: counts are read, then raised
+            for event in events:
+                try:
+                    self._post_event(job, event, now)
+                except (ApiException, OSError) as err:
+                    problems.append(f"event {event.reason}: {getattr(err, 'status', err)}")
+        for problem in problems:
+            log.warning(f"{job.namespace}/{job.name}: not posted: {problem}")
+        return problems
+
+    def _post_event(self, job: JobView, event: Event, now: str) -> None:
+        name = event_name(job.name, job.uid, event)
+        count = self._event_counts.get(name)
+        if count is None:
             body = {
-                "metadata": {"generateName": f"{job.name}.", "namespace": job.namespace},
+                "metadata": {"name": name, "namespace": job.namespace},
                 "involvedObject": {"apiVersion": crd.API_VERSION, "kind": crd.KIND,
                                    "name": job.name, "namespace": job.namespace, "uid": job.uid},
                 "type": event.type, "reason": event.reason, "message": event.message[:1024],
@@ -152,11 +179,22 @@ class Kube:
             }
             try:
                 self.core.create_namespaced_event(job.namespace, body)
-            except (ApiException, OSError) as err:
-                problems.append(f"event {event.reason}: {getattr(err, 'status', err)}")
-        for problem in problems:
-            log.warning(f"{job.namespace}/{job.name}: not posted: {problem}")
-        return problems
+                self._event_counts[name] = 1
+                return
+            except ApiException as err:
+                if err.status != 409:
+                    raise
+            # Posted before (by an earlier operator process): carry on from its count.
+            count = self.core.read_namespaced_event(name, job.namespace).count or 1
+        try:
+            self.core.patch_namespaced_event(name, job.namespace, {
+                "count": count + 1, "lastTimestamp": now, "reportingInstance": self.instance})
+            self._event_counts[name] = count + 1
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            del self._event_counts[name]  # expired (the apiserver's event TTL): post anew
+            self._post_event(job, event, now)
 
     def read_job(self, namespace: str, name: str) -> dict | None:
         try:

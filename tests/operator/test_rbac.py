@@ -61,3 +61,26 @@ def test_trainer_identity_may_patch_only_its_own_lease(cluster, run_operator, tm
         for name in ("gpt", "other"):
             cluster.delete_job(name)
     assert_clean_exit(runner)
+
+
+def test_a_repeated_event_is_one_object_with_a_count(kube, namespace, operator_kubeconfig):
+    """Through the operator's own credentials: a repeat raises the count of the first Event,
+    also after the operator restarts (a new adapter, no memory of it)."""
+    from crucible.operator.decision import Event
+    from crucible.operator.kube import Kube as Adapter
+    from crucible.operator.observed import JobView
+
+    job = JobView(name="gpt", namespace=namespace, uid="0d9d3b5e-0000-4000-8000-000000000001",
+                  generation=1, spec={}, status={}, deleting=False)
+    refused = Event("Warning", "ApiRejected", "pods \"gpt-0-1\" is forbidden: exceeded quota")
+
+    def adapter() -> Adapter:
+        return Adapter(config.new_client_from_config(config_file=str(operator_kubeconfig)))
+
+    first = adapter()
+    assert first.post_events(job, [refused, refused]) == []
+    assert adapter().post_events(job, [refused]) == []  # restarted: carries on from the count
+    assert adapter().post_events(job, [Event("Normal", "Running", "4/4 pods running")]) == []
+    events = kube.core().list_namespaced_event(namespace).items
+    counts = sorted((e.reason, e.count) for e in events if e.involved_object.name == "gpt")
+    assert counts == [("ApiRejected", 3), ("Running", 1)]
