@@ -76,9 +76,11 @@ def _operator_only(model: type[BaseModel]) -> dict:
     return out
 
 
-def pod_facing(spec: BaseModel) -> dict:
-    """The fields of a spec (or part of one) that reach the pods, as the API spells them."""
-    return spec.model_dump(by_alias=True, mode="json", exclude=_operator_only(type(spec)))
+def pod_facing(spec: BaseModel, *, exclude_defaults: bool = False) -> dict:
+    """The fields of a spec (or part of one) that reach the pods, as the API spells them
+    (`exclude_defaults`: only those not at their default)."""
+    return spec.model_dump(by_alias=True, mode="json", exclude=_operator_only(type(spec)),
+                           exclude_defaults=exclude_defaults)
 
 
 def cel(rule: str, message: str) -> dict:

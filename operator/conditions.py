@@ -19,7 +19,9 @@ FAILED = "Failed"
 PROGRESSING = "Progressing"
 PODS_SCHEDULED = "PodsScheduled"
 DEGRADED = "Degraded"
-ORDER = [RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED, PROGRESSING, PODS_SCHEDULED, DEGRADED]
+NAME_CONFLICT = "NameConflict"
+ORDER = [RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED, PROGRESSING, PODS_SCHEDULED, DEGRADED,
+         NAME_CONFLICT]
 
 
 def set_condition(conditions: list[dict], type_: str, status: bool | None, reason: str,

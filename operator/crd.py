@@ -150,7 +150,7 @@ PHASES = ["Pending", "Running", "Restarting", "Waiting", "Suspended", "Succeeded
 def status_schema() -> dict:
     condition = _obj("A Kubernetes-style condition.", {
         "type": _str("Running, Restarting, Suspended, Succeeded, Failed, Progressing, "
-                     "PodsScheduled or Degraded."),
+                     "PodsScheduled, Degraded or NameConflict."),
         "status": _str("True, False or Unknown.", enum=["True", "False", "Unknown"]),
         "reason": _str("CamelCase cause (e.g. NodeFailure, Hang, ApplicationError)."),
         "message": _str("What happened, for people."),

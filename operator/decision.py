@@ -35,6 +35,7 @@ What each failure does (docs/operator.md has the why):
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 
 from pydantic import ValidationError
 
@@ -54,7 +55,12 @@ __all__ = ["decide", "Outcome", "Action", "Event", "PENDING", "RUNNING", "RESTAR
 
 # --- the pass -------------------------------------------------------------------------------------
 def decide(job: JobView, obs: Observed, now: dt.datetime) -> Outcome:
-    p = Pass(job, obs, now)
+    # Only what this job controls is its own: a pod or child carrying its labels but another
+    # owner (a deleted namesake's, held by a finalizer; someone else's) is never judged,
+    # counted, adopted or deleted.
+    foreign = tuple(pod for pod in obs.pods if pod.owner_uid != job.uid)
+    p = Pass(job, replace(obs, pods=tuple(pod for pod in obs.pods if pod.owner_uid == job.uid)),
+             now)
     if job.deleting:
         return Outcome(status=dict(job.status))  # kopf stops us; garbage collection does the rest
     try:
@@ -65,6 +71,8 @@ def decide(job: JobView, obs: Observed, now: dt.datetime) -> Outcome:
         return p.outcome()
     if p.phase in TERMINAL:
         _finished(p)
+        return p.outcome()
+    if _name_conflict(p, foreign):
         return p.outcome()
     _ensure_children(p)
     if p.spec.suspend:
@@ -102,6 +110,42 @@ def _finished(p: Pass):
             p.act("delete_job", "PretrainJob", p.job.name, reason="TTLExpired")
         else:
             p.wake(left)
+
+
+def _name_conflict(p: Pass, foreign: tuple[PodView, ...]) -> bool:
+    """An object this job would create exists under another owner. One on its way out (a
+    deleted namesake's, say) is waited for; one that stays is a `NameConflict`, never adopted.
+    Either way the pass stops here and looks again in a while: never a hot loop."""
+    mine = {m.pod_name(p.job.name, p.gen, i) for i in range(p.spec.nodes.max)}
+    clashes = [("Pod", pod.name, pod.deleting) for pod in foreign if pod.name in mine]
+    for child in m.static_children(p.job.name, p.job.namespace, p.job.uid, p.spec):
+        kind, name = child["kind"], child["metadata"]["name"]
+        owner = p.obs.child_owner(kind, name)
+        if p.obs.has_child(kind, name) and owner != p.job.uid:
+            clashes.append((kind, name, False))
+        elif (kind, name) in p.obs.conflicts:
+            clashes.append((kind, name, False))
+            p.act("create", kind, name, child)  # again: succeeds, or meets the conflict again
+    if not clashes:
+        if c.get(p.conds, c.NAME_CONFLICT):
+            p.cond(c.NAME_CONFLICT, False, "Resolved", "no object of this job's names has "
+                   "another owner")
+        return False
+    staying = [(kind, name) for kind, name, leaving in clashes if not leaving]
+    if staying:
+        kind, name = staying[0]
+        message = (f"{kind} {name} exists and belongs to another owner: delete or rename it "
+                   "(it is never adopted)")
+        was = c.get(p.conds, c.NAME_CONFLICT)
+        if not was or was.get("status") != "True":
+            p.event("Warning", "NameConflict", message)
+        p.cond(c.NAME_CONFLICT, True, "NameConflict", message)
+        p.wake(10)
+    else:
+        p.cond(c.NAME_CONFLICT, False, "WaitingForNamesake", f"{len(clashes)} object(s) of a "
+               "deleted namesake still terminating; waiting for them to go")
+        p.wake(2)
+    return True
 
 
 def _ensure_children(p: Pass):
@@ -144,7 +188,7 @@ def _stale(p: Pass):
         if pod.generation is None or pod.generation == p.gen:
             continue
         if pod.generation > p.gen:   # from a decision this body does not show yet: wait for it
-            p.requeue = True
+            p.wake(1)                # (soon, never at once: a stale body must not spin the loop)
             continue
         if pod.terminated and pod.generation == p.gen - 1 and not pod.deleting:
             continue

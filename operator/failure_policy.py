@@ -214,10 +214,14 @@ def infrastructure_loop(p: Pass) -> bool:
     capacity is not a loop: it never counts."""
     ft = p.spec.fault_tolerance
     window_s = ft.infrastructure_restart_window_minutes * 60
-    recent = p.track.setdefault("infrastructureRestarts", {})
+    recent = p.track.get("infrastructureRestarts") or {}
     for failure in p.restarts:
         if failure.kind == f.INFRASTRUCTURE and failure.cause != "InsufficientCapacity":
             recent.setdefault(failure.cause, []).append(format_time(p.now))
+    if recent:
+        p.track["infrastructureRestarts"] = recent
+    else:
+        p.track.pop("infrastructureRestarts", None)
     for cause, times in list(recent.items()):
         kept = [t for t in times if (p.now - parse_time(t)).total_seconds() < window_s]
         if kept:

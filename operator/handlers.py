@@ -42,8 +42,8 @@ from crucible.operator import manifests as m
 from crucible.operator import metrics
 from crucible.operator.decision import Event, Outcome, decide
 from crucible.operator.kube import Applied, Kube
-from crucible.operator.observed import (ChildView, JobView, Observed, job_view, lease_view,
-                                        node_view, pod_view)
+from crucible.operator.observed import (ChildView, JobView, Observed, controller_uid, job_view,
+                                        lease_view, node_view, pod_view)
 
 FINALIZER = "crucible.dev/operator"   # kopf's: stops the daemon before the job goes
 WRITES = "writes"                     # status.tracking.writes: the fence counter
@@ -126,9 +126,9 @@ async def pods_by_job(namespace, labels, body, memo, **_):
 
 
 @kopf.index("coordination.k8s.io", "leases", labels={m.LABEL_JOB: kopf.PRESENT})
-async def leases_by_job(namespace, labels, body, memo, **_):
+async def leases_by_job(namespace, labels, body, meta, memo, **_):
     _wake(memo, (namespace, labels[m.LABEL_JOB]))
-    return {(namespace, labels[m.LABEL_JOB]): lease_view(body)}
+    return {(namespace, labels[m.LABEL_JOB]): (controller_uid(meta), lease_view(body))}
 
 
 @kopf.index("v1", "nodes")
@@ -141,9 +141,10 @@ async def nodes_by_name(name, body, memo, **_):
     return {name: view}
 
 
-async def _child(kind, namespace, labels, name, body, **_):
+async def _child(kind, namespace, labels, name, body, meta, **_):
     digest = m.data_digest(body.get("data")) if kind == "ConfigMap" else None
-    return {(namespace, labels[m.LABEL_JOB]): ChildView(kind, name, digest)}
+    return {(namespace, labels[m.LABEL_JOB]): ChildView(kind, name, digest,
+                                                        controller_uid(meta))}
 
 
 for _kind, (_group, _plural) in CHILD_KINDS:
@@ -151,8 +152,10 @@ for _kind, (_group, _plural) in CHILD_KINDS:
         functools.partial(_child, _kind))
 
 
-def snapshot(key: tuple[str, str], indexes: dict) -> Observed:
-    """The job's world from the indexes (event loop only: indexes change between awaits)."""
+def snapshot(key: tuple[str, str], indexes: dict,
+             conflicts: frozenset[tuple[str, str]] = frozenset()) -> Observed:
+    """The job's world from the indexes (event loop only: indexes change between awaits), and
+    the name conflicts the last pass's creates met (`conflicts`)."""
     pods = tuple(indexes["pods_by_job"].get(key, ()))
     node_index = indexes["nodes_by_name"]
     nodes = {}
@@ -166,10 +169,11 @@ def snapshot(key: tuple[str, str], indexes: dict) -> Observed:
     children = {view for _, (_, plural) in CHILD_KINDS
                 for view in indexes[f"children_{plural}"].get(key, ())}
     leases = indexes["leases_by_job"].get(key)
-    lease = next(iter(leases)) if leases else None
+    owner, lease = next(iter(leases)) if leases else (None, None)
     if lease is not None:
-        children.add(ChildView("Lease", m.progress_lease_name(key[1])))
-    return Observed(pods=pods, nodes=nodes, children=frozenset(children), lease=lease)
+        children.add(ChildView("Lease", m.progress_lease_name(key[1]), owner_uid=owner))
+    return Observed(pods=pods, nodes=nodes, children=frozenset(children), lease=lease,
+                    conflicts=conflicts)
 
 
 # --- lifecycle -------------------------------------------------------------------------------
@@ -193,7 +197,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
     memo.config = cfg
     memo.kube = Kube(api_client(cfg.workers * FAN_OUT), fan_out=FAN_OUT)
     memo.executor = concurrent.futures.ThreadPoolExecutor(cfg.workers, "crucible-pass")
-    memo.wakeups, memo.fences, memo.phases, memo.jobs = {}, {}, {}, {}
+    memo.wakeups, memo.fences, memo.phases, memo.jobs, memo.conflicts = {}, {}, {}, {}, {}
     memo.metrics_server = None
     if cfg.metrics_port is not None:
         memo.metrics_server = metrics.serve(cfg.metrics_port, lambda: memo.phases,
@@ -311,7 +315,7 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -
     fence = memo.fences.get(job.uid, 0)
     if fenced and int((job.status.get("tracking") or {}).get(WRITES, 0)) < fence:
         return NextPass(After.STALE, 0.1)
-    obs = snapshot(key, indexes)
+    obs = snapshot(key, indexes, memo.conflicts.get(job.uid, frozenset()))
     now = dt.datetime.now(dt.timezone.utc)
     loop = asyncio.get_running_loop()
     try:
@@ -323,6 +327,9 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -
                        f"{getattr(err, 'reason', err)}")
         return NextPass(After.RETRY, RETRY_S)
     outcome, applied = result.outcome, result.applied
+    # What this pass's creates found under another owner; the next pass reports it and tries
+    # again (a create that now succeeds, or meets no conflict, clears it).
+    memo.conflicts[job.uid] = frozenset(applied.conflicts)
     if result.written is not None:
         memo.fences[job.uid] = result.written
     memo.phases[job.uid] = outcome.status.get("phase", "Pending")
@@ -378,6 +385,7 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
         memo.fences.pop(uid, None)
         memo.phases.pop(uid, None)
         memo.jobs.pop(uid, None)
+        memo.conflicts.pop(uid, None)
 
 
 logging.getLogger("kubernetes.client.rest").setLevel(logging.WARNING)

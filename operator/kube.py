@@ -37,7 +37,17 @@ log = logging.getLogger(__name__)
 class Applied:
     created_pods: list[str] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)    # 4xx other than the idempotent ones
+    # (kind, name) of children that exist under another owner (a 409 on create, and not ours)
+    conflicts: list[tuple[str, str]] = field(default_factory=list)
     transient: list[str] = field(default_factory=list)   # 5xx, 429, timeouts, connection errors
+
+
+class NameConflict(Exception):
+    """A child this job creates exists, and another owner controls it."""
+
+    def __init__(self, kind: str, name: str):
+        super().__init__(f"{kind} {name}")
+        self.kind, self.name = kind, name
 
 
 def event_name(job: str, uid: str, event: Event) -> str:
@@ -73,6 +83,21 @@ class Kube:
         }
         return creators[kind](ns, body)
 
+    def _ours(self, ns: str, kind: str, name: str, body: dict) -> bool:
+        """Whether the existing object of a create that met a 409 is this job's: the children
+        carry no label a stranger's object would have, so the index cannot tell; its owner can."""
+        readers = {
+            "Service": self.core.read_namespaced_service,
+            "ConfigMap": self.core.read_namespaced_config_map,
+            "ServiceAccount": self.core.read_namespaced_service_account,
+            "Lease": self.coordination.read_namespaced_lease,
+            "Role": self.rbac.read_namespaced_role,
+            "RoleBinding": self.rbac.read_namespaced_role_binding,
+        }
+        existing = readers[kind](name, ns).metadata
+        want = body["metadata"]["ownerReferences"][0]["uid"]
+        return any(ref.controller and ref.uid == want for ref in existing.owner_references or [])
+
     def _do(self, ns: str, action: Action) -> bool:
         """Carry out one action; True if it changed something, False if it was already so."""
         verb, kind, name = action.verb, action.kind, action.name
@@ -96,7 +121,11 @@ class Kube:
             else:
                 raise ValueError(f"no adapter for {verb} {kind}")
         except ApiException as err:
-            if (verb == "create" and err.status == 409) or (err.status == 404 and verb != "create"):
+            if verb == "create" and err.status == 409:
+                if kind != "Pod" and not self._ours(ns, kind, name, action.body):
+                    raise NameConflict(kind, name) from None
+                return False
+            if err.status == 404 and verb != "create":
                 return False
             raise
         if kind == "Pod":
@@ -113,6 +142,8 @@ class Kube:
         waves = [[a for a in outcome.actions if a.kind not in later],
                  [a for a in outcome.actions if a.kind in later]]
         for batch in waves:
+            if out.conflicts:  # a child is someone else's (the Service: their DNS): no pods
+                batch = [a for a in batch if a.kind != "Pod"]
             if not batch:
                 continue
             if len(batch) == 1:
@@ -123,8 +154,9 @@ class Kube:
                     results = list(pool.map(lambda a: self._attempt(job.namespace, a), batch))
             for action, (changed, error) in zip(batch, results):
                 if error is not None:
-                    kind, text = error
-                    (out.transient if kind == "transient" else out.rejected).append(text)
+                    kind, detail = error
+                    {"transient": out.transient, "rejected": out.rejected,
+                     "conflict": out.conflicts}[kind].append(detail)
                 elif changed and action.verb == "create" and action.kind == "Pod":
                     out.created_pods.append(action.name)
         return out
@@ -133,6 +165,8 @@ class Kube:
         what = f"{action.verb} {action.kind}/{action.name}"
         try:
             return self._do(namespace, action), None
+        except NameConflict as err:
+            return False, ("conflict", (err.kind, err.name))
         except ApiException as err:
             retry = err.status is None or err.status >= 500 or err.status == 429
             return False, ("transient" if retry else "rejected",

@@ -57,10 +57,25 @@ def train_config(job: str, spec: PretrainJobSpec) -> dict:
 
 
 def spec_hash(spec: PretrainJobSpec) -> str:
-    """Digest of everything that reaches a pod (`pod_facing`: the spec less its operator-only
-    fields); a running generation with another hash restarts."""
-    doc = json.dumps(pod_facing(spec), sort_keys=True)
+    """Digest of what the user asked of the pods (`pod_facing`: the spec less its operator-only
+    fields, and less every value left at its default); a running generation with another hash
+    restarts. Defaults stay out so that an operator upgrade, which may add a defaulted field or
+    move a default, restarts no running job: its pods pick the new ones up at their next start."""
+    doc = json.dumps(_without_empty(pod_facing(spec, exclude_defaults=True)), sort_keys=True)
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+def _without_empty(doc: dict) -> dict:
+    """`doc` less the sections left empty: a section edited only in operator-only fields dumps
+    as {} (it differs from its default as a whole), one never edited not at all."""
+    out = {}
+    for key, value in doc.items():
+        if isinstance(value, dict):
+            value = _without_empty(value)
+            if not value:
+                continue
+        out[key] = value
+    return out
 
 
 def data_digest(data) -> str:
@@ -79,7 +94,10 @@ def config_text(job: str, spec: PretrainJobSpec) -> str:
     """The ConfigMap's job.yaml. YAML emitting is the one costly render of a pass and every pass
     checks the ConfigMap for drift, so the text is remembered per (job, pod-facing spec)."""
     config = TrainJobConfig.from_job(spec, job)
-    return _yaml_text(config.model_dump_json(by_alias=True, exclude_none=True))
+    # Defaults left out: a trainer image older than the operator (pods still running when it is
+    # upgraded) reads this file too, and must meet no field it does not know.
+    return _yaml_text(config.model_dump_json(by_alias=True, exclude_none=True,
+                                             exclude_defaults=True))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -48,6 +48,7 @@ class PodView:
     unschedulable: str | None = None    # the scheduler's message while PodScheduled is False
     waiting_reason: str | None = None   # e.g. ImagePullBackOff, CreateContainerConfigError
     waiting_message: str | None = None
+    owner_uid: str | None = None        # the controlling owner's UID: which job it belongs to
 
     @property
     def deleting(self) -> bool:
@@ -92,7 +93,14 @@ def pod_view(body: Mapping) -> PodView:
         unschedulable=(scheduled.get("message") or scheduled.get("reason") or "unschedulable")
         if scheduled.get("status") == "False" else None,
         waiting_reason=waiting_reason, waiting_message=waiting_message,
+        owner_uid=controller_uid(meta),
     )
+
+
+def controller_uid(meta: Mapping) -> str | None:
+    """The UID of an object's controlling owner (ownerReferences with controller: true)."""
+    return next((ref.get("uid") for ref in meta.get("ownerReferences") or []
+                 if ref.get("controller")), None)
 
 
 @dataclass(frozen=True)
@@ -147,6 +155,7 @@ class ChildView:
     kind: str
     name: str
     digest: str | None = None
+    owner_uid: str | None = None  # the controlling owner's UID: whose child it is
 
 
 @dataclass(frozen=True)
@@ -178,9 +187,16 @@ class Observed:
     nodes: Mapping[str, NodeView | None] = field(default_factory=dict)
     children: frozenset[ChildView] = frozenset()
     lease: ProgressReport | None = None
+    # (kind, name) of children the last pass could not create: they exist under another owner,
+    # with none of this job's labels, so no index shows them (kube.py finds them on a 409).
+    conflicts: frozenset[tuple[str, str]] = frozenset()
 
     def has_child(self, kind: str, name: str) -> bool:
         return any(c.kind == kind and c.name == name for c in self.children)
+
+    def child_owner(self, kind: str, name: str) -> str | None:
+        return next((c.owner_uid for c in self.children if c.kind == kind and c.name == name),
+                    None)
 
     def child_digest(self, kind: str, name: str) -> str | None:
         return next((c.digest for c in self.children if c.kind == kind and c.name == name), None)

@@ -62,10 +62,12 @@ def pod_body(gen: int, index: int, *, phase: str = "Running", node: str | None =
              uid: str | None = None, exit_code: int | None = None, reason: str | None = None,
              terminated_reason: str | None = None, deletion: float | None = None,
              disruption: str | None = None, unschedulable: str | None = None,
-             waiting: str | None = None, created: float = 0, spec_hash: str | None = "same"):
+             waiting: str | None = None, created: float = 0, spec_hash: str | None = "same",
+             owner: str | None = UID):
     name = m.pod_name(JOB, gen, index)
     body = {"metadata": {"name": name, "namespace": NS, "uid": uid or f"uid-{name}",
                          "creationTimestamp": ts(created),
+                         "ownerReferences": [m.owner_reference(JOB, owner)] if owner else [],
                          "labels": m.labels(JOB, **{m.LABEL_GENERATION: str(gen),
                                                     m.LABEL_INDEX: str(index)}),
                          "annotations": {m.ANNOTATION_SPEC_HASH: spec_hash} if spec_hash else {}},
@@ -141,7 +143,7 @@ def observed(pods=(), nodes=None, lease_view_=None, children=None) -> Observed:
         s = spec()
         children = frozenset(
             ChildView(c["kind"], c["metadata"]["name"],
-                      m.data_digest(c["data"]) if c["kind"] == "ConfigMap" else None)
+                      m.data_digest(c["data"]) if c["kind"] == "ConfigMap" else None, UID)
             for c in m.static_children(JOB, NS, UID, s))
     return Observed(pods=tuple(pods), nodes=nodes if nodes is not None else healthy_nodes(),
                     children=children, lease=lease_view_)

@@ -7,6 +7,8 @@ control plane.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from crucible.operator import manifests as m
@@ -196,7 +198,47 @@ def test_a_pod_deleted_by_someone_else_is_counted_once_and_recreated():
 def test_pods_of_a_newer_generation_than_the_status_shows_are_left_alone():
     outcome = decide(b.job(status=running_status(gen=0)),
                   b.observed(b.running(0, 4, H) + [b.pod(1, 0, spec_hash=H)]), b.at(3))
-    assert ("delete", "Pod", "gpt-1-0") not in acts(outcome) and outcome.requeue
+    assert ("delete", "Pod", "gpt-1-0") not in acts(outcome)
+    assert not outcome.requeue and outcome.wake_in_s == 1  # soon, but never a hot loop
+
+
+# --- ownership ---------------------------------------------------------------------------------
+def test_a_foreign_pod_with_the_jobs_labels_is_never_judged_or_counted():
+    foreign = b.pod(0, 5, phase="Succeeded", exit_code=0, owner="uid-someone-else",
+                    spec_hash=H)
+    crashed = b.pod(0, 6, phase="Failed", exit_code=1, owner=None, spec_hash=H)
+    outcome = decide(b.job(status=running_status()),
+                     b.observed(b.running(0, 4, H) + [foreign, crashed]), b.at(5))
+    assert outcome.status["phase"] == "Running"            # not Succeeded by a stranger's exit 0
+    assert outcome.status["restarts"]["total"] == 0
+    assert not acts(outcome, "delete")
+
+
+def test_a_deleted_namesakes_pods_are_waited_for_and_a_foreign_object_is_a_name_conflict():
+    # The job was deleted and created again under the same name: its old pods, held by a
+    # finalizer, carry the names the new generation 0 needs.
+    held = [b.pod(0, i, owner="uid-old-job", deletion=0, spec_hash=H) for i in range(4)]
+    outcome = decide(b.job(), b.observed(held), b.at(5))
+    assert acts(outcome) == [] and outcome.status["restarts"]["total"] == 0
+    assert cond(outcome, "NameConflict")["reason"] == "WaitingForNamesake"
+    assert outcome.wake_in_s == 2 and not outcome.requeue
+    gone = decide(b.job(status=outcome.status), b.observed(), b.at(9))
+    assert acts(gone, "create", "Pod") == [("create", "Pod", "gpt-0-0")]
+    assert cond(gone, "NameConflict")["status"] == "False"
+    # Someone else's Service under the job's name: reported, never adopted, nothing created.
+    children = {v if v.kind != "Service" else dataclasses.replace(v, owner_uid="uid-stranger")
+                for v in b.observed().children}
+    clash = decide(b.job(), b.observed(children=frozenset(children)), b.at(5))
+    assert cond(clash, "NameConflict")["status"] == "True"
+    assert "Service gpt exists and belongs to another owner" in cond(clash, "NameConflict")["message"]
+    assert "NameConflict" in reasons(clash) and acts(clash) == []
+    # One with none of the job's labels (no index shows it): the last pass's create met it.
+    unseen = b.observed(children=frozenset(v for v in b.observed().children
+                                           if v.kind != "Service"))
+    unseen = dataclasses.replace(unseen, conflicts=frozenset({("Service", "gpt")}))
+    outcome = decide(b.job(), unseen, b.at(5))
+    assert cond(outcome, "NameConflict")["status"] == "True"
+    assert acts(outcome) == [("create", "Service", "gpt")]   # tried again, nothing else
 
 
 # --- nodes -------------------------------------------------------------------------------------

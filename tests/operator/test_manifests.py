@@ -164,3 +164,43 @@ def test_builders_do_not_mutate_the_spec():
     pod["spec"]["nodeSelector"]["x"] = "y"
     m.config_map(b.JOB, b.NS, b.UID, spec)
     assert spec.model_dump() == before
+
+
+def test_an_operator_upgrade_that_adds_or_moves_defaults_restarts_nothing():
+    """The drift hash and the mounted config hold only what the job set: a field spelled out at
+    its default (as a newer operator's defaults would appear) changes neither, and a trainer
+    image older than the operator meets no field it does not know in its config."""
+    from crucible.api.spec import PretrainJobSpec
+
+    doc = b.spec_doc()
+    spelled = {**doc, "faultTolerance": {**doc.get("faultTolerance", {}),
+                                         "rendezvousTimeoutSeconds": 600},
+               "training": {**doc["training"], "gradientSync": "everyMicroBatch"}}
+    plain, explicit = PretrainJobSpec.model_validate(doc), PretrainJobSpec.model_validate(spelled)
+    assert m.spec_hash(explicit) == m.spec_hash(plain)
+    text = m.config_text("gpt", explicit)
+    assert "gradientSync" not in text and m.config_text("gpt", plain) == text
+    edited = PretrainJobSpec.model_validate({**doc, "training": {**doc["training"], "lr": 1e-3}})
+    assert m.spec_hash(edited) != m.spec_hash(plain)  # what the user changes still restarts
+
+
+def test_a_moved_default_changes_no_running_jobs_hash(monkeypatch):
+    """As a release that moves a default would: the same document, validated with another
+    default, hashes the same (and the new value reaches the pods at their next start)."""
+    from crucible.api import spec as api
+
+    doc = b.spec_doc()
+    before = m.spec_hash(api.PretrainJobSpec.model_validate(doc))
+    field = api.FaultToleranceSpec.model_fields["rendezvous_timeout_seconds"]
+    monkeypatch.setattr(field, "default", 900)
+    try:
+        for model in (api.FaultToleranceSpec, api.PretrainJobSpec):
+            model.model_rebuild(force=True)
+        moved = api.PretrainJobSpec.model_validate(doc)
+        assert moved.fault_tolerance.rendezvous_timeout_seconds == 900
+        assert m.spec_hash(moved) == before
+    finally:
+        monkeypatch.undo()
+        for model in (api.FaultToleranceSpec, api.PretrainJobSpec):
+            model.model_rebuild(force=True)
+    assert api.PretrainJobSpec.model_validate(doc).fault_tolerance.rendezvous_timeout_seconds == 600
