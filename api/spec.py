@@ -352,10 +352,10 @@ class FaultToleranceSpec(Spec):
         "the scheduler's reason (multi-GB trainer images can take minutes to pull).")
     max_infrastructure_restarts: Annotated[int, OPERATOR_ONLY] = Field(
         10, ge=1, le=10000, description="Restarts of one infrastructure cause (OOMKilled, "
-        "Signal, NodeFailure, ...) tolerated within infrastructureRestartWindowMinutes before "
-        "the job fails (InfrastructureLoop). Waiting for capacity never counts.")
+        "Signal, NodeFailure, ...) within infrastructureRestartWindowMinutes that fail the job "
+        "(InfrastructureLoop): a loop, not bad luck. Waiting for capacity never counts.")
     infrastructure_restart_window_minutes: Annotated[int, OPERATOR_ONLY] = Field(
-        60, ge=1, le=10080, description="The window of maxInfrastructureRestarts.")
+        10, ge=1, le=10080, description="The window of maxInfrastructureRestarts.")
     terminating_timeout_seconds: Annotated[int, OPERATOR_ONLY] = Field(
         120, ge=0, le=86400, description="Pods still Terminating this long after their grace "
         "period ended are force-deleted (their node is usually gone).")

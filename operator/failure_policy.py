@@ -208,8 +208,8 @@ def bad_nodes(p: Pass) -> list[str]:
 
 
 def infrastructure_loop(p: Pass) -> bool:
-    """Fail the job when one infrastructure cause restarted it more than
-    maxInfrastructureRestarts times within infrastructureRestartWindowMinutes (an OOMKilled pod
+    """Fail the job when one infrastructure cause restarted it maxInfrastructureRestarts times
+    within infrastructureRestartWindowMinutes (an OOMKilled pod
     0, say, which would otherwise restart forever without spending the budget). Waiting for
     capacity is not a loop: it never counts."""
     ft = p.spec.fault_tolerance
@@ -228,11 +228,11 @@ def infrastructure_loop(p: Pass) -> bool:
             recent[cause] = kept
         else:
             del recent[cause]
-        if len(kept) > ft.max_infrastructure_restarts:
+        if len(kept) >= ft.max_infrastructure_restarts:
             last = [x.message for x in p.restarts if x.cause == cause]
             p.fail("InfrastructureLoop", f"{len(kept)} restarts caused by {cause} within "
-                   f"{ft.infrastructure_restart_window_minutes} min (more than "
-                   f"maxInfrastructureRestarts={ft.max_infrastructure_restarts})"
+                   f"{ft.infrastructure_restart_window_minutes} min "
+                   f"(maxInfrastructureRestarts={ft.max_infrastructure_restarts})"
                    + (f"; the last: {last[-1]}" if last else ""))
             return True
     return False

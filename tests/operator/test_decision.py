@@ -547,7 +547,7 @@ def test_image_errors_after_the_job_has_run_are_degraded_and_retried_not_termina
 
 
 def test_one_infrastructure_cause_looping_fails_the_job_and_capacity_waits_do_not_count():
-    job = dict(faultTolerance={"maxInfrastructureRestarts": 2,
+    job = dict(faultTolerance={"maxInfrastructureRestarts": 3,
                                "infrastructureRestartWindowMinutes": 10})
     h = m.spec_hash(b.spec(**job))
     status = running_status()
