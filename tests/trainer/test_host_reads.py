@@ -5,7 +5,8 @@ waits for all queued kernels: a few per step serialise the host with the device.
 counts those calls from Python on every rank of a real two-process run (gloo here, where they
 cost nothing, but the same calls are what would stall CUDA) and attributes them to steps by the
 loop's one `log_step` call per step. Reads inside torch's C++ code are not visible to it; those
-are torch's own, the same in any loop.
+are torch's own, the same in any loop. The CPU's foreach AdamW reads its step counts, CPU
+tensors there: those are left out, as on CUDA the trainer's fused AdamW keeps them on the GPU.
 """
 
 from __future__ import annotations
@@ -32,7 +33,12 @@ PROBE = textwrap.dedent("""
     for name in ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__"):
         real = getattr(torch.Tensor, name)
         def counting(self, *args, _real=real, _name=name, **kwargs):
-            reads.append(_name)
+            caller = sys._getframe(1).f_code
+            # The foreach AdamW used on the CPU reads each step count, a CPU tensor there;
+            # on CUDA the trainer's AdamW is fused and keeps them on the device.
+            if not (caller.co_name == "_get_value"
+                    and caller.co_filename.endswith("torch/optim/optimizer.py")):
+                reads.append(_name)
             return _real(self, *args, **kwargs)
         setattr(torch.Tensor, name, counting)
 
