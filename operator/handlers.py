@@ -29,6 +29,7 @@ import enum
 import functools
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -39,7 +40,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from crucible.operator import crd
 from crucible.operator import manifests as m
-from crucible.operator import metrics
+from crucible.operator import leader, metrics
 from crucible.operator.decision import Event, Outcome, decide
 from crucible.operator.kube import Applied, Kube
 from crucible.operator.observed import (ChildView, JobView, Observed, controller_uid, job_view,
@@ -60,6 +61,7 @@ class OperatorConfig:
     workers: int = 32
     metrics_port: int | None = 8080
     metrics_address: str = "0.0.0.0"
+    leader_election_namespace: str | None = None   # where the leader Lease lives; None: off
 
     @classmethod
     def from_env(cls) -> "OperatorConfig":
@@ -68,7 +70,8 @@ class OperatorConfig:
         return cls(interval_s=float(env.get("CRUCIBLE_OPERATOR_INTERVAL", "10")),
                    workers=int(env.get("CRUCIBLE_OPERATOR_WORKERS", "32")),
                    metrics_port=None if port == "off" else int(port),
-                   metrics_address=env.get("CRUCIBLE_OPERATOR_METRICS_ADDRESS", "0.0.0.0"))
+                   metrics_address=env.get("CRUCIBLE_OPERATOR_METRICS_ADDRESS", "0.0.0.0"),
+                   leader_election_namespace=env.get("CRUCIBLE_OPERATOR_LEADER_ELECTION") or None)
 
 
 def client_configuration() -> client.Configuration:
@@ -198,6 +201,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
     memo.kube = Kube(api_client(cfg.workers * FAN_OUT), fan_out=FAN_OUT)
     memo.executor = concurrent.futures.ThreadPoolExecutor(cfg.workers, "crucible-pass")
     memo.wakeups, memo.fences, memo.phases, memo.jobs, memo.conflicts = {}, {}, {}, {}, {}
+    # With leader election on, passes wait until this replica holds the leader Lease.
+    memo.leading = None
+    if cfg.leader_election_namespace:
+        memo.leading = threading.Event()
+        leader.start(api_client(1), cfg.leader_election_namespace, memo.leading)
     memo.metrics_server = None
     if cfg.metrics_port is not None:
         memo.metrics_server = metrics.serve(cfg.metrics_port, lambda: memo.phases,
@@ -362,6 +370,9 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
     loop = asyncio.get_running_loop()
     try:
         while not stopped:
+            if memo.leading is not None and not memo.leading.is_set():
+                await _sleep(wake, stopped, 1.0)  # a follower: watch, index, never act
+                continue
             wake.clear()
             nxt = await _one_pass(key, body, memo, indexes, logger)
             if nxt.after is After.STALE:  # wait for the watch; if it lags too long, read the job
@@ -389,3 +400,4 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
 
 
 logging.getLogger("kubernetes.client.rest").setLevel(logging.WARNING)
+logging.getLogger("leaderelection").setLevel(logging.WARNING)  # a line per retry otherwise

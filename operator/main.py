@@ -9,9 +9,9 @@ import. A namespace portion never wins over a real module, so the stdlib stays r
   crucible-operator crd                    the CRD YAML (manifests/crd/)
   crucible-operator rbac                   the operator's RBAC YAML (manifests/rbac/)
 
-Run exactly one replica (Deployment strategy Recreate): kopf's peering only pauses the
-lower-priority operators, it elects no leader (kopf's docs, "Peering"; docs/operator.md, "How it
-runs"), so the operator runs `--standalone`.
+One replica, or several with `--leader-election-namespace` (leader.py): only the holder of the
+leader Lease reconciles. kopf's peering only pauses lower-priority operators and elects no
+leader (kopf's docs, "Peering"), so the operator runs `--standalone` either way.
 """
 
 from __future__ import annotations
@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Prometheus /metrics port, or 'off' (default 8080)")
     run.add_argument("--liveness", metavar="URL", help="kopf liveness endpoint, e.g. "
                      "http://0.0.0.0:8081/healthz")
+    run.add_argument("--leader-election-namespace", metavar="NS",
+                     help="run as one of several replicas: only the holder of the Lease "
+                     "crucible-operator-leader in NS reconciles; the others take over within "
+                     "~12 s of its last renewal (default: off, a single replica)")
     run.add_argument("-v", "--verbose", action="store_true", help="log every API call kopf makes")
     sub.add_parser("crd", help="Print the PretrainJob CRD (generated from the spec models).")
     sub.add_parser("rbac", help="Print the operator's ServiceAccount and ClusterRole.")
@@ -60,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["CRUCIBLE_OPERATOR_INTERVAL"] = str(args.interval)
     os.environ["CRUCIBLE_OPERATOR_WORKERS"] = str(args.workers)
     os.environ["CRUCIBLE_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
+    os.environ["CRUCIBLE_OPERATOR_LEADER_ELECTION"] = args.leader_election_namespace or ""
 
     import kopf
 

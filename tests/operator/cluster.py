@@ -153,11 +153,12 @@ def operator_env(kubeconfig: Path, metrics_port: int | str = "off") -> dict:
             "CRUCIBLE_OPERATOR_METRICS_ADDRESS": "127.0.0.1"}
 
 
-def operator_process(kubeconfig: Path, namespace: str, log: Path) -> subprocess.Popen:
+def operator_process(kubeconfig: Path, namespace: str, log: Path,
+                     *extra_args: str) -> subprocess.Popen:
     """`crucible-operator run` as a real process (so it can be SIGKILLed mid-pass)."""
     env = {**os.environ, **operator_env(kubeconfig)}
     env.pop("PYTHONPATH", None)
     out = open(log, "ab")
     return subprocess.Popen([sys.executable, "-m", "crucible.operator.main", "run", "--namespace",
-                             namespace, "--interval", "2", "--metrics-port", "off"],
+                             namespace, "--interval", "2", "--metrics-port", "off", *extra_args],
                             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -89,7 +89,12 @@ def test_operator_deployment_defaults():
     docs = render()
     [deploy] = by_kind(docs, "Deployment")
     spec, pod = deploy["spec"], deploy["spec"]["template"]["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2 and spec["strategy"]["type"] == "RollingUpdate"
+    assert "--leader-election-namespace=crucible-system" in _operator(docs)["args"]
+    single = by_kind(render({"operator": {"replicas": 1}}), "Deployment")[0]["spec"]
+    assert single["replicas"] == 1 and single["strategy"] == {"type": "Recreate"}
+    assert not any(a.startswith("--leader-election") for a in
+                   single["template"]["spec"]["containers"][0]["args"])
     container = _operator(docs)
     assert container["image"] == "crucible-operator:0.1.0"
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -127,11 +132,15 @@ def test_non_default_values_render_every_optional_part():
     assert {res for rule in roles["ml-crucible-operator"]["rules"] for res in rule["resources"]} \
         == {"nodes", "namespaces", "customresourcedefinitions"}
     bindings = by_kind(docs, "RoleBinding")
-    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["ops", "team-a", "team-b"]
     for binding in bindings + by_kind(docs, "ClusterRoleBinding"):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ptj-operator",
                                         "namespace": "ops"}]
-    assert not by_kind(docs, "Role"), "the chart grants through the generated ClusterRoles only"
+    # Beyond the generated ClusterRoles, only the leader Lease, in the release's own namespace.
+    [leader_role] = by_kind(docs, "Role")
+    assert leader_role["metadata"]["namespace"] == "ops"
+    assert leader_role["rules"] == [{"apiGroups": ["coordination.k8s.io"],
+                                     "resources": ["leases"], "verbs": ["get", "create", "patch"]}]
 
     # Monitoring objects keep Crucible's own labels (honorLabels) and select the right things.
     [monitor] = by_kind(docs, "ServiceMonitor")
@@ -235,8 +244,12 @@ def test_helm_install_puts_the_operator_and_its_rbac_in_place(kube, release):
     apps, rbac_api = client.AppsV1Api(api), client.RbacAuthorizationV1Api(api)
     name = f"{release.name}-crucible-operator"
     deploy = apps.read_namespaced_deployment(name, release.namespace)
-    assert deploy.spec.replicas == 1 and deploy.spec.strategy.type == "Recreate"
-    assert deploy.status.available_replicas == 1  # helm --wait saw it Available (KWOK runs it)
+    assert deploy.spec.replicas == 2 and deploy.spec.strategy.type == "RollingUpdate"
+    assert deploy.status.available_replicas == 2  # helm --wait saw it Available (KWOK runs it)
+    assert f"--leader-election-namespace={release.namespace}" in \
+        deploy.spec.template.spec.containers[0].args
+    leader_role = rbac_api.read_namespaced_role(f"{name}-leader", release.namespace)
+    assert leader_role.rules[0].resources == ["leases"]  # watchNamespaces leaves it out
     assert deploy.spec.template.spec.service_account_name == release.operator_account
     assert deploy.spec.template.spec.containers[0].args[:2] == ["run",
                                                                f"--namespace={release.jobs_namespace}"]
