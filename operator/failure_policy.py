@@ -1,10 +1,12 @@
 """The failure policy: which failures restart the group, which replace one pod, which fail the job.
 
 Owns the checks of a running generation, in the order `restart_needed` applies them: spec drift,
-application failures (budget and crash-loop guard), infrastructure failures of pod 0 (the c10d
-store host, see manifests.py), pods that vanished, failed nodes (cordon, annotate, anti-affinity,
-force-delete after the grace), hangs from the progress Lease; then `replace_and_create` for
-single-pod replacement and creation, and `pending` for pods that cannot start. The rules are in
+application failures (budget and crash-loop guard; uncounted while the generation is short of
+capacity), infrastructure failures of pod 0 (the c10d store host, see manifests.py), pods that
+vanished, failed nodes (suspect within the grace; then cordon, annotate, anti-affinity,
+force-delete), hangs timed on the operator's clock; then `replace_and_create` for single-pod
+replacement and creation (pod 0 first), `infrastructure_loop` for one cause restarting too
+often, and `pending` for pods that cannot start. The rules are in
 decision.py's docstring and docs/operator.md; the classification itself is failures.py. Pure.
 """
 
@@ -209,12 +211,16 @@ def bad_nodes(p: Pass) -> list[str]:
 
 def infrastructure_loop(p: Pass) -> bool:
     """Fail the job when one infrastructure cause restarted it maxInfrastructureRestarts times
-    within infrastructureRestartWindowMinutes (an OOMKilled pod
-    0, say, which would otherwise restart forever without spending the budget). Waiting for
-    capacity is not a loop: it never counts."""
+    within infrastructureRestartWindowMinutes (an OOMKilled pod 0, say, which would otherwise
+    restart forever without spending the budget). Waiting for capacity is not a loop: it never
+    counts."""
     ft = p.spec.fault_tolerance
     window_s = ft.infrastructure_restart_window_minutes * 60
-    recent = p.track.get("infrastructureRestarts") or {}
+    recent: dict[str, list[str]] = {}
+    for cause, times in (p.track.get("infrastructureRestarts") or {}).items():
+        kept = [t for t in times if (p.now - parse_time(t)).total_seconds() < window_s]
+        if kept:
+            recent[cause] = kept
     for failure in p.restarts:
         if failure.kind == f.INFRASTRUCTURE and failure.cause != "InsufficientCapacity":
             recent.setdefault(failure.cause, []).append(format_time(p.now))
@@ -222,12 +228,7 @@ def infrastructure_loop(p: Pass) -> bool:
         p.track["infrastructureRestarts"] = recent
     else:
         p.track.pop("infrastructureRestarts", None)
-    for cause, times in list(recent.items()):
-        kept = [t for t in times if (p.now - parse_time(t)).total_seconds() < window_s]
-        if kept:
-            recent[cause] = kept
-        else:
-            del recent[cause]
+    for cause, kept in recent.items():
         if len(kept) >= ft.max_infrastructure_restarts:
             last = [x.message for x in p.restarts if x.cause == cause]
             p.fail("InfrastructureLoop", f"{len(kept)} restarts caused by {cause} within "
@@ -251,8 +252,8 @@ def _hang(p: Pass) -> bool:
     if p.phase != RUNNING:
         return False
     ft = p.spec.fault_tolerance
-    starts = [t for t in (c.true_since(p.conds, c.RUNNING), parse_time(p.track.get("lastDisruption")))
-              if t is not None]
+    starts = [t for t in (c.true_since(p.conds, c.RUNNING),
+                          parse_time(p.track.get("lastDisruption"))) if t is not None]
     started = max(starts) if starts else None
     stepped = parse_time(p.track.get("stepSeenAt"))
     if stepped is not None and (started is None or stepped > started):
