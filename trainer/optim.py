@@ -35,8 +35,9 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 def build_optimizer(model: torch.nn.Module, spec: TrainingSpec) -> torch.optim.AdamW:
     # Fused on CUDA: one kernel, and the step counts stay on the device (no host read). On the
-    # CPU, foreach: torch's fused CPU kernel made 2-process runs abort at exit now and then
-    # ("terminate called without an active exception": 2 of 28 runs, 0 of 30 with foreach).
+    # CPU, foreach, the kernel every CPU test ran for long: fused was tried there and dropped
+    # while a rare abort at process exit was chased (it turned out not to be the optimizer's;
+    # see commands/train.py).
     cuda = any(p.is_cuda for p in model.parameters())
     return torch.optim.AdamW(param_groups(model, spec.weight_decay), lr=spec.lr,
                              betas=(spec.beta1, spec.beta2), eps=spec.eps,
