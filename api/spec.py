@@ -364,6 +364,21 @@ class FaultToleranceSpec(Spec):
         "for nodes.min of them to gather. When fewer than nodes.min pods can be scheduled the "
         "survivors exit after it, and the operator restarts the group without counting it "
         "(InsufficientCapacity) until capacity returns.")
+    capacity_timeout_seconds: Annotated[int, OPERATOR_ONLY] = Field(
+        1800, ge=60, le=604800, description="How long a generation may stay short of capacity "
+        "(fewer than nodes.min pods schedulable) while holding the pods it did get. Then it "
+        "releases them, so that no other job waits on GPUs this one cannot use, and waits in "
+        "phase Waiting (never counted as a restart). Long by default: a Pending pod is what asks "
+        "a cluster autoscaler for a node.")
+    capacity_retry_seconds: Annotated[int, OPERATOR_ONLY] = Field(
+        300, ge=10, le=86400, description="After releasing its pods, how long the job waits "
+        "before trying again (doubled after each retry that is still short, up to 1 h; at once "
+        "when a schedulable node joins the cluster), and how long a retry may stay short before "
+        "it releases again.")
+    avoid_failed_nodes_minutes: Annotated[int, OPERATOR_ONLY] = Field(
+        10, ge=0, le=10080, description="How long this job keeps its pods off a node that "
+        "failed under it once the node is healthy again. A node the operator cordoned is "
+        "avoided until someone uncordons it, and trusted again at once when they do.")
     torchrun_max_restarts: int = Field(
         3, ge=0, le=1000, description="torchrun --max-restarts: worker failures torchrun restarts "
         "in place, inside the pod, before the pod fails and the operator steps in.")

@@ -41,6 +41,7 @@ from pydantic import ValidationError
 
 from crucible.api.progress import format_time, parse_time
 from crucible.api.spec import PretrainJobSpec, explain
+from crucible.operator import capacity
 from crucible.operator import conditions as c
 from crucible.operator import failure_policy as policy
 from crucible.operator import manifests as m
@@ -90,10 +91,12 @@ def _run(p: Pass):
     p.track["goodput"] = progress.advance(p.track.get("goodput", {}), p.obs.lease)
     current = {pod.index: pod for pod in p.obs.pods if pod.generation == p.gen}
     _stale(p)
-    if _succeeded(p, current):
+    if _succeeded(p, current) or capacity.held(p):
         return
     if policy.restart_needed(p, current):
         policy.infrastructure_loop(p)
+        return
+    if capacity.release_due(p, current):
         return
     policy.replace_and_create(p, current)
     if policy.infrastructure_loop(p) or policy.pending(p, current):
@@ -235,7 +238,7 @@ def _phase(p: Pass, current: dict[int, PodView]):
         p.track["everRunning"] = True
         p.cond(c.RUNNING, True, "PodsRunning", summary)
         p.cond(c.RESTARTING, False, "PodsRunning", summary)
-    elif policy.short_of_capacity(p, current):
+    elif capacity.short_of_capacity(p, current):
         p.status["phase"] = WAITING
         p.cond(c.RUNNING, False, "InsufficientCapacity", summary)
     else:

@@ -13,6 +13,7 @@ decision.py's docstring and docs/operator.md; the classification itself is failu
 from __future__ import annotations
 
 from crucible.api.progress import format_time, parse_time
+from crucible.operator import capacity
 from crucible.operator import conditions as c
 from crucible.operator import failures as f
 from crucible.operator import manifests as m
@@ -30,8 +31,14 @@ def restart_needed(p: Pass, current: dict[int, PodView]) -> bool:
            for pod in current.values()):
         p.bump("SpecChanged", "the spec changed what the pods run")
         return True
+    lost = _store_lost(p, current)
+    if lost is not None:
+        # Checked before anyone's exit code: without pod 0 the survivors lose the c10d store
+        # and exit 1, which is the store's loss, not the program failing.
+        p.bump(lost.cause, lost.message + "; it hosted the c10d store", lost)
+        return True
     fresh = [pod for pod in current.values() if pod.uid not in p.handled]
-    short = short_of_capacity(p, current)
+    short = capacity.short_of_capacity(p, current)
     for pod in fresh:
         failure = f.pod_failure(pod, ft)
         if failure and failure.counted and short:
@@ -44,21 +51,11 @@ def restart_needed(p: Pass, current: dict[int, PodView]) -> bool:
         if failure and failure.counted:
             _application_failure(p, failure)
             return True
-    for pod in fresh:
-        failure = f.pod_failure(pod, ft)
-        if failure is None and pod.deleting:
-            failure = f.deleted_failure(pod)
-        if failure and pod.index == 0:
-            p.bump(failure.cause, failure.message + "; it hosted the c10d store", failure)
-            return True
     for index, uid in (p.track.get("members") or {}).items():
         pod = current.get(int(index))
-        if (pod is None or pod.uid != uid) and uid not in p.handled:
+        if int(index) != 0 and (pod is None or pod.uid != uid) and uid not in p.handled:
             failure = f.vanished_failure(m.pod_name(p.job.name, p.gen, int(index)))
             p.mark_handled(uid)
-            if int(index) == 0:
-                p.bump(failure.cause, failure.message + "; it hosted the c10d store", failure)
-                return True
             p.count(failure)
             p.event("Warning", failure.cause, failure.message + "; replacing it")
     if _node_failures(p, current):
@@ -66,39 +63,33 @@ def restart_needed(p: Pass, current: dict[int, PodView]) -> bool:
     return _hang(p)
 
 
-def short_of_capacity(p: Pass, current: dict[int, PodView]) -> str | None:
-    """Why this generation has not been able to gather nodes.min pods, or None; remembered in
-    `tracking` from the first pass that sees the shortage until nodes.min pods run at once.
-    Remembered, not just observed: when the survivors exit, their nodes free up and the pod
-    that waited for one is scheduled at once, so the pass that sees the exits may see no
-    unschedulable pod any more."""
-    now = capacity_shortage(p, current)
-    if now:
-        p.track["capacityShort"] = {"generation": p.gen, "reason": now}
-        return now
-    remembered = p.track.get("capacityShort") or {}
-    if remembered.get("generation") != p.gen:
-        p.track.pop("capacityShort", None)
+def _store_lost(p: Pass, current: dict[int, PodView]) -> f.Failure | None:
+    """Why pod 0, the c10d store's host, is gone or going for a reason not the program's: it
+    failed for infrastructure (deleted, evicted, OOMKilled, a signal), vanished, or sits on a
+    node that has failed while another pod has already exited (the survivors do once the
+    store stops answering, long before the node's grace ends)."""
+    ft, pod = p.spec.fault_tolerance, current.get(0)
+    if pod is not None and pod.uid not in p.handled:
+        failure = f.pod_failure(pod, ft)
+        if failure is None and pod.deleting:
+            failure = f.deleted_failure(pod)
+        if failure is not None:
+            return None if failure.counted else failure
+    member = (p.track.get("members") or {}).get("0")
+    if (pod is None or pod.uid != member) and member and member not in p.handled:
+        p.mark_handled(member)
+        return f.vanished_failure(m.pod_name(p.job.name, p.gen, 0))
+    if pod is None or pod.uid in p.handled:
         return None
-    running = sum(1 for pod in current.values() if pod.phase == "Running" and not pod.deleting
-                  and not p.node_broken(pod.node))
-    if running >= p.spec.nodes.min:
-        p.track.pop("capacityShort", None)
-        return None
-    return remembered.get("reason")
-
-
-def capacity_shortage(p: Pass, current: dict[int, PodView]) -> str | None:
-    """Why the generation cannot gather nodes.min pods right now, or None: some pod of it is
-    unschedulable and fewer than nodes.min of them have a node (pod 0 not yet bound counts as
-    no capacity at all, since the others are created only once it is)."""
-    unschedulable = [pod for pod in current.values() if pod.unschedulable and not pod.node
-                     and not pod.deleting]
-    placed = sum(1 for pod in current.values() if pod.node)
-    if not unschedulable or placed >= p.spec.nodes.min:
-        return None
-    return (f"only {placed} of nodes.min={p.spec.nodes.min} pods can be scheduled "
-            f"({unschedulable[0].name}: {unschedulable[0].unschedulable})")
+    broken = p.node_broken(pod.node)
+    exited = [other for other in current.values() if other.index != 0
+              and other.uid not in p.handled and f.pod_failure(other, ft) is not None]
+    if broken is not None and exited and not pod.terminated:
+        # Restart without waiting out the grace; the node itself is judged only after it
+        # (a new pod 0 lands elsewhere anyway: the scheduler avoids a NotReady node).
+        return f.Failure("NodeFailure", f.INFRASTRUCTURE, f"{broken.message} under pod "
+                         f"{pod.name}, and {exited[0].name} exited without its store")
+    return None
 
 
 def _application_failure(p: Pass, failure: f.Failure):
@@ -161,10 +152,10 @@ def _node_failures(p: Pass, current: dict[int, PodView]) -> bool:
 
 def _quarantine(p: Pass, broken: f.NodeFailure, node):
     """Cordon and annotate a failed node once; remember it for this job's anti-affinity."""
-    bad = p.track.setdefault("badNodes", [])
-    if broken.node not in bad:
-        bad.append(broken.node)
-        del bad[:-MAX_BAD_NODES]
+    if broken.node not in [entry["node"] for entry in bad_entries(p.track)]:
+        bad = bad_entries(p.track) + [{"node": broken.node, "since": format_time(p.now),
+                                  "cordoned": bool(node and node.unschedulable)}]
+        p.track["badNodes"] = bad[-MAX_BAD_NODES:]
     if node is None:
         return
     this_job = f"{p.job.namespace}/{p.job.name}"
@@ -200,13 +191,35 @@ def _already_reported(node, broken: f.NodeFailure) -> bool:
 
 
 def bad_nodes(p: Pass) -> list[str]:
-    """Nodes this job keeps its pods off: those that failed under it, until they are healthy
-    and schedulable again (whoever repaired a node uncordons it; that lifts the ban)."""
-    bad = [name for name in p.track.get("badNodes", [])
-           if name not in p.obs.nodes or p.node_broken(name) or p.obs.nodes[name].unschedulable]
-    if bad != p.track.get("badNodes", []):
-        p.track["badNodes"] = bad
-    return bad
+    """Nodes this job keeps its pods off: those that failed under it, while they are broken or
+    cordoned. Once a node is healthy and schedulable again, one seen cordoned since its failure
+    is trusted at once (whoever repaired it uncordoned it); any other (not cordoned: the
+    cordon was off or rate-limited) only after avoidFailedNodesMinutes, so a node that flaps
+    on its own does not take the job's pods back at once."""
+    avoid_s = p.spec.fault_tolerance.avoid_failed_nodes_minutes * 60
+    kept = []
+    for entry in bad_entries(p.track):
+        name, since = entry["node"], parse_time(entry.get("since"))
+        node = p.obs.nodes.get(name)
+        entry = {**entry, "cordoned": entry.get("cordoned") or bool(node and node.unschedulable)}
+        expired = since is None or (p.now - since).total_seconds() >= avoid_s
+        if name not in p.obs.nodes:
+            kept.append(entry)                 # not known to the snapshot: keep avoiding it
+        elif node is None:
+            if not expired:                    # deleted; a node back under its name later
+                kept.append(entry)             # is a new machine
+        elif p.node_broken(name) or node.unschedulable or not (entry["cordoned"] or expired):
+            kept.append(entry)
+    if kept != p.track.get("badNodes", []):
+        p.track["badNodes"] = kept
+    return [entry["node"] for entry in kept]
+
+
+def bad_entries(track) -> list[dict]:
+    """`tracking.badNodes` as {node, since, cordoned} (a bare name is a status written before
+    entries had times: avoided until the node is healthy and schedulable)."""
+    return [entry if isinstance(entry, dict) else {"node": entry}
+            for entry in track.get("badNodes") or []]
 
 
 def infrastructure_loop(p: Pass) -> bool:
@@ -329,7 +342,7 @@ def pending(p: Pass, current: dict[int, PodView]) -> bool:
         waiting.append(problem)
     unschedulable = [w for w in waiting if w.reason == "Unschedulable"]
     placed = sum(1 for pod in current.values() if pod.node)
-    short = capacity_shortage(p, current)
+    short = capacity.capacity_shortage(p, current)
     if short:
         was = c.get(p.conds, c.PODS_SCHEDULED)
         if not was or was.get("reason") != "InsufficientCapacity":

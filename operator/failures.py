@@ -7,9 +7,10 @@ the process was killed by signal `code - 128` and are retryable: kubeflow/traine
 counting disruptions (`DisruptionTarget`) against `maxRestarts`
 (jobset/site/static/examples/failure-policy/host-maintenance-event-model.yaml):
 
-  infrastructure (retried, not counted): pod deleted, evicted or disrupted (preemption, taint
-      manager, Eviction API, node shutdown), OOMKilled, killed by a signal (exit >= 128), an exit
-      code the user listed in retryableExitCodes, a failed node;
+  infrastructure (retried, not counted): pod deleted (whatever it exited with once its deletion
+      was asked for), evicted or disrupted (preemption, taint manager, Eviction API, node
+      shutdown), OOMKilled, killed by a signal (exit >= 128), an exit code the user listed in
+      retryableExitCodes, a failed node;
   application (counted against faultTolerance.maxRestarts): exit codes 1-127, and hangs.
 
 Pure functions of the records in `observed.py` and the job spec; "now" is a parameter.
@@ -60,6 +61,11 @@ def pod_failure(pod: PodView, ft: FaultToleranceSpec) -> Failure | None:
     if pod.terminated_reason == "OOMKilled":
         return Failure("OOMKilled", INFRASTRUCTURE, f"{where} ran out of memory (OOMKilled)")
     code = pod.exit_code
+    if pod.ended_by_deletion:
+        # torchrun turns the kubelet's SIGTERM into an exception and exits 1, which would
+        # otherwise read as the program failing (torch.distributed.elastic SignalException).
+        return Failure("PodDeleted", INFRASTRUCTURE, f"{where} was deleted" + (
+            f" (its exit code {code} is torchrun's answer to SIGTERM)" if code else ""))
     if code is None:
         return Failure("PodFailed", INFRASTRUCTURE,
                        f"{where} failed without an exit code ({pod.reason or 'no reason given'})")

@@ -16,7 +16,9 @@ than its own last write (the watch may lag the patch by a few milliseconds).
 
 Configuration comes from the environment (set by `crucible-operator run`, or by tests before
 `KopfRunner`): CRUCIBLE_OPERATOR_INTERVAL (s, default 10), CRUCIBLE_OPERATOR_WORKERS (32),
-CRUCIBLE_OPERATOR_METRICS_PORT (8080; "off" disables), CRUCIBLE_OPERATOR_METRICS_ADDRESS.
+CRUCIBLE_OPERATOR_METRICS_PORT (8080; "off" disables), CRUCIBLE_OPERATOR_METRICS_ADDRESS,
+CRUCIBLE_OPERATOR_LEADER_ELECTION (a namespace; empty: off),
+CRUCIBLE_OPERATOR_MAX_CORDONS_PER_MINUTE (6; 0: never cordon).
 Must not import torch.
 """
 
@@ -31,7 +33,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import kopf
 from kubernetes import client, config
@@ -42,9 +44,10 @@ from crucible.operator import crd
 from crucible.operator import manifests as m
 from crucible.operator import leader, metrics
 from crucible.operator.decision import Event, Outcome, decide
+from crucible.operator.failure_policy import bad_entries
 from crucible.operator.kube import Applied, Kube
-from crucible.operator.observed import (ChildView, JobView, Observed, controller_uid, job_view,
-                                        lease_view, node_view, pod_view)
+from crucible.operator.observed import (ChildView, JobView, NodeView, Observed, controller_uid,
+                                        job_view, lease_view, node_view, pod_view)
 
 FINALIZER = "crucible.dev/operator"   # kopf's: stops the daemon before the job goes
 WRITES = "writes"                     # status.tracking.writes: the fence counter
@@ -62,6 +65,7 @@ class OperatorConfig:
     metrics_port: int | None = 8080
     metrics_address: str = "0.0.0.0"
     leader_election_namespace: str | None = None   # where the leader Lease lives; None: off
+    max_cordons_per_minute: int = 6                # across all jobs (kube.CordonLimit)
 
     @classmethod
     def from_env(cls) -> "OperatorConfig":
@@ -71,7 +75,9 @@ class OperatorConfig:
                    workers=int(env.get("CRUCIBLE_OPERATOR_WORKERS", "32")),
                    metrics_port=None if port == "off" else int(port),
                    metrics_address=env.get("CRUCIBLE_OPERATOR_METRICS_ADDRESS", "0.0.0.0"),
-                   leader_election_namespace=env.get("CRUCIBLE_OPERATOR_LEADER_ELECTION") or None)
+                   leader_election_namespace=env.get("CRUCIBLE_OPERATOR_LEADER_ELECTION") or None,
+                   max_cordons_per_minute=int(env.get("CRUCIBLE_OPERATOR_MAX_CORDONS_PER_MINUTE",
+                                                      "6")))
 
 
 def client_configuration() -> client.Configuration:
@@ -134,6 +140,11 @@ async def leases_by_job(namespace, labels, body, meta, memo, **_):
     return {(namespace, labels[m.LABEL_JOB]): (controller_uid(meta), lease_view(body))}
 
 
+def schedulable_node(view: NodeView) -> bool:
+    ready = view.condition("Ready")
+    return ready is not None and ready.status == "True" and not view.unschedulable
+
+
 @kopf.index("v1", "nodes")
 async def nodes_by_name(name, body, memo, **_):
     view = node_view(body)
@@ -141,6 +152,9 @@ async def nodes_by_name(name, body, memo, **_):
     if ready is not None and ready.status != "True":  # a failing node: every job takes a look
         for event in memo.wakeups.values():
             event.set()
+    elif schedulable_node(view):      # capacity, perhaps: the jobs waiting for it take a look
+        for key in memo.waiting:
+            _wake(memo, key)
     return {name: view}
 
 
@@ -156,19 +170,23 @@ for _kind, (_group, _plural) in CHILD_KINDS:
 
 
 def snapshot(key: tuple[str, str], indexes: dict,
-             conflicts: frozenset[tuple[str, str]] = frozenset()) -> Observed:
-    """The job's world from the indexes (event loop only: indexes change between awaits), and
-    the name conflicts the last pass's creates met (`conflicts`)."""
+             conflicts: frozenset[tuple[str, str]] = frozenset(),
+             also_nodes: tuple[str, ...] = ()) -> Observed:
+    """The job's world from the indexes (event loop only: indexes change between awaits): its
+    pods' nodes and `also_nodes` (those it avoids), the cluster's count of schedulable nodes,
+    and the name conflicts the last pass's creates met (`conflicts`)."""
     pods = tuple(indexes["pods_by_job"].get(key, ()))
     node_index = indexes["nodes_by_name"]
     nodes = {}
-    for pod in pods:
-        if pod.node and pod.node not in nodes:
-            store = node_index.get(pod.node)
+    for name in [pod.node for pod in pods if pod.node] + list(also_nodes):
+        if name not in nodes:
+            store = node_index.get(name)
             if store:
-                nodes[pod.node] = next(iter(store))
+                nodes[name] = next(iter(store))
             elif len(node_index):          # a filled index without it: the node is gone
-                nodes[pod.node] = None
+                nodes[name] = None
+    schedulable = sum(1 for store in node_index.values() for view in store
+                      if schedulable_node(view)) if len(node_index) else None
     children = {view for _, (_, plural) in CHILD_KINDS
                 for view in indexes[f"children_{plural}"].get(key, ())}
     leases = indexes["leases_by_job"].get(key)
@@ -176,7 +194,7 @@ def snapshot(key: tuple[str, str], indexes: dict,
     if lease is not None:
         children.add(ChildView("Lease", m.progress_lease_name(key[1]), owner_uid=owner))
     return Observed(pods=pods, nodes=nodes, children=frozenset(children), lease=lease,
-                    conflicts=conflicts)
+                    conflicts=conflicts, schedulable_nodes=schedulable)
 
 
 # --- lifecycle -------------------------------------------------------------------------------
@@ -198,9 +216,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
     for group, plural in SELECTED:  # server-side: only what the operator made
         settings.watching.label_selectors[group, plural] = m.LABEL_JOB
     memo.config = cfg
-    memo.kube = Kube(api_client(cfg.workers * FAN_OUT), fan_out=FAN_OUT)
+    memo.kube = Kube(api_client(cfg.workers * FAN_OUT), fan_out=FAN_OUT,
+                     cordons_per_minute=cfg.max_cordons_per_minute)
     memo.executor = concurrent.futures.ThreadPoolExecutor(cfg.workers, "crucible-pass")
     memo.wakeups, memo.fences, memo.phases, memo.jobs, memo.conflicts = {}, {}, {}, {}, {}
+    memo.waiting = set()   # (namespace, name) of jobs in phase Waiting: a node event wakes them
     # With leader election on, passes wait until this replica holds the leader Lease.
     memo.leading = None
     if cfg.leader_election_namespace:
@@ -285,6 +305,8 @@ def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime,
     metrics.RECONCILE_QUEUE_SECONDS.observe(started - queued)
     outcome = decide(job, obs, now)
     applied = kube.apply(job, outcome)
+    if applied.cordons_limited:
+        outcome = not_cordoned(outcome, applied.cordons_limited, kube.cordons.per_minute)
     written = None
     if _comparable(outcome.status) != _comparable(job.status):
         status = dict(outcome.status)
@@ -305,6 +327,19 @@ def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime,
     return PassResult(outcome, applied, written, tuple(events))
 
 
+def not_cordoned(outcome: Outcome, nodes: list[str], per_minute: int) -> Outcome:
+    """The outcome as the cordon limit left it: those nodes annotated, not cordoned."""
+    status = dict(outcome.status)
+    status["cordonedNodes"] = [n for n in status.get("cordonedNodes") or [] if n not in nodes]
+    if not status["cordonedNodes"]:
+        del status["cordonedNodes"]
+    events = outcome.events + tuple(Event(
+        "Warning", "CordonRateLimited", f"node {node} failed under this job but was not "
+        f"cordoned: the operator's limit of {per_minute} cordons per minute is reached (many "
+        "nodes failing at once); it is annotated and this job keeps off it") for node in nodes)
+    return replace(outcome, status=status, events=events)
+
+
 def _log(logger, applied: Applied, events: tuple[Event, ...]):
     # kopf's object logger prefixes each line with [namespace/name].
     for event in events:
@@ -323,7 +358,8 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -
     fence = memo.fences.get(job.uid, 0)
     if fenced and int((job.status.get("tracking") or {}).get(WRITES, 0)) < fence:
         return NextPass(After.STALE, 0.1)
-    obs = snapshot(key, indexes, memo.conflicts.get(job.uid, frozenset()))
+    avoided = tuple(entry["node"] for entry in bad_entries(job.status.get("tracking") or {}))
+    obs = snapshot(key, indexes, memo.conflicts.get(job.uid, frozenset()), avoided)
     now = dt.datetime.now(dt.timezone.utc)
     loop = asyncio.get_running_loop()
     try:
@@ -341,6 +377,10 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -
     if result.written is not None:
         memo.fences[job.uid] = result.written
     memo.phases[job.uid] = outcome.status.get("phase", "Pending")
+    if memo.phases[job.uid] == "Waiting":
+        memo.waiting.add(key)
+    else:
+        memo.waiting.discard(key)
     memo.jobs[job.uid] = metrics.JobRecord(job.namespace, job.name, outcome.status,
                                            metrics.checkpoint_interval_s(job.spec))
     for failure in outcome.restarts:
@@ -397,6 +437,7 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
         memo.phases.pop(uid, None)
         memo.jobs.pop(uid, None)
         memo.conflicts.pop(uid, None)
+        memo.waiting.discard(key)
 
 
 logging.getLogger("kubernetes.client.rest").setLevel(logging.WARNING)

@@ -17,15 +17,18 @@ import concurrent.futures
 import datetime as dt
 import hashlib
 import logging
+import collections
 import socket
 import threading
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from crucible.api.progress import format_time
 from crucible.operator import crd, metrics
+from crucible.api.names import PREFIX
 from crucible.operator.decision import Action, Event, Outcome
 from crucible.operator.observed import JobView
 
@@ -40,6 +43,42 @@ class Applied:
     # (kind, name) of children that exist under another owner (a 409 on create, and not ours)
     conflicts: list[tuple[str, str]] = field(default_factory=list)
     transient: list[str] = field(default_factory=list)   # 5xx, 429, timeouts, connection errors
+    cordons_limited: list[str] = field(default_factory=list)  # nodes annotated, not cordoned
+
+
+class CordonLimit:
+    """At most `per_minute` cordons in any 60 s, across every job this operator serves (0: it
+    never cordons). Past the limit a failed node is still annotated, and its job still keeps
+    its pods off it, but the node stays schedulable for everyone else: many nodes failing at
+    once is more likely the network, or the operator's view of the cluster, than the nodes,
+    and cordoning them all would empty the pool (kube-controller-manager slows its own
+    evictions for the same reason: --node-eviction-rate, --unhealthy-zone-threshold). Kept in
+    memory, across threads: a new leader starts a fresh window."""
+
+    def __init__(self, per_minute: int, clock=time.monotonic):
+        self.per_minute, self.clock = per_minute, clock
+        self._taken: collections.deque[float] = collections.deque()
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            now = self.clock()
+            while self._taken and now - self._taken[0] >= 60:
+                self._taken.popleft()
+            if len(self._taken) >= self.per_minute:
+                return False
+            self._taken.append(now)
+            return True
+
+
+def annotate_only(action: Action, per_minute: int) -> Action:
+    """A cordon patch turned into a report: the annotations without `spec.unschedulable`."""
+    annotations = {k: v for k, v in action.body["metadata"]["annotations"].items()
+                   if k != f"{PREFIX}cordoned-by"}
+    annotations[f"{PREFIX}cordon-skipped"] = (f"the operator's limit of {per_minute} cordons "
+                                              "per minute was reached")
+    return replace(action, body={"metadata": {"annotations": annotations}},
+                   reason="CordonRateLimited")
 
 
 class NameConflict(Exception):
@@ -58,9 +97,10 @@ def event_name(job: str, uid: str, event: Event) -> str:
 
 
 class Kube:
-    def __init__(self, api: client.ApiClient, fan_out: int = 8):
+    def __init__(self, api: client.ApiClient, fan_out: int = 8, cordons_per_minute: int = 6):
         self.api = api
         self.fan_out = fan_out  # concurrent calls per pass
+        self.cordons = CordonLimit(cordons_per_minute)
         self.events = concurrent.futures.ThreadPoolExecutor(2, "crucible-events")
         self.core = client.CoreV1Api(api)
         self.coordination = client.CoordinationV1Api(api)
@@ -138,9 +178,16 @@ class Kube:
         Role a binding names, and pod admission needs the ServiceAccount to exist (a pod waits
         for its ConfigMap on its own). A large job's start or restart is two round trips."""
         out = Applied()
+        actions = []
+        for action in outcome.actions:
+            if (action.verb == "patch_node" and (action.body.get("spec") or {}).get("unschedulable")
+                    and not self.cordons.take()):
+                action = annotate_only(action, self.cordons.per_minute)
+                out.cordons_limited.append(action.name)
+            actions.append(action)
         later = ("RoleBinding", "Pod")
-        waves = [[a for a in outcome.actions if a.kind not in later],
-                 [a for a in outcome.actions if a.kind in later]]
+        waves = [[a for a in actions if a.kind not in later],
+                 [a for a in actions if a.kind in later]]
         for batch in waves:
             if out.conflicts:  # a child is someone else's (the Service: their DNS): no pods
                 batch = [a for a in batch if a.kind != "Pod"]

@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run as one of several replicas: only the holder of the Lease "
                      "crucible-operator-leader in NS reconciles; the others take over within "
                      "~12 s of its last renewal (default: off, a single replica)")
+    run.add_argument("--max-cordons-per-minute", type=int, default=6, metavar="N",
+                     help="cordon at most N failed nodes a minute across all jobs; past it a "
+                     "failed node is annotated and avoided by its job but left schedulable "
+                     "(many nodes failing at once is rarely the nodes). 0: never cordon "
+                     "(default 6)")
     run.add_argument("-v", "--verbose", action="store_true", help="log every API call kopf makes")
     sub.add_parser("crd", help="Print the PretrainJob CRD (generated from the spec models).")
     sub.add_parser("rbac", help="Print the operator's ServiceAccount and ClusterRole.")
@@ -58,13 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.interval <= 0 or args.workers < 1:
-        print("crucible-operator run: --interval must be > 0 and --workers >= 1", file=sys.stderr)
+    if args.interval <= 0 or args.workers < 1 or args.max_cordons_per_minute < 0:
+        print("crucible-operator run: --interval must be > 0, --workers >= 1 and "
+              "--max-cordons-per-minute >= 0", file=sys.stderr)
         return 2
     os.environ["CRUCIBLE_OPERATOR_INTERVAL"] = str(args.interval)
     os.environ["CRUCIBLE_OPERATOR_WORKERS"] = str(args.workers)
     os.environ["CRUCIBLE_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
     os.environ["CRUCIBLE_OPERATOR_LEADER_ELECTION"] = args.leader_election_namespace or ""
+    os.environ["CRUCIBLE_OPERATOR_MAX_CORDONS_PER_MINUTE"] = str(args.max_cordons_per_minute)
 
     import kopf
 

@@ -38,6 +38,8 @@ class PodView:
     node: str | None
     created: dt.datetime | None
     deletion: dt.datetime | None = None  # deletionTimestamp: end of the grace period
+    deletion_grace_s: int | None = None  # deletionGracePeriodSeconds: deletion - grace = request
+    finished: dt.datetime | None = None  # the trainer container's finishedAt, once terminated
     spec_hash: str | None = None
     exit_code: int | None = None        # the trainer container's, once terminated
     terminated_reason: str | None = None  # OOMKilled, Error, Completed, ...
@@ -58,6 +60,18 @@ class PodView:
     def terminated(self) -> bool:
         return self.phase in ("Succeeded", "Failed")
 
+    @property
+    def ended_by_deletion(self) -> bool:
+        """Its container ended after someone asked to delete it: the exit is the kubelet's
+        SIGTERM (torchrun answers one with exit 1), whatever the code says. One that ended
+        before the request (a crash, then a person cleaning up) is judged by its exit."""
+        if self.deletion is None:
+            return False
+        if self.finished is None or self.deletion_grace_s is None:
+            return True
+        requested = self.deletion - dt.timedelta(seconds=self.deletion_grace_s)
+        return self.finished >= requested
+
 
 def pod_view(body: Mapping) -> PodView:
     meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
@@ -65,7 +79,7 @@ def pod_view(body: Mapping) -> PodView:
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
     disruption = conditions.get("DisruptionTarget", {})
     scheduled = conditions.get("PodScheduled", {})
-    exit_code = terminated_reason = terminated_message = None
+    exit_code = terminated_reason = terminated_message = finished = None
     waiting_reason = waiting_message = None
     for cs in status.get("containerStatuses") or []:
         if cs.get("name") != m.CONTAINER:
@@ -75,6 +89,7 @@ def pod_view(body: Mapping) -> PodView:
             term = state["terminated"]
             exit_code, terminated_reason = _int(term.get("exitCode")), term.get("reason")
             terminated_message = term.get("message")
+            finished = parse_time(term.get("finishedAt"))
         elif state.get("waiting"):
             waiting = state["waiting"]
             waiting_reason, waiting_message = waiting.get("reason"), waiting.get("message")
@@ -84,6 +99,7 @@ def pod_view(body: Mapping) -> PodView:
         phase=status.get("phase") or "Pending", node=spec.get("nodeName"),
         created=parse_time(meta.get("creationTimestamp")),
         deletion=parse_time(meta.get("deletionTimestamp")),
+        deletion_grace_s=_int(meta.get("deletionGracePeriodSeconds")), finished=finished,
         spec_hash=(meta.get("annotations") or {}).get(m.ANNOTATION_SPEC_HASH),
         exit_code=exit_code, terminated_reason=terminated_reason,
         terminated_message=terminated_message,
@@ -190,6 +206,9 @@ class Observed:
     # (kind, name) of children the last pass could not create: they exist under another owner,
     # with none of this job's labels, so no index shows them (kube.py finds them on a 409).
     conflicts: frozenset[tuple[str, str]] = frozenset()
+    # Ready, schedulable nodes in the cluster (None: not known). A job that released its pods
+    # for want of capacity tries again as soon as this grows.
+    schedulable_nodes: int | None = None
 
     def has_child(self, kind: str, name: str) -> bool:
         return any(c.kind == kind and c.name == name for c in self.children)

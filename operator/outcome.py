@@ -125,6 +125,16 @@ class Pass:
     # -- outcomes -----------------------------------------------------------------------------
     def bump(self, reason: str, message: str, failure: f.Failure | None = None):
         """Restart the group: new generation now, pod actions on the next pass."""
+        self.new_generation(failure)
+        self.status["phase"] = RESTARTING if self.track.get("everRunning") else PENDING
+        self.cond(c.RESTARTING, True, reason, message)
+        self.cond(c.RUNNING, False, reason, message)
+        self.event("Warning" if failure else "Normal", reason,
+                   f"{message}; restarting the group as generation {self.gen}")
+        self.requeue = True
+
+    def new_generation(self, failure: f.Failure | None = None):
+        """The current pods become stale (the next pass deletes them), counted or not."""
         self.gen += 1
         self.status["podGeneration"] = self.gen
         if failure is not None:
@@ -132,12 +142,6 @@ class Pass:
         else:
             self.lose_work()
         self.track["members"] = {}
-        self.status["phase"] = RESTARTING if self.track.get("everRunning") else PENDING
-        self.cond(c.RESTARTING, True, reason, message)
-        self.cond(c.RUNNING, False, reason, message)
-        self.event("Warning" if failure else "Normal", reason,
-                   f"{message}; restarting the group as generation {self.gen}")
-        self.requeue = True
 
     def fail(self, reason: str, message: str):
         self.status["phase"] = FAILED

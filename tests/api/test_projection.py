@@ -35,6 +35,8 @@ OPERATOR_ONLY_PATHS = {
     "faultTolerance.nodeFailureConditions", "faultTolerance.pendingTimeoutSeconds",
     "faultTolerance.terminatingTimeoutSeconds", "faultTolerance.maxInfrastructureRestarts",
     "faultTolerance.infrastructureRestartWindowMinutes", "faultTolerance.startupTimeoutSeconds",
+    "faultTolerance.capacityTimeoutSeconds", "faultTolerance.capacityRetrySeconds",
+    "faultTolerance.avoidFailedNodesMinutes",
 }
 # A valid new value for each, to change it with.
 OPERATOR_ONLY_EDITS = {
@@ -47,6 +49,8 @@ OPERATOR_ONLY_EDITS = {
     "faultTolerance.maxInfrastructureRestarts": 3,
     "faultTolerance.infrastructureRestartWindowMinutes": 10,
     "faultTolerance.startupTimeoutSeconds": 900,
+    "faultTolerance.capacityTimeoutSeconds": 600, "faultTolerance.capacityRetrySeconds": 60,
+    "faultTolerance.avoidFailedNodesMinutes": 30,
 }
 POD_FACING_EDITS = {
     "training.lr": 1e-3, "image": "registry.example/crucible-trainer:0.2",

@@ -63,7 +63,7 @@ def pod_body(gen: int, index: int, *, phase: str = "Running", node: str | None =
              terminated_reason: str | None = None, deletion: float | None = None,
              disruption: str | None = None, unschedulable: str | None = None,
              waiting: str | None = None, created: float = 0, spec_hash: str | None = "same",
-             owner: str | None = UID):
+             owner: str | None = UID, finished: float | None = None, grace: int | None = None):
     name = m.pod_name(JOB, gen, index)
     body = {"metadata": {"name": name, "namespace": NS, "uid": uid or f"uid-{name}",
                          "creationTimestamp": ts(created),
@@ -75,6 +75,8 @@ def pod_body(gen: int, index: int, *, phase: str = "Running", node: str | None =
             "status": {"phase": phase, "conditions": []}}
     if deletion is not None:
         body["metadata"]["deletionTimestamp"] = ts(deletion)
+        if grace is not None:
+            body["metadata"]["deletionGracePeriodSeconds"] = grace
     status = body["status"]
     if reason:
         status["reason"] = reason
@@ -86,7 +88,8 @@ def pod_body(gen: int, index: int, *, phase: str = "Running", node: str | None =
                                      "reason": "Unschedulable", "message": unschedulable})
     if exit_code is not None:
         status["containerStatuses"] = [{"name": m.CONTAINER, "state": {"terminated": {
-            "exitCode": exit_code, "reason": terminated_reason or "Error"}}}]
+            "exitCode": exit_code, "reason": terminated_reason or "Error",
+            **({"finishedAt": ts(finished)} if finished is not None else {})}}}]
     elif waiting:
         status["containerStatuses"] = [{"name": m.CONTAINER, "state": {"waiting": {
             "reason": waiting, "message": f"{waiting} for the image"}}}]
@@ -138,7 +141,8 @@ def lease(step: int | None = None, step_time: float | None = None, *, loss: floa
     return lease_view({"metadata": {"annotations": report.to_annotations()}, "spec": {}})
 
 
-def observed(pods=(), nodes=None, lease_view_=None, children=None) -> Observed:
+def observed(pods=(), nodes=None, lease_view_=None, children=None,
+             schedulable_nodes: int | None = None) -> Observed:
     if children is None:
         s = spec()
         children = frozenset(
@@ -146,4 +150,4 @@ def observed(pods=(), nodes=None, lease_view_=None, children=None) -> Observed:
                       m.data_digest(c["data"]) if c["kind"] == "ConfigMap" else None, UID)
             for c in m.static_children(JOB, NS, UID, s))
     return Observed(pods=tuple(pods), nodes=nodes if nodes is not None else healthy_nodes(),
-                    children=children, lease=lease_view_)
+                    children=children, lease=lease_view_, schedulable_nodes=schedulable_nodes)

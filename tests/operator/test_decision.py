@@ -267,7 +267,7 @@ def test_a_failed_node_is_suspect_for_the_grace_then_cordoned_and_its_pod_replac
     assert ann["crucible.dev/failure-job"] == "team-a/gpt"
     assert after.status["cordonedNodes"] == ["gpu-node-2"]
     assert acts(after, "force_delete") == [("force_delete", "Pod", "gpt-0-2")]
-    assert after.status["tracking"]["badNodes"] == ["gpu-node-2"]
+    assert [e["node"] for e in after.status["tracking"]["badNodes"]] == ["gpu-node-2"]
 
 
 def test_a_node_back_within_the_grace_is_never_cordoned():

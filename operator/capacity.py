@@ -1,0 +1,135 @@
+"""Capacity: a generation that cannot gather nodes.min pods, and a job that waits for GPUs.
+
+Owns the one question a full pool asks: is this generation short of capacity (fewer than
+nodes.min pods can be scheduled), and if it stays so, when does the job let go of what it holds?
+
+A gang that holds some GPUs while it waits for the rest blocks every other job that could use
+them, and two such jobs can wait on each other forever (the partial-gang deadlock that Volcano's
+and Kueue's all-or-nothing admission exist to prevent). So a generation short of capacity for
+`capacityTimeoutSeconds` releases its pods: phase Waiting, no pods, a retry after
+`capacityRetrySeconds`, doubled after each retry that is still short (up to `RETRY_CAP_S`), and
+at once when the cluster gains a Ready, schedulable node. A retry that is short again releases
+after `capacityRetrySeconds`. The timeout is long by default because a Pending pod is also what
+asks a cluster autoscaler for a node: releasing too early withdraws the request. None of this
+counts as a restart of either kind. State lives in `status.tracking`; pure.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import zlib
+
+from crucible.api.progress import format_time, parse_time
+from crucible.operator import conditions as c
+from crucible.operator.observed import PodView
+from crucible.operator.outcome import WAITING, Pass
+
+RETRY_CAP_S = 3600       # the longest wait between retries
+JITTER = 0.25            # up to +25%, fixed per job: jobs released together retry apart
+
+
+def short_of_capacity(p: Pass, current: dict[int, PodView]) -> str | None:
+    """Why this generation has not been able to gather nodes.min pods, or None; remembered in
+    `tracking` from the first pass that sees the shortage until nodes.min pods run at once.
+    Remembered, not just observed: when the survivors exit, their nodes free up and the pod
+    that waited for one is scheduled at once, so the pass that sees the exits may see no
+    unschedulable pod any more."""
+    running = sum(1 for pod in current.values() if pod.phase == "Running" and not pod.deleting
+                  and not p.node_broken(pod.node))
+    if running >= p.spec.nodes.min:
+        for key in ("capacityShort", "capacityWaitSince", "capacityRetries"):
+            p.track.pop(key, None)
+        return None
+    now = capacity_shortage(p, current)
+    if now:
+        p.track["capacityShort"] = {"generation": p.gen, "reason": now}
+        p.track.setdefault("capacityWaitSince", format_time(p.now))
+        return now
+    remembered = p.track.get("capacityShort") or {}
+    if remembered.get("generation") != p.gen:
+        p.track.pop("capacityShort", None)
+        return None
+    return remembered.get("reason")
+
+
+def capacity_shortage(p: Pass, current: dict[int, PodView]) -> str | None:
+    """Why the generation cannot gather nodes.min pods right now, or None: some pod of it is
+    unschedulable and fewer than nodes.min of them have a node (pod 0 not yet bound counts as
+    no capacity at all, since the others are created only once it is)."""
+    unschedulable = [pod for pod in current.values() if pod.unschedulable and not pod.node
+                     and not pod.deleting]
+    placed = sum(1 for pod in current.values() if pod.node)
+    if not unschedulable or placed >= p.spec.nodes.min:
+        return None
+    return (f"only {placed} of nodes.min={p.spec.nodes.min} pods can be scheduled "
+            f"({unschedulable[0].name}: {unschedulable[0].unschedulable})")
+
+
+def retry_delay_s(base_s: float, releases: int, uid: str) -> float:
+    """The wait after the `releases`-th release (1, 2, ...): base, doubled each time, capped,
+    plus a jitter fixed by the job's UID (deterministic, so a replayed pass decides the same)."""
+    spread = 1 + JITTER * (zlib.crc32(uid.encode()) % 1000) / 1000
+    return min(base_s * 2 ** (releases - 1), RETRY_CAP_S) * spread
+
+
+def release_due(p: Pass, current: dict[int, PodView]) -> bool:
+    """Release the generation's pods when it has been short of capacity for its window: the
+    first time `capacityTimeoutSeconds`, on a retry `capacityRetrySeconds`. True if it did."""
+    short = short_of_capacity(p, current)
+    since = parse_time(p.track.get("capacityWaitSince"))
+    if not short or since is None:
+        return False
+    ft = p.spec.fault_tolerance
+    releases = int(p.track.get("capacityRetries", 0))
+    window = ft.capacity_retry_seconds if releases else ft.capacity_timeout_seconds
+    waited = (p.now - since).total_seconds()
+    if waited < window:
+        p.wake(window - waited)
+        return False
+    releases += 1
+    until = p.now + dt.timedelta(seconds=retry_delay_s(ft.capacity_retry_seconds, releases,
+                                                       p.job.uid))
+    held = sum(1 for pod in current.values() if not pod.terminated)
+    message = (f"{short} for {waited:.0f}s: released the {held} pod(s) it held; trying again "
+               f"at {format_time(until)}, or as soon as a node joins")
+    p.new_generation()  # the old pods are stale now: the next pass deletes them
+    p.track["capacityRetries"] = releases
+    p.track["capacityHold"] = {"since": format_time(p.now), "until": format_time(until),
+                               "schedulableNodes": p.obs.schedulable_nodes, "reason": short}
+    p.track.pop("capacityWaitSince", None)
+    p.event("Warning", "CapacityReleased", message)
+    _waiting(p, message)
+    p.requeue = True
+    return True
+
+
+def held(p: Pass) -> bool:
+    """While the job has released its pods: True (the pass creates nothing) until the retry is
+    due or the cluster has more Ready, schedulable nodes than when it let go."""
+    hold = p.track.get("capacityHold")
+    if not hold:
+        return False
+    until, before, now_nodes = (parse_time(hold.get("until")), hold.get("schedulableNodes"),
+                                p.obs.schedulable_nodes)
+    grew = before is not None and now_nodes is not None and now_nodes > before
+    if until is None or p.now >= until or grew:
+        p.track.pop("capacityHold")
+        p.track["capacityWaitSince"] = format_time(p.now)  # the retry's own window starts
+        p.event("Normal", "CapacityRetry", "trying again for capacity: " + (
+            f"{now_nodes - before} more schedulable node(s) than when the job let go" if grew
+            else "the wait is over"))
+        return False
+    _waiting(p, f"released its pods ({hold.get('reason')}); trying again at "
+             f"{hold.get('until')}, or as soon as a node joins")
+    p.wake((until - p.now).total_seconds())
+    return True
+
+
+def _waiting(p: Pass, message: str) -> None:
+    p.status["phase"] = WAITING
+    p.status["pods"] = {"desired": p.spec.nodes.max, "running": 0, "pending": 0, "failed": 0,
+                        "lost": 0}
+    p.cond(c.PODS_SCHEDULED, False, "InsufficientCapacity", message)
+    p.cond(c.RUNNING, False, "CapacityReleased", message)
+    p.cond(c.RESTARTING, False, "CapacityReleased", message)
+    p.status["message"] = f"{WAITING}: {message}"

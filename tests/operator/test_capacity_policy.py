@@ -1,0 +1,210 @@
+"""decide() when GPUs run out, and when the store host or a pod's deletion takes the group down.
+
+Pure scenarios (no cluster, no clock), as in test_decision.py: a generation short of capacity
+for `capacityTimeoutSeconds` releases its pods and waits, retrying with backoff or as soon as a
+schedulable node joins; an exit that follows a deletion, or the loss of pod 0, is never the
+program's failure; a failed node is avoided for `avoidFailedNodesMinutes` unless someone
+uncordoned it after the operator's cordon.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from crucible.api.progress import parse_time
+from crucible.operator import capacity
+from crucible.operator import manifests as m
+from crucible.operator.decision import decide
+from tests.operator import builders as b
+from tests.operator.test_decision import acts, cond, reasons, running_status
+
+FULL = {"nodes": {"min": 4, "max": 4},
+        "faultTolerance": {"capacityTimeoutSeconds": 600, "capacityRetrySeconds": 60}}
+H = m.spec_hash(b.spec(**FULL))
+NO_GPU = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+
+
+def _short(gen: int) -> list:
+    """Three pods placed, the fourth waiting for a GPU."""
+    return b.running(gen, 3, H) + [b.pod(gen, 3, phase="Pending", node=None, spec_hash=H,
+                                         unschedulable=NO_GPU)]
+
+
+def _pass(status, pods, t, **obs):
+    return decide(b.job(status=status, **FULL), b.observed(pods, **obs), b.at(t))
+
+
+def _released(t_short=100.0):
+    """A running job loses a node at t_short, then waits out its capacity timeout."""
+    first = _pass(running_status(), _short(0), t_short)
+    assert first.status["phase"] == "Waiting"
+    assert first.wake_in_s == pytest.approx(600)
+    still = _pass(first.status, _short(0), t_short + 599)
+    assert still.status["podGeneration"] == 0 and not acts(still, "delete")
+    return _pass(still.status, _short(0), t_short + 600, schedulable_nodes=3)
+
+
+def test_a_generation_short_for_the_capacity_timeout_releases_its_pods_uncounted():
+    out = _released()
+    assert out.status["podGeneration"] == 1          # the old pods are stale now
+    assert out.status["phase"] == "Waiting"
+    assert out.status["restarts"]["total"] == 0      # neither kind of restart
+    assert cond(out, "PodsScheduled")["reason"] == "InsufficientCapacity"
+    assert cond(out, "Running")["reason"] == "CapacityReleased"
+    assert "CapacityReleased" in reasons(out)
+    hold = out.status["tracking"]["capacityHold"]
+    assert hold["schedulableNodes"] == 3
+    # The next pass deletes the held pods and creates none, however often it runs.
+    for t in (701, 720, 740):
+        nxt = _pass(out.status, _short(0), t, schedulable_nodes=3)
+        assert sorted(acts(nxt, "delete")) == [("delete", "Pod", f"gpt-0-{i}") for i in range(4)]
+        assert not acts(nxt, "create", "Pod")
+        assert nxt.status["phase"] == "Waiting" and nxt.status["podGeneration"] == 1
+        assert nxt.wake_in_s is not None and nxt.wake_in_s > 0
+
+
+def test_a_released_job_retries_after_the_backoff():
+    out = _released()
+    due = (parse_time(out.status["tracking"]["capacityHold"]["until"]) - b.at(0)).total_seconds()
+    assert 700 + 60 <= due <= 700 + 60 * 1.25        # capacityRetrySeconds plus its jitter
+    early = _pass(out.status, [], due - 1, schedulable_nodes=3)
+    assert not acts(early, "create", "Pod")
+    retry = _pass(early.status, [], due, schedulable_nodes=3)
+    assert "CapacityRetry" in reasons(retry)
+    assert acts(retry, "create", "Pod") == [("create", "Pod", "gpt-1-0")]   # pod 0 first
+    assert "capacityHold" not in retry.status["tracking"]
+
+
+def test_a_released_job_retries_at_once_when_a_schedulable_node_joins():
+    out = _released()
+    retry = _pass(out.status, [], 705, schedulable_nodes=4)
+    assert "CapacityRetry" in reasons(retry)
+    assert acts(retry, "create", "Pod") == [("create", "Pod", "gpt-1-0")]
+
+
+def test_a_retry_still_short_releases_after_the_retry_window_and_backs_off_longer():
+    out = _released()
+    retry = _pass(out.status, [], 705, schedulable_nodes=4)
+    still = _pass(retry.status, _short(1), 706, schedulable_nodes=4)
+    assert still.status["phase"] == "Waiting" and still.status["podGeneration"] == 1
+    again = _pass(still.status, _short(1), 705 + 60, schedulable_nodes=4)
+    assert again.status["podGeneration"] == 2 and "CapacityReleased" in reasons(again)
+    hold = again.status["tracking"]["capacityHold"]
+    wait = (parse_time(hold["until"]) - b.at(765)).total_seconds()
+    assert 120 <= wait <= 120 * 1.25                  # doubled after a second release
+    assert again.status["restarts"]["total"] == 0
+
+
+def test_running_again_resets_the_wait_and_the_backoff():
+    out = _released()
+    retry = _pass(out.status, [], 705, schedulable_nodes=4)
+    running = _pass(retry.status, b.running(1, 4, H), 720, schedulable_nodes=4)
+    assert running.status["phase"] == "Running"
+    for key in ("capacityRetries", "capacityWaitSince", "capacityHold", "capacityShort"):
+        assert key not in running.status["tracking"], key
+
+
+def test_retry_delay_doubles_is_capped_and_its_jitter_is_fixed_per_job():
+    assert capacity.retry_delay_s(60, 1, "a") == capacity.retry_delay_s(60, 1, "a")
+    for uid in ("a", "b", "c"):
+        assert 60 <= capacity.retry_delay_s(60, 1, uid) <= 75
+        assert 120 <= capacity.retry_delay_s(60, 2, uid) <= 150
+        assert capacity.RETRY_CAP_S <= capacity.retry_delay_s(60, 30, uid) \
+            <= capacity.RETRY_CAP_S * 1.25
+    spread = {capacity.retry_delay_s(60, 1, f"job-{i}") for i in range(20)}
+    assert len(spread) > 10                           # jobs released together retry apart
+
+
+# --- exits that are not the program's ------------------------------------------------------
+HD = m.spec_hash(b.spec())
+
+
+def test_an_exit_after_the_pod_was_deleted_is_infrastructure():
+    # `kubectl delete pod`: torchrun gets SIGTERM and exits 1. Deletion asked at t=70 (the
+    # deletionTimestamp is the end of the 30 s grace), the container ended at t=72.
+    pods = b.running(0, 4, HD)
+    pods[2] = b.pod(0, 2, phase="Failed", exit_code=1, node="gpu-node-2", deletion=100,
+                    grace=30, finished=72, spec_hash=HD, uid="uid-gpt-0-2")
+    out = decide(b.job(status=running_status()), b.observed(pods), b.at(73))
+    assert out.status["restarts"]["application"] == 0
+    assert out.status["restarts"]["byCause"] == {"PodDeleted": 1}
+    assert out.status["podGeneration"] == 0           # one pod replaced, not the group
+    # One that crashed first (t=50) and was then deleted by someone cleaning up: the program's.
+    pods[2] = b.pod(0, 2, phase="Failed", exit_code=1, node="gpu-node-2", deletion=100,
+                    grace=30, finished=50, spec_hash=HD, uid="uid-gpt-0-2")
+    out = decide(b.job(status=running_status()), b.observed(pods), b.at(73))
+    assert out.status["restarts"]["application"] == 1
+
+
+def test_survivors_exiting_after_pod_0_vanished_restart_the_group_uncounted():
+    # One pass sees both: pod 0 gone (its node was drained) and the others' exit 1.
+    pods = [b.pod(0, i, phase="Failed", exit_code=1, node=f"gpu-node-{i}", spec_hash=HD)
+            for i in (1, 2, 3)]
+    out = decide(b.job(status=running_status()), b.observed(pods), b.at(50))
+    assert out.status["podGeneration"] == 1
+    assert out.status["restarts"]["application"] == 0
+    assert out.status["restarts"]["byCause"] == {"PodDeleted": 1}
+    assert "c10d store" in cond(out, "Restarting")["message"]
+
+
+def test_survivors_exiting_while_pod_0_node_is_down_restart_uncounted_within_the_grace():
+    nodes = b.healthy_nodes()
+    nodes["gpu-node-0"] = b.node("gpu-node-0", ready="Unknown", since=20)
+    pods = b.running(0, 4, HD)
+    pods[1] = b.pod(0, 1, phase="Failed", exit_code=1, node="gpu-node-1", spec_hash=HD)
+    out = decide(b.job(status=running_status()), b.observed(pods, nodes=nodes), b.at(30))
+    assert out.status["podGeneration"] == 1
+    assert out.status["restarts"]["application"] == 0
+    assert out.status["restarts"]["byCause"] == {"NodeFailure": 1}
+    assert not acts(out, "patch_node")                # the node is judged after its grace
+    # With pod 0's node healthy the same exit is the program's.
+    out = decide(b.job(status=running_status()), b.observed(pods), b.at(30))
+    assert out.status["restarts"]["application"] == 1
+
+
+# --- the per-job list of nodes to avoid ------------------------------------------------------
+def _avoided(status, nodes, t, **spec):
+    pods = b.running(0, 2, HD)
+    out = decide(b.job(status=status, **spec),
+                 b.observed(pods, nodes=nodes, lease_view_=b.lease(10, t)), b.at(t))
+    created = [a for a in out.actions if a.verb == "create" and a.kind == "Pod"]
+    assert created
+    terms = [a.body["spec"].get("affinity") for a in created]
+    return out, terms[0] is not None and "gpu-node-2" in str(terms[0])
+
+
+def _bad(entry):
+    return running_status(tracking={"members": {str(i): f"uid-gpt-0-{i}" for i in range(2)},
+                                    "everRunning": True, "badNodes": [entry]})
+
+
+def test_a_node_never_cordoned_is_avoided_until_the_expiry_once_healthy():
+    nodes = b.healthy_nodes()     # gpu-node-2 is healthy and schedulable again
+    entry = {"node": "gpu-node-2", "since": b.ts(100), "cordoned": False}
+    out, avoided = _avoided(_bad(entry), nodes, 100 + 599)
+    assert avoided and out.status["tracking"]["badNodes"][0]["node"] == "gpu-node-2"
+    out, avoided = _avoided(_bad(entry), nodes, 100 + 600)      # 10 min by default
+    assert not avoided and out.status["tracking"]["badNodes"] == []
+    out, avoided = _avoided(_bad(entry), nodes, 100 + 120,
+                            faultTolerance={"avoidFailedNodesMinutes": 1})
+    assert not avoided
+
+
+def test_a_cordoned_node_is_avoided_while_cordoned_and_trusted_at_once_when_uncordoned():
+    entry = {"node": "gpu-node-2", "since": b.ts(100), "cordoned": False}
+    cordoned = b.healthy_nodes()
+    cordoned["gpu-node-2"] = b.node("gpu-node-2", unschedulable=True)
+    out, avoided = _avoided(_bad(entry), cordoned, 100 + 5000)  # long past the expiry
+    assert avoided
+    seen = out.status["tracking"]["badNodes"][0]
+    assert seen["cordoned"] is True
+    out, avoided = _avoided(_bad(seen), b.healthy_nodes(), 100 + 10)  # uncordoned: repaired
+    assert not avoided and out.status["tracking"]["badNodes"] == []
+
+
+def test_a_broken_node_stays_avoided_past_the_expiry():
+    nodes = b.healthy_nodes()
+    nodes["gpu-node-2"] = b.node("gpu-node-2", ready="False", since=100)
+    entry = {"node": "gpu-node-2", "since": b.ts(100), "cordoned": False}
+    _, avoided = _avoided(_bad(entry), nodes, 100 + 86400)
+    assert avoided
