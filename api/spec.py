@@ -365,7 +365,7 @@ class FaultToleranceSpec(Spec):
         "survivors exit after it, and the operator restarts the group without counting it "
         "(InsufficientCapacity) until capacity returns.")
     capacity_timeout_seconds: Annotated[int, OPERATOR_ONLY] = Field(
-        1800, ge=60, le=604800, description="How long a generation may stay short of capacity "
+        1800, ge=30, le=604800, description="How long a generation may stay short of capacity "
         "(fewer than nodes.min pods schedulable) while holding the pods it did get. Then it "
         "releases them, so that no other job waits on GPUs this one cannot use, and waits in "
         "phase Waiting (never counted as a restart). Long by default: a Pending pod is what asks "

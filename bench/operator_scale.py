@@ -1,6 +1,8 @@
-"""Operator at scale: 100 PretrainJobs x 8 pods on 200 KWOK nodes, then a node loss.
+"""Operator at scale: 100 PretrainJobs x 8 pods on 200 KWOK nodes, then a node loss; or, with
+`--case capacity`, twice the demand the cluster holds, with nodes dying and coming back.
 
     ~/.cache/crucible/venv/bin/python bench/operator_scale.py [--jobs 100] [--pods 8] [--nodes 200]
+    ~/.cache/crucible/venv/bin/python bench/operator_scale.py --case capacity [--churn-minutes 30]
 
 Starts its own instance of the local stack (e2e/stack.sh with its own state folder, port offset
 and CRUCIBLE_KWOK_NODES, so the shared test stack is left alone) unless --stack-env names the env
@@ -19,6 +21,41 @@ and measures:
 Goals (docs/operator.md, "Scale"): all Running <= 60 s, reconcile p99 <= 2 s, RSS <= 300 MB.
 Results go to bench/results/operator_scale.json. Every wait has a deadline; the node is revived
 and the stack stopped (unless --keep-stack) whatever happens.
+
+Capacity case (`--case capacity`, operator/capacity.py): 100 jobs x 8 pods (nodes.min = max = 8)
+on 100 KWOK nodes of 8 GPUs, each pod asking for --gpus-per-pod GPUs (default 2: the cluster holds
+50 jobs at once, half the demand; 8 gives whole-node pods and holds 12 of the 100). All jobs are
+created at once, so the first wave is the partial-gang deadlock the policy exists for: every job
+gets its pod 0 placed and some of the rest, none of the stragglers gets all 8. After --settle-s
+(default 180 s: the first 60 s capacity timeout and a retry or two) comes --churn-minutes of
+churn: every --churn-every-s (30 s) a random Ready node's heartbeat stops (as the node-loss step
+above does); --churn-down-s (120 s) later it is given back to KWOK and, once Ready again,
+uncordoned with its crucible.dev/* failure annotations removed, as a repaired node would be.
+The jobs' fault tolerance is short so that the policy acts many times within the run:
+
+  * capacityTimeoutSeconds 60 and capacityRetrySeconds 15 (the schema's floors are 30 and 10):
+    long enough for the scheduler and KWOK on this machine to place and start a whole gang
+    (tens of seconds under load), short enough that a held partial gang lets go within a
+    minute, and that a 30-minute run sees dozens of release/retry cycles (backoff 15, 30, 60 s
+    ... plus up to 25 % jitter per job);
+  * nodeFailureGraceSeconds 10: the node controller already waits 2 x --node-lease-s (40 s)
+    before it calls a node NotReady, so a dead node's pods move ~50 s after it died;
+  * avoidFailedNodesMinutes 0: a returned node here is repaired (uncordoned by the "admin"),
+    and with the default 10 min dozens of returned nodes would sit in the jobs' anti-affinity
+    lists, shrinking the cluster for reasons of the benchmark's making;
+  * hangTimeoutSeconds and startupTimeoutSeconds 86400: KWOK pods never report a step, and a
+    group Running past the default startupTimeoutSeconds (1800 s) would restart as a hang.
+
+KWOK pods do not train, so goodput here is the running share: the share of wall time a job is in
+phase Running, sampled from the jobs' statuses every --sample-s (5 s) over the churn window
+(each interval counted in the phase seen at its start). Its ceiling is the cluster's share of the
+demand (50 %), less the dead nodes; "utilization" is the mean count of Running jobs over the
+count that fits. Also reported: restarts summed over jobs (status.restarts: application,
+infrastructure, byCause; application must be 0, since KWOK pods never exit on their own), jobs
+by phase at the end of the churn (goal: none Failed), the CapacityReleased/CapacityRetry events,
+reconcile passes and the operator's CPU time and RSS. A table goes to stdout, everything to
+bench/results/operator_scale_capacity.json. Every wait has a deadline; whatever happens the killed
+nodes are given back and the stack is stopped (unless --keep-stack).
 """
 
 from __future__ import annotations
@@ -27,6 +64,8 @@ import argparse
 import concurrent.futures
 import json
 import os
+import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +79,11 @@ sys.path.insert(0, str(REPO))
 
 GRACE_S = 10         # nodeFailureGraceSeconds for the benchmark's jobs
 PORT_OFFSET = 500    # clear of the default stack's ports (e2e/stack/layout.py)
+GPUS_PER_NODE = 8    # e2e/stack/services.py node_manifest
+# The capacity case's jobs (why these values: the module docstring).
+CAPACITY_FT = {"nodeFailureGraceSeconds": GRACE_S, "capacityTimeoutSeconds": 60,
+               "capacityRetrySeconds": 15, "avoidFailedNodesMinutes": 0,
+               "hangTimeoutSeconds": 86400, "startupTimeoutSeconds": 86400}
 
 
 def stack(args) -> dict[str, str]:
@@ -106,217 +150,723 @@ def memory_mb(pid: int) -> dict:
     return {"rss_mb": round(kb("VmRSS") / 1024, 1), "peak_rss_mb": round(kb("VmHWM") / 1024, 1)}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=100)
-    parser.add_argument("--pods", type=int, default=8, help="pods per job (nodes.min = max)")
-    parser.add_argument("--nodes", type=int, default=200)
-    parser.add_argument("--node-lease-s", type=int, default=20,
-                        help="KWOK node Lease duration (the node grace is twice it)")
-    parser.add_argument("--keep-stack", action="store_true")
-    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "operator_scale.json"))
-    args = parser.parse_args()
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    from kubernetes import client, config, watch
 
-    import yaml
+# --- the shared harness: stack, clients, namespace, operator, jobs, nodes, teardown --------------
+class Bench:
+    """The bench stack, API clients, a fresh namespace and the operator as a real process.
 
-    from crucible.operator import crd
+    A context manager: on the way out, whatever happened, every node it killed is given back to
+    KWOK (and uncordoned; with `forget`, its crucible.dev/* annotations removed too), the jobs
+    are deleted, the operator stopped, the namespace deleted and the stack stopped (unless
+    --keep-stack)."""
 
-    stack_env, shell_env = stack(args)
-    kubeconfig = stack_env["KUBECONFIG"]
-    api = config.new_client_from_config(config_file=kubeconfig)
-    api.configuration.connection_pool_maxsize = 32
-    core, objs = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    ext = client.ApiextensionsV1Api(api)
-    doc = yaml.safe_load((REPO / "manifests/crd/pretrainjobs.crucible.dev.yaml").read_text())
-    try:
-        ext.create_custom_resource_definition(doc)
-    except client.exceptions.ApiException as err:
-        if err.status != 409:
-            raise
-    ns = f"bench-{int(time.time())}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
-    deadline = time.monotonic() + 60
-    while True:
+    def __init__(self, args, log_name: str, forget: bool = False):
+        self.args, self.log_name, self.forget = args, log_name, forget
+        self.killed: set[str] = set()      # nodes whose heartbeat this run stopped, not yet back
+        self.operator = None
+        self.ns = None
+
+    def __enter__(self) -> "Bench":
+        from kubernetes import client, config
+
+        import yaml
+
+        from crucible.operator import crd
+
+        self.client, self.crd = client, crd
+        self.stack_env, self.shell_env = stack(self.args)
         try:
-            core.read_namespaced_service_account("default", ns)
-            objs.list_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL)
-            break
-        except client.exceptions.ApiException:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+            kubeconfig = self.stack_env["KUBECONFIG"]
+            self.label = self.stack_env["CRUCIBLE_KWOK_LABEL"]
+            api = config.new_client_from_config(config_file=kubeconfig)
+            api.configuration.connection_pool_maxsize = 32
+            self.core, self.objs = client.CoreV1Api(api), client.CustomObjectsApi(api)
+            ext = client.ApiextensionsV1Api(api)
+            doc = yaml.safe_load((REPO / "manifests/crd/pretrainjobs.crucible.dev.yaml").read_text())
+            try:
+                ext.create_custom_resource_definition(doc)
+            except client.exceptions.ApiException as err:
+                if err.status != 409:
+                    raise
+            ns = f"bench-{int(time.time())}"
+            self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+            self.ns = ns
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    self.core.read_namespaced_service_account("default", ns)
+                    self.objs.list_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL)
+                    break
+                except client.exceptions.ApiException:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+            self.metrics_port = 18000 + PORT_OFFSET
+            self.log_path = Path(tempfile.gettempdir()) / self.log_name
+            print(f"operator log: {self.log_path}")
+            log = open(self.log_path, "w")
+            op_env = dict(os.environ, KUBECONFIG=kubeconfig)
+            self.operator = subprocess.Popen(
+                [sys.executable, "-m", "crucible.operator.main", "run", "-A", "--interval", "10",
+                 "--metrics-port", str(self.metrics_port)],
+                env=op_env, stdout=log, stderr=subprocess.STDOUT)
+        except BaseException:
+            self.close()
+            raise
+        return self
 
-    metrics_port = 18000 + PORT_OFFSET
-    log_path = Path(tempfile.gettempdir()) / "operator_scale.log"
-    print(f"operator log: {log_path}")
-    log = open(log_path, "w")
-    op_env = dict(os.environ, KUBECONFIG=kubeconfig)
-    operator = subprocess.Popen([sys.executable, "-m", "crucible.operator.main", "run", "-A",
-                                 "--interval", "10", "--metrics-port", str(metrics_port)],
-                                env=op_env, stdout=log, stderr=subprocess.STDOUT)
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        crd = self.crd
+        try:
+            for node in sorted(self.killed):
+                _quietly(revive_node, self, node)
+                if self.forget:
+                    _quietly(forget_failure, self, node)
+            if self.ns:
+                try:
+                    self.objs.delete_collection_namespaced_custom_object(
+                        crd.GROUP, crd.VERSION, self.ns, crd.PLURAL)
+                    time.sleep(5)
+                finally:
+                    if self.operator is not None:
+                        self.operator.terminate()
+                        try:
+                            self.operator.wait(30)
+                        except subprocess.TimeoutExpired:
+                            self.operator.kill()
+                            self.operator.wait(10)
+                    self.core.delete_namespace(self.ns)
+        finally:
+            if not self.args.keep_stack:
+                subprocess.run([str(REPO / "e2e" / "stack.sh"), "down"], env=self.shell_env)
+
+    # -- jobs -------------------------------------------------------------------------------------
+    def job_body(self, name: str, pods: int, fault_tolerance: dict, gpus: int = 1) -> dict:
+        crd = self.crd
+        return {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": name},
+                "spec": {"image": "registry.invalid/crucible-trainer:bench",
+                         "nodes": {"min": pods, "max": pods}, "procsPerNode": 8,
+                         "resources": {"limits": {"nvidia.com/gpu": gpus}},
+                         "model": {"preset": "gpt2-124m"},
+                         "data": {"train": "s3://crucible/tokens/train"},
+                         "training": {"tokens": 2.5e9},
+                         "faultTolerance": fault_tolerance}}
+
+    def create_jobs(self, names: list[str], body) -> dict[str, float]:
+        """Create the jobs 16 at a time; {name: monotonic time its create returned}."""
+        crd, created = self.crd, {}
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            for name, when in pool.map(lambda n: (n, self.objs.create_namespaced_custom_object(
+                    crd.GROUP, crd.VERSION, self.ns, crd.PLURAL, body(n)) and time.monotonic()),
+                    names):
+                created[name] = when
+        return created
+
+    def list_jobs(self) -> list[dict]:
+        crd = self.crd
+        return self.objs.list_namespaced_custom_object(
+            crd.GROUP, crd.VERSION, self.ns, crd.PLURAL, _request_timeout=30)["items"]
+
+
+def _quietly(fn, *args) -> None:
+    try:
+        fn(*args)
+    except Exception as err:  # noqa: BLE001 - teardown goes on with the next step
+        print(f"teardown: {fn.__name__}{args[1:]}: {err}", file=sys.stderr)
+
+
+# -- nodes ----------------------------------------------------------------------------------------
+def kill_node(b: Bench, node: str) -> None:
+    """Stop the node's heartbeat: KWOK lets go of it, the node controller marks it NotReady after
+    2 x --node-lease-s."""
+    b.killed.add(node)
+    b.core.patch_node(node, {"metadata": {"labels": {b.label: "dead"}}})
+
+
+def revive_node(b: Bench, node: str) -> None:
+    """Give the node back to KWOK (its heartbeat resumes) and uncordon it."""
+    b.core.patch_node(node, {"metadata": {"labels": {b.label: "managed"}},
+                             "spec": {"unschedulable": None}})
+    b.killed.discard(node)
+
+
+def forget_failure(b: Bench, node: str, body=None) -> None:
+    """What an admin does to a repaired node: uncordon it and remove the operator's crucible.dev/*
+    failure annotations (`body`: the node as last listed, to save a read)."""
+    body = body or b.core.read_node(node)
+    stale = {key: None for key in (body.metadata.annotations or {})
+             if key.startswith("crucible.dev/")}
+    b.core.patch_node(node, {"metadata": {"annotations": stale} if stale else {},
+                             "spec": {"unschedulable": None}})
+
+
+def node_ready(body) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in body.status.conditions or [])
+
+
+# --- the scale case ------------------------------------------------------------------------------
+def scale_case(args) -> int:
+    from kubernetes import watch
+
     results: dict = {"jobs": args.jobs, "pods_per_job": args.pods, "nodes": args.nodes,
                      "node_lease_s": args.node_lease_s, "cpus": os.cpu_count(),
                      "load_average_at_start": os.getloadavg()[0]}
-    victim = None
     stop = threading.Event()
-    try:
-        time.sleep(3)  # the operator's watches start
-        names = [f"job-{i:03d}" for i in range(args.jobs)]
-
-        def body(name):
-            return {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": name},
-                    "spec": {"image": "registry.invalid/crucible-trainer:bench",
-                             "nodes": {"min": args.pods, "max": args.pods}, "procsPerNode": 8,
-                             "resources": {"limits": {"nvidia.com/gpu": 1}},
-                             "model": {"preset": "gpt2-124m"},
-                             "data": {"train": "s3://crucible/tokens/train"},
-                             "training": {"tokens": 2.5e9},
-                             "faultTolerance": {"hangTimeoutSeconds": 3600,
-                                                "nodeFailureGraceSeconds": GRACE_S}}}
-
-        # Watches, not polling: listing 800 pods every few ms would load the apiserver more than
-        # the operator does, and the figures would measure the benchmark.
-        created, running_at, pods_running, lock = {}, {}, set(), threading.Lock()
-
-        def follow(list_fn, on_event, *fn_args):
-            w = watch.Watch()
-            while not stop.is_set():
-                for event in w.stream(list_fn, *fn_args, timeout_seconds=5):
-                    with lock:
-                        on_event(event["type"], event["object"])
-                    if stop.is_set():
-                        w.stop()
-
-        def on_job(kind, obj):
-            name = obj["metadata"]["name"]
-            if (obj.get("status") or {}).get("phase") == "Running":
-                running_at.setdefault(name, time.monotonic())
-
-        def on_pod(kind, pod):
-            name = pod.metadata.name
-            seen.add(name)
-            if kind == "DELETED":
-                pod_state.pop(name, None)
-            else:
-                pod_state[name] = (pod.status.phase, pod.spec.node_name,
-                                   bool(pod.metadata.deletion_timestamp))
-            if kind != "DELETED" and pod.status.phase == "Running" \
-                    and not pod.metadata.deletion_timestamp:
-                pods_running.add(name)
-            else:
-                pods_running.discard(name)
-
-        pod_state: dict[str, tuple] = {}
-
-        seen: set[str] = set()
-        watchers = [threading.Thread(target=follow, daemon=True, args=(
-                        objs.list_namespaced_custom_object, on_job, crd.GROUP, crd.VERSION, ns,
-                        crd.PLURAL)),
-                    threading.Thread(target=follow, daemon=True, args=(
-                        core.list_namespaced_pod, on_pod, ns))]
-        for t in watchers:
-            t.start()
-        time.sleep(1)
-        start = time.monotonic()
-        with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            for name, when in pool.map(lambda n: (n, objs.create_namespaced_custom_object(
-                    crd.GROUP, crd.VERSION, ns, crd.PLURAL, body(n)) and time.monotonic()), names):
-                created[name] = when
-        print(f"created {args.jobs} jobs in {time.monotonic() - start:.1f}s")
-        want = args.jobs * args.pods
-        deadline = start + 600
-        while time.monotonic() < deadline:
-            with lock:
-                if len(seen) >= want and "pods_created_s" not in results:
-                    results["pods_created_s"] = round(time.monotonic() - start, 1)  # operator's share
-                if len(pods_running) == want and len(running_at) == args.jobs:
-                    break
-            time.sleep(0.05)
-        all_running_s = time.monotonic() - start
-        assert len(running_at) == args.jobs, f"only {len(running_at)} jobs Running after 600 s"
-        lat = sorted(running_at[n] - created[n] for n in names)
-        results.update({
-            "all_running_s": round(all_running_s, 1),
-            "job_to_running_p50_s": round(lat[len(lat) // 2], 2),
-            "job_to_running_p99_s": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2),
-        })
-        print(f"all {want} pods Running, all jobs Running: {all_running_s:.1f}s")
-        time.sleep(5)  # a few resync passes at steady state
-        results["reconcile_after_startup"] = scrape(metrics_port)
-        results["memory_after_startup"] = memory_mb(operator.pid)
-
-        # Node loss: the busiest node's heartbeat stops.
-        by_node: dict[str, list[str]] = {}
-        with lock:
-            for name, (_phase, node, _deleting) in pod_state.items():
-                by_node.setdefault(node, []).append(name)
-        victim = max(by_node, key=lambda n: len(by_node[n]))
-        lost = by_node[victim]
-        core.patch_node(victim, {"metadata": {"labels": {stack_env["CRUCIBLE_KWOK_LABEL"]: "dead"}}})
-        killed = time.monotonic()
-        deadline = killed + 300
-
-        def ready(node) -> bool:
-            return next(c for c in core.read_node(node).status.conditions
-                        if c.type == "Ready").status == "True"
-
-        while ready(victim):
-            assert time.monotonic() < deadline, "node never went NotReady"
-            time.sleep(0.2)
-        not_ready = time.monotonic()
-        # A worker pod there comes back under its own name elsewhere; a pod 0 there (the c10d
-        # store's host) makes its whole job restart as generation 1.
-        workers = [n for n in lost if not n.endswith("-0")]
-        store_jobs = {n.rsplit("-", 2)[0] for n in lost if n.endswith("-0")}
-        while True:
-            assert time.monotonic() < deadline, "pods never moved"
-            with lock:
-                ok = {name for name, (phase, node, deleting) in pod_state.items()
-                      if phase == "Running" and node != victim and not deleting}
-            regrouped = {job for job in store_jobs if sum(
-                1 for name in ok if name.startswith(f"{job}-1-")) == args.pods}
-            if all(n in ok for n in workers) and regrouped == store_jobs:
-                break
-            time.sleep(0.05)
-        moved_s = time.monotonic() - not_ready
-        results["node_loss"] = {
-            "pods_on_node": len(lost), "heartbeat_stop_to_not_ready_s": round(not_ready - killed, 1),
-            "not_ready_to_running_elsewhere_s": round(moved_s, 1), "grace_s": GRACE_S,
-            "goal_s": GRACE_S + 15, "met": moved_s <= GRACE_S + 15,
-            "worker_pods_moved": len(workers), "jobs_restarted_for_pod_0": len(store_jobs)}
-        print(f"node {victim}: {len(lost)} pods Running elsewhere {moved_s:.1f}s after NotReady "
-              f"(grace {GRACE_S}s)")
-        results["reconcile"] = scrape(metrics_port)
-        results["reconcile_steady_and_node_loss"] = scrape(
-            metrics_port, since=results["reconcile_after_startup"])
-        for key in ("reconcile", "reconcile_after_startup", "reconcile_steady_and_node_loss"):
-            results[key].pop("_buckets")
-        results["memory"] = memory_mb(operator.pid)
-        results["goals"] = {"all_running_le_60s": results["all_running_s"] <= 60,
-                            "reconcile_p99_le_2s": results["reconcile"]["p99_s"] <= 2,
-                            "reconcile_p99_le_2s_after_startup":
-                                results["reconcile_steady_and_node_loss"]["p99_s"] <= 2,
-                            "rss_le_300mb": results["memory"]["peak_rss_mb"] <= 300}
-    finally:
-        stop.set()
-        if victim:
-            core.patch_node(victim, {"metadata": {"labels": {
-                stack_env["CRUCIBLE_KWOK_LABEL"]: "managed"}}, "spec": {"unschedulable": None}})
+    with Bench(args, "operator_scale.log") as b:
+        core, objs, crd, ns = b.core, b.objs, b.crd, b.ns
+        metrics_port, operator, stack_env = b.metrics_port, b.operator, b.stack_env
         try:
-            objs.delete_collection_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL)
-            time.sleep(5)
+            time.sleep(3)  # the operator's watches start
+            names = [f"job-{i:03d}" for i in range(args.jobs)]
+
+            def body(name):
+                return b.job_body(name, args.pods, {"hangTimeoutSeconds": 3600,
+                                                    "nodeFailureGraceSeconds": GRACE_S})
+
+            # Watches, not polling: listing 800 pods every few ms would load the apiserver more
+            # than the operator does, and the figures would measure the benchmark.
+            running_at, pods_running, lock = {}, set(), threading.Lock()
+
+            def follow(list_fn, on_event, *fn_args):
+                w = watch.Watch()
+                while not stop.is_set():
+                    for event in w.stream(list_fn, *fn_args, timeout_seconds=5):
+                        with lock:
+                            on_event(event["type"], event["object"])
+                        if stop.is_set():
+                            w.stop()
+
+            def on_job(kind, obj):
+                name = obj["metadata"]["name"]
+                if (obj.get("status") or {}).get("phase") == "Running":
+                    running_at.setdefault(name, time.monotonic())
+
+            def on_pod(kind, pod):
+                name = pod.metadata.name
+                seen.add(name)
+                if kind == "DELETED":
+                    pod_state.pop(name, None)
+                else:
+                    pod_state[name] = (pod.status.phase, pod.spec.node_name,
+                                       bool(pod.metadata.deletion_timestamp))
+                if kind != "DELETED" and pod.status.phase == "Running" \
+                        and not pod.metadata.deletion_timestamp:
+                    pods_running.add(name)
+                else:
+                    pods_running.discard(name)
+
+            pod_state: dict[str, tuple] = {}
+
+            seen: set[str] = set()
+            watchers = [threading.Thread(target=follow, daemon=True, args=(
+                            objs.list_namespaced_custom_object, on_job, crd.GROUP, crd.VERSION,
+                            ns, crd.PLURAL)),
+                        threading.Thread(target=follow, daemon=True, args=(
+                            core.list_namespaced_pod, on_pod, ns))]
+            for t in watchers:
+                t.start()
+            time.sleep(1)
+            start = time.monotonic()
+            created = b.create_jobs(names, body)
+            print(f"created {args.jobs} jobs in {time.monotonic() - start:.1f}s")
+            want = args.jobs * args.pods
+            deadline = start + 600
+            while time.monotonic() < deadline:
+                with lock:
+                    if len(seen) >= want and "pods_created_s" not in results:
+                        results["pods_created_s"] = round(time.monotonic() - start, 1)
+                    if len(pods_running) == want and len(running_at) == args.jobs:
+                        break
+                time.sleep(0.05)
+            all_running_s = time.monotonic() - start
+            assert len(running_at) == args.jobs, f"only {len(running_at)} jobs Running after 600 s"
+            lat = sorted(running_at[n] - created[n] for n in names)
+            results.update({
+                "all_running_s": round(all_running_s, 1),
+                "job_to_running_p50_s": round(lat[len(lat) // 2], 2),
+                "job_to_running_p99_s": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2),
+            })
+            print(f"all {want} pods Running, all jobs Running: {all_running_s:.1f}s")
+            time.sleep(5)  # a few resync passes at steady state
+            results["reconcile_after_startup"] = scrape(metrics_port)
+            results["memory_after_startup"] = memory_mb(operator.pid)
+
+            # Node loss: the busiest node's heartbeat stops.
+            by_node: dict[str, list[str]] = {}
+            with lock:
+                for name, (_phase, node, _deleting) in pod_state.items():
+                    by_node.setdefault(node, []).append(name)
+            victim = max(by_node, key=lambda n: len(by_node[n]))
+            lost = by_node[victim]
+            kill_node(b, victim)
+            killed = time.monotonic()
+            deadline = killed + 300
+
+            def ready(node) -> bool:
+                return node_ready(core.read_node(node))
+
+            while ready(victim):
+                assert time.monotonic() < deadline, "node never went NotReady"
+                time.sleep(0.2)
+            not_ready = time.monotonic()
+            # A worker pod there comes back under its own name elsewhere; a pod 0 there (the c10d
+            # store's host) makes its whole job restart as generation 1.
+            workers = [n for n in lost if not n.endswith("-0")]
+            store_jobs = {n.rsplit("-", 2)[0] for n in lost if n.endswith("-0")}
+            while True:
+                assert time.monotonic() < deadline, "pods never moved"
+                with lock:
+                    ok = {name for name, (phase, node, deleting) in pod_state.items()
+                          if phase == "Running" and node != victim and not deleting}
+                regrouped = {job for job in store_jobs if sum(
+                    1 for name in ok if name.startswith(f"{job}-1-")) == args.pods}
+                if all(n in ok for n in workers) and regrouped == store_jobs:
+                    break
+                time.sleep(0.05)
+            moved_s = time.monotonic() - not_ready
+            results["node_loss"] = {
+                "pods_on_node": len(lost),
+                "heartbeat_stop_to_not_ready_s": round(not_ready - killed, 1),
+                "not_ready_to_running_elsewhere_s": round(moved_s, 1), "grace_s": GRACE_S,
+                "goal_s": GRACE_S + 15, "met": moved_s <= GRACE_S + 15,
+                "worker_pods_moved": len(workers), "jobs_restarted_for_pod_0": len(store_jobs)}
+            print(f"node {victim}: {len(lost)} pods Running elsewhere {moved_s:.1f}s after "
+                  f"NotReady (grace {GRACE_S}s)")
+            results["reconcile"] = scrape(metrics_port)
+            results["reconcile_steady_and_node_loss"] = scrape(
+                metrics_port, since=results["reconcile_after_startup"])
+            for key in ("reconcile", "reconcile_after_startup", "reconcile_steady_and_node_loss"):
+                results[key].pop("_buckets")
+            results["memory"] = memory_mb(operator.pid)
+            results["goals"] = {"all_running_le_60s": results["all_running_s"] <= 60,
+                                "reconcile_p99_le_2s": results["reconcile"]["p99_s"] <= 2,
+                                "reconcile_p99_le_2s_after_startup":
+                                    results["reconcile_steady_and_node_loss"]["p99_s"] <= 2,
+                                "rss_le_300mb": results["memory"]["peak_rss_mb"] <= 300}
         finally:
-            operator.terminate()
-            operator.wait(30)
-            core.delete_namespace(ns)
-            if not args.keep_stack:
-                subprocess.run([str(REPO / "e2e" / "stack.sh"), "down"], env=shell_env)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+            stop.set()
+    write_results(args.out, results)
     print(json.dumps(results, indent=2))
     return 0
+
+
+def write_results(out: str, results: dict) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(results, indent=2) + "\n")
+
+
+# --- the capacity case ---------------------------------------------------------------------------
+class Churn:
+    """One node dies every `every_s` (a random Ready one; its heartbeat stops) and is given back
+    `down_s` later; once it is Ready again it is uncordoned and its crucible.dev/* annotations
+    removed. Nodes the operator cordons after that (a pass acting on a view from before the node
+    came back) are found by `check` and cleared the same way, and counted."""
+
+    def __init__(self, b: Bench, every_s: float, down_s: float, rng: random.Random):
+        self.b, self.every_s, self.down_s, self.rng = b, every_s, down_s, rng
+        self.dead: dict[str, float] = {}        # node -> when it died (monotonic)
+        self.returning: dict[str, float] = {}   # given back to KWOK, not Ready yet -> since
+        self.next_kill: float | None = None
+        self.kills = self.returns = self.late_cordons = self.errors = 0
+        self.not_ready_after_s: list[float] = []   # heartbeat stop -> NotReady, seen by sampling
+        self.back_after_s: list[float] = []        # given back -> Ready again
+        self.slow_returns: list[str] = []          # not Ready within RETURN_DEADLINE_S
+        self.max_dead = 0
+        self.ready: set[str] = set()               # Ready nodes at the last `check`
+        self.noted: set[str] = set()               # dead nodes seen NotReady
+
+    RETURN_DEADLINE_S = 180
+
+    def start(self, now: float) -> None:
+        self.next_kill = now
+
+    def tick(self, now: float) -> None:
+        """Kill and give back what is due."""
+        for node, died in list(self.dead.items()):
+            if now - died >= self.down_s:
+                self._call(revive_node, self.b, node)
+                del self.dead[node]
+                self.noted.discard(node)
+                self.returning[node] = now
+        if self.next_kill is not None and now >= self.next_kill:
+            self.next_kill += self.every_s
+            alive = sorted(self.ready - set(self.dead) - set(self.returning))
+            if alive:
+                node = self.rng.choice(alive)
+                if self._call(kill_node, self.b, node):
+                    self.dead[node] = now
+                    self.kills += 1
+        self.max_dead = max(self.max_dead, len(self.dead) + len(self.returning))
+
+    def check(self, nodes: list, now: float) -> None:
+        """From a node listing: finish returns (Ready -> uncordon, forget), note NotReady times,
+        clear late cordons."""
+        self.ready = {n.metadata.name for n in nodes if node_ready(n)}
+        for n in nodes:
+            name = n.metadata.name
+            if name in self.dead:
+                if not node_ready(n) and name not in self.noted:
+                    self.noted.add(name)
+                    self.not_ready_after_s.append(now - self.dead[name])
+                continue
+            if name in self.returning:
+                since = self.returning[name]
+                if node_ready(n):
+                    if self._call(forget_failure, self.b, name, n):
+                        del self.returning[name]
+                        self.returns += 1
+                        self.back_after_s.append(now - since)
+                elif now - since > self.RETURN_DEADLINE_S and name not in self.slow_returns:
+                    self.slow_returns.append(name)
+                    self._call(revive_node, self.b, name)   # once more
+                    self.b.killed.add(name)                 # still to give back at the end
+                continue
+            annotated = any(k.startswith("crucible.dev/") for k in n.metadata.annotations or {})
+            if node_ready(n) and (n.spec.unschedulable or annotated):
+                if self._call(forget_failure, self.b, name, n):
+                    self.late_cordons += 1
+                    print(f"  {name}: cordoned/annotated while Ready after its return; cleared")
+
+    def _call(self, fn, *args) -> bool:
+        try:
+            fn(*args)
+            return True
+        except Exception as err:  # noqa: BLE001 - the churn goes on; counted, reported
+            self.errors += 1
+            print(f"  churn: {fn.__name__}{args[1:2]}: {err}", file=sys.stderr)
+            return False
+
+    def report(self) -> dict:
+        back, gone = sorted(self.back_after_s), sorted(self.not_ready_after_s)
+        return {"every_s": self.every_s, "down_s": self.down_s, "kills": self.kills,
+                "returns_completed": self.returns, "max_down_at_once": self.max_dead,
+                "kill_to_not_ready_p50_s": round(gone[len(gone) // 2], 1) if gone else None,
+                "return_to_ready_p50_s": round(back[len(back) // 2], 1) if back else None,
+                "return_to_ready_max_s": round(back[-1], 1) if back else None,
+                "slow_returns": self.slow_returns, "late_cordons_cleared": self.late_cordons,
+                "api_errors": self.errors}
+
+
+class Phases:
+    """Per-job time in each phase, from samples of the jobs' statuses: the interval between two
+    samples counts in the phase seen at its start."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.last: dict[str, str] = {}
+        self.last_t: float | None = None
+        self.time: dict[str, dict[str, float]] = {n: {} for n in names}
+        self.total_s = 0.0
+        self.running_jobs_s = 0.0      # integral of the count of Running jobs
+        self.series: list[list] = []   # [t since start, Running, Waiting, other]
+        self.failed_seen: dict[str, float] = {}
+
+    def sample(self, now: float, t0: float, jobs: list[dict]) -> dict[str, str]:
+        phases = {j["metadata"]["name"]: (j.get("status") or {}).get("phase") or "None"
+                  for j in jobs}
+        if self.last_t is not None:
+            dt = now - self.last_t
+            self.total_s += dt
+            for name in self.names:
+                phase = self.last.get(name, "None")
+                self.time[name][phase] = self.time[name].get(phase, 0.0) + dt
+            self.running_jobs_s += dt * sum(1 for p in self.last.values() if p == "Running")
+        for name, phase in phases.items():
+            if phase == "Failed":
+                self.failed_seen.setdefault(name, round(now - t0, 1))
+        self.last, self.last_t = phases, now
+        running = sum(1 for p in phases.values() if p == "Running")
+        waiting = sum(1 for p in phases.values() if p == "Waiting")
+        self.series.append([round(now - t0, 1), running, waiting, len(phases) - running - waiting])
+        return phases
+
+    def share(self, name: str, phase: str) -> float:
+        return self.time[name].get(phase, 0.0) / self.total_s if self.total_s else 0.0
+
+
+def _events_by_job(b: Bench) -> dict[str, dict[str, int]]:
+    """{reason: {job: count}} of the capacity events in the namespace."""
+    out: dict[str, dict[str, int]] = {}
+    for reason in ("CapacityReleased", "CapacityRetry", "InsufficientCapacity"):
+        items = b.core.list_namespaced_event(b.ns, field_selector=f"reason={reason}",
+                                             _request_timeout=60).items
+        per: dict[str, int] = {}
+        for ev in items:
+            per[ev.involved_object.name] = per.get(ev.involved_object.name, 0) + (ev.count or 1)
+        out[reason] = per
+    return out
+
+
+def capacity_case(args) -> int:
+    fits = (args.nodes * (GPUS_PER_NODE // args.gpus_per_pod)) // args.pods
+    results: dict = {"case": "capacity", "jobs": args.jobs, "pods_per_job": args.pods,
+                     "gpus_per_pod": args.gpus_per_pod, "nodes": args.nodes,
+                     "jobs_that_fit": fits, "node_lease_s": args.node_lease_s,
+                     "fault_tolerance": CAPACITY_FT, "settle_s": args.settle_s,
+                     "churn_minutes": args.churn_minutes, "sample_s": args.sample_s,
+                     "seed": args.seed, "cpus": os.cpu_count(),
+                     "load_average_at_start": os.getloadavg()[0]}
+    print(f"capacity case: {args.jobs} jobs x {args.pods} pods x {args.gpus_per_pod} GPUs on "
+          f"{args.nodes} nodes x {GPUS_PER_NODE} GPUs: {fits} jobs fit at once")
+    with Bench(args, "operator_scale_capacity.log", forget=True) as b:
+        time.sleep(3)  # the operator's watches start
+        names = [f"job-{i:03d}" for i in range(args.jobs)]
+        start = time.monotonic()
+        b.create_jobs(names, lambda n: b.job_body(n, args.pods, CAPACITY_FT, args.gpus_per_pod))
+        print(f"created {args.jobs} jobs in {time.monotonic() - start:.1f}s")
+        churn = Churn(b, args.churn_every_s, args.churn_down_s, random.Random(args.seed))
+        whole, window = Phases(names), Phases(names)
+        churn_start = start + args.settle_s
+        churn_end = churn_start + args.churn_minutes * 60
+        next_sample, next_report, started = start, start, False
+        first_running_at: dict[str, float] = {}
+        phases: dict[str, str] = {}
+        jobs: list[dict] = []
+        while True:
+            now = time.monotonic()
+            if not started and now >= churn_start:
+                started = True
+                churn.start(now)
+                results["at_churn_start"] = {"reconcile": scrape(b.metrics_port),
+                                             "operator_cpu_s": cpu_seconds(b.operator.pid),
+                                             "phases": _count(phases)}
+                print(f"churn starts: {results['at_churn_start']['phases']}")
+            if started:
+                churn.tick(now)
+            if now >= next_sample or now >= churn_end:
+                try:
+                    jobs = b.list_jobs()
+                    nodes = b.core.list_node(label_selector="type=kwok", _request_timeout=30).items
+                except Exception as err:  # noqa: BLE001 - a slow apiserver: sample next time
+                    print(f"  sample failed: {err}", file=sys.stderr)
+                else:
+                    now = time.monotonic()
+                    phases = whole.sample(now, start, jobs)
+                    if started:
+                        window.sample(now, churn_start, jobs)
+                    for name, phase in phases.items():
+                        if phase == "Running":
+                            first_running_at.setdefault(name, now - start)
+                    churn.check(nodes, now)
+                    assert b.operator.poll() is None, "the operator exited"
+                next_sample = max(next_sample + args.sample_s, time.monotonic())
+                if now >= next_report:
+                    next_report = now + 60
+                    print(f"  t={now - start:6.0f}s {_count(phases)}; nodes down "
+                          f"{len(churn.dead) + len(churn.returning)}, kills {churn.kills}, "
+                          f"returns {churn.returns}; operator "
+                          f"{memory_mb(b.operator.pid)['rss_mb']} MB")
+            if now >= churn_end:
+                break
+            time.sleep(max(0.0, min(1.0, next_sample - time.monotonic(), churn_end - now)))
+        end_jobs = jobs
+        b.killed.update(churn.returning)   # given back but not yet forgotten: close() does it
+        results["wall_s"] = round(time.monotonic() - start, 1)
+        results["churn"] = churn.report()
+        results["reconcile"] = scrape(b.metrics_port)
+        churn_reconcile = scrape(b.metrics_port, since=results["at_churn_start"]["reconcile"])
+        for d in (results["reconcile"], churn_reconcile, results["at_churn_start"]["reconcile"]):
+            d.pop("_buckets")
+        window_s = time.monotonic() - churn_start
+        cpu = cpu_seconds(b.operator.pid)
+        results["during_churn"] = {
+            "reconcile": churn_reconcile,
+            "passes_per_s": round(churn_reconcile["passes"] / window_s, 2),
+            "operator_cpu_s": round(cpu - results["at_churn_start"]["operator_cpu_s"], 1),
+            "operator_cpu_share": round((cpu - results["at_churn_start"]["operator_cpu_s"])
+                                        / window_s, 3)}
+        results["at_churn_start"]["operator_cpu_s"] = round(
+            results["at_churn_start"]["operator_cpu_s"], 1)
+        results["memory"] = memory_mb(b.operator.pid)
+        try:
+            events = _events_by_job(b)
+        except Exception as err:  # noqa: BLE001 - reported as missing
+            print(f"events: {err}", file=sys.stderr)
+            events = {}
+    # The stack is down from here; everything needed was read above.
+    summarize(results, names, end_jobs, whole, window, events, first_running_at, fits, args)
+    write_results(args.out, results)
+    print(f"results: {args.out}")
+    failed = results["end"]["phases"].get("Failed", 0)
+    return 0 if not failed and not results["restarts"]["application"] else 1
+
+
+def _count(phases: dict[str, str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for phase in phases.values():
+        out[phase] = out.get(phase, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def _pcts(values: list[float]) -> dict:
+    v = sorted(values)
+    if not v:
+        return {}
+    return {"mean": round(sum(v) / len(v), 3), "min": round(v[0], 3),
+            "p50": round(v[len(v) // 2], 3), "max": round(v[-1], 3)}
+
+
+def summarize(results, names, end_jobs, whole: Phases, window: Phases, events, first_running_at,
+              fits, args) -> None:
+    by_name = {j["metadata"]["name"]: j for j in end_jobs}
+    released = events.get("CapacityReleased", {})
+    retried = events.get("CapacityRetry", {})
+    per_job, by_cause = {}, {}
+    totals = {"total": 0, "application": 0, "infrastructure": 0}
+    for name in names:
+        status = (by_name.get(name) or {}).get("status") or {}
+        r = status.get("restarts") or {}
+        for key in totals:
+            totals[key] += int(r.get(key, 0))
+        for cause, n in (r.get("byCause") or {}).items():
+            by_cause[cause] = by_cause.get(cause, 0) + int(n)
+        per_job[name] = {
+            "running_share": round(window.share(name, "Running"), 3),
+            "waiting_share": round(window.share(name, "Waiting"), 3),
+            "running_share_whole_run": round(whole.share(name, "Running"), 3),
+            "first_running_s": (round(first_running_at[name], 1) if name in first_running_at
+                                else None),
+            "phase_end": status.get("phase"),
+            "restarts": {"application": int(r.get("application", 0)),
+                         "infrastructure": int(r.get("infrastructure", 0)),
+                         "byCause": r.get("byCause") or {}},
+            "capacity_released": released.get(name, 0), "capacity_retries": retried.get(name, 0),
+            "pod_generation": status.get("podGeneration", 0),
+        }
+        if status.get("phase") == "Failed":
+            per_job[name]["message"] = status.get("message")
+    shares = [j["running_share"] for j in per_job.values()]
+    end_phases = _count({n: (by_name.get(n, {}).get("status") or {}).get("phase") or "None"
+                         for n in names})
+    phase_share: dict[str, float] = {}
+    for name in names:
+        for phase in window.time[name]:
+            phase_share[phase] = phase_share.get(phase, 0.0) + window.share(name, phase) / len(names)
+    mean_running = window.running_jobs_s / window.total_s if window.total_s else 0.0
+    results.update({
+        "running_share": {**_pcts(shares), "ceiling": round(fits / len(names), 3),
+                          "jobs_never_running_in_churn": sum(1 for s in shares if s == 0)},
+        "running_share_whole_run": _pcts([j["running_share_whole_run"]
+                                          for j in per_job.values()]),
+        "phase_share": {k: round(v, 3) for k, v in sorted(phase_share.items())},
+        "mean_jobs_running": round(mean_running, 2),
+        "utilization": round(mean_running / fits, 3) if fits else None,
+        "restarts": {**totals, "byCause": dict(sorted(by_cause.items()))},
+        "end": {"phases": end_phases,
+                "failed": {n: j.get("message") for n, j in per_job.items()
+                           if j["phase_end"] == "Failed"},
+                "failed_seen_during_run": whole.failed_seen},
+        "events": {reason: sum(per.values()) for reason, per in events.items()},
+        "jobs_never_running": [n for n in names if n not in first_running_at],
+        "series": whole.series,
+        "per_job": per_job,
+    })
+    results["goals"] = {"no_job_failed": not end_phases.get("Failed") and not whole.failed_seen,
+                        "application_restarts_zero": totals["application"] == 0}
+    print_table(results)
+
+
+def print_table(results: dict) -> None:
+    per_job = results["per_job"]
+    print()
+    print(f"{'job':<9} {'run%':>5} {'wait%':>5} {'first':>6} {'end':<9} {'app':>3} {'infra':>5} "
+          f"{'rel':>4} {'retry':>5} {'gen':>4}  causes")
+    for name, j in per_job.items():
+        first = "-" if j["first_running_s"] is None else f"{j['first_running_s']:.0f}"
+        causes = ",".join(f"{k}={v}" for k, v in sorted(j["restarts"]["byCause"].items()))
+        print(f"{name:<9} {100 * j['running_share']:5.1f} {100 * j['waiting_share']:5.1f} "
+              f"{first:>6} {str(j['phase_end']):<9} {j['restarts']['application']:>3} "
+              f"{j['restarts']['infrastructure']:>5} {j['capacity_released']:>4} "
+              f"{j['capacity_retries']:>5} {j['pod_generation']:>4}  {causes}")
+    rs, ch, dc = results["running_share"], results["churn"], results["during_churn"]
+    rows = [
+        ("setup", f"{results['jobs']} jobs x {results['pods_per_job']} pods x "
+                  f"{results['gpus_per_pod']} GPUs on {results['nodes']} nodes "
+                  f"({results['jobs_that_fit']} jobs fit); churn {results['churn_minutes']} min"),
+        ("running share (churn window)", f"mean {100 * rs.get('mean', 0):.1f}% (ceiling "
+         f"{100 * rs['ceiling']:.0f}%), min {100 * rs.get('min', 0):.1f}%, p50 "
+         f"{100 * rs.get('p50', 0):.1f}%, max {100 * rs.get('max', 0):.1f}%; "
+         f"{rs['jobs_never_running_in_churn']} jobs never Running"),
+        ("mean jobs Running / utilization", f"{results['mean_jobs_running']} / "
+         f"{100 * (results['utilization'] or 0):.1f}% of the {results['jobs_that_fit']} that fit"),
+        ("phase share (churn window)", ", ".join(f"{k} {100 * v:.1f}%"
+                                                 for k, v in results["phase_share"].items())),
+        ("restarts (sum over jobs)", f"total {results['restarts']['total']}, application "
+         f"{results['restarts']['application']}, infrastructure "
+         f"{results['restarts']['infrastructure']}; "
+         + ", ".join(f"{k} {v}" for k, v in results["restarts"]["byCause"].items())),
+        ("jobs at the end", ", ".join(f"{k} {v}" for k, v in results["end"]["phases"].items())),
+        ("capacity events", ", ".join(f"{k} {v}" for k, v in results["events"].items())),
+        ("churn", f"{ch['kills']} kills every {ch['every_s']:.0f}s, {ch['returns_completed']} "
+         f"returns (down {ch['down_s']:.0f}s; back Ready p50 {ch['return_to_ready_p50_s']}s), "
+         f"max {ch['max_down_at_once']} down at once, {ch['late_cordons_cleared']} late cordons, "
+         f"{ch['api_errors']} API errors"),
+        ("reconcile (churn window)", f"{dc['reconcile']['passes']} passes "
+         f"({dc['passes_per_s']}/s), p50 {dc['reconcile']['p50_s']}s, p99 "
+         f"{dc['reconcile']['p99_s']}s; queue p99 {dc['reconcile']['queue_p99_s']}s"),
+        ("operator", f"CPU {dc['operator_cpu_s']}s in the churn ({100 * dc['operator_cpu_share']:.1f}%"
+         f" of a core); RSS {results['memory']['rss_mb']} MB, peak "
+         f"{results['memory']['peak_rss_mb']} MB"),
+        ("goals", ", ".join(f"{k}: {'met' if v else 'NOT MET'}"
+                            for k, v in results["goals"].items())),
+    ]
+    print()
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    if results["end"]["failed"]:
+        print("Failed jobs:")
+        for name, message in results["end"]["failed"].items():
+            print(f"  {name}: {message}")
+
+
+# --- command line --------------------------------------------------------------------------------
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--case", choices=("scale", "capacity"), default="scale",
+                        help="scale: start-up and one node loss (default); capacity: twice the "
+                        "demand the cluster holds, with node churn")
+    parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--pods", type=int, default=8, help="pods per job (nodes.min = max)")
+    parser.add_argument("--nodes", type=int, default=None, help="KWOK nodes (default: 200; "
+                        "capacity case 100)")
+    parser.add_argument("--node-lease-s", type=int, default=20,
+                        help="KWOK node Lease duration (the node grace is twice it)")
+    parser.add_argument("--gpus-per-pod", type=int, default=2, choices=(1, 2, 4, 8),
+                        help="capacity case: GPUs each pod asks for (a node has 8)")
+    parser.add_argument("--settle-s", type=float, default=180,
+                        help="capacity case: from the creates to the start of the churn")
+    parser.add_argument("--churn-minutes", type=float, default=30,
+                        help="capacity case: how long nodes die and come back")
+    parser.add_argument("--churn-every-s", type=float, default=30,
+                        help="capacity case: one node dies this often")
+    parser.add_argument("--churn-down-s", type=float, default=120,
+                        help="capacity case: a dead node is given back after this long")
+    parser.add_argument("--sample-s", type=float, default=5,
+                        help="capacity case: how often the jobs' phases are sampled")
+    parser.add_argument("--seed", type=int, default=1, help="capacity case: which nodes die")
+    parser.add_argument("--keep-stack", action="store_true")
+    parser.add_argument("--out", default=None, help="results file (default: "
+                        "bench/results/operator_scale.json; capacity case "
+                        "operator_scale_capacity.json)")
+    args = parser.parse_args()
+    # SIGTERM (timeout, a CI cancel) unwinds like Ctrl-C: nodes given back, stack stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    capacity = args.case == "capacity"
+    if args.nodes is None:
+        args.nodes = 100 if capacity else 200
+    if args.out is None:
+        args.out = str(REPO / "bench" / "results" / ("operator_scale_capacity.json" if capacity
+                                                      else "operator_scale.json"))
+    return capacity_case(args) if capacity else scale_case(args)
 
 
 if __name__ == "__main__":

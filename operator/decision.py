@@ -20,10 +20,12 @@ What each failure does (docs/operator.md has the why):
   failure past nodeFailureGraceSeconds): replace that pod alone; torchrun's elastic rendezvous
   carries on with the others (>= nodes.min) and takes the new pod in, not counted;
 - infrastructure failure of pod 0: it hosts the c10d store (manifests.py), so the survivors
-  cannot re-rendezvous: restart the group, not counted;
+  cannot re-rendezvous: restart the group, not counted (judged before anyone's exit code: the
+  survivors' exit 1 is the store's loss);
 - fewer than nodes.min pods schedulable (a full pool): phase Waiting, PodsScheduled=False
   (InsufficientCapacity); the survivors' exits after the rendezvous timeout restart the group,
-  not counted; pod 0 is always created first and the others once it has a node;
+  not counted; pod 0 is always created first and the others once it has a node; past
+  capacityTimeoutSeconds the job releases its pods and retries later (capacity.py);
 - failed node: cordon it (cordonFailedNodes) and annotate it with the job and reason at once;
   keep new pods off it (node anti-affinity); after the grace, force-delete the job's pods there;
 - pods Terminating past their grace + terminatingTimeoutSeconds: force-delete;

@@ -4,8 +4,10 @@ Chaos survived: in a pool exactly as large as the job (nodes.min == nodes.max), 
 good, so the replacement pod cannot be scheduled; the pods that did get a node then exit 1 again
 and again, as torchrun's survivors do when their rendezvous times out. Expected: phase Waiting,
 PodsScheduled=False (InsufficientCapacity), the restarts not charged to the application budget;
-when a node is added the job runs again at once. Also: pod 0, the rendezvous host, is the pod
-that gets a node when the pool is one node short.
+when a node is added the job runs again at once. Past capacityTimeoutSeconds the job lets go
+of the nodes it holds (every pod deleted, none created) and waits, then runs again at once when
+a node joins. Also: pod 0, the rendezvous host, is the pod that gets a node when the pool is one
+node short, every time.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 import time
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from tests.support.operator_run import assert_clean_exit
 from tests.support.repo import REPO
@@ -114,7 +117,7 @@ def test_pod_0_gets_a_node_when_the_pool_is_one_short(cluster, run_operator):
         # Fill one node so the pool is one short of nodes.max.
         cluster.create_job("blocker", nodes={"min": 1, "max": 1}, resources=GPUS)
         blocker = cluster.wait_running("blocker", 1, generation=0)[0].spec.node_name
-        for attempt in range(5):
+        for attempt in range(20):
             name = f"gpt{attempt}"
             cluster.create_job(name, nodes={"min": size - 1, "max": size}, resources=GPUS)
             pod0 = eventually(lambda: (ps := [p for p in cluster.running(name, 0)
@@ -124,6 +127,65 @@ def test_pod_0_gets_a_node_when_the_pool_is_one_short(cluster, run_operator):
             eventually(lambda: len(_placed(cluster, name, 0)) == size - 1, 45,
                        f"{size - 1} pods of {name} placed")
             cluster.delete_job(name)
+            for pod in cluster.pods(name):   # no need to wait out their grace here
+                try:
+                    cluster.core.delete_namespaced_pod(pod.metadata.name, cluster.namespace,
+                                                       grace_period_seconds=0)
+                except ApiException as err:
+                    if err.status != 404:
+                        raise
             eventually(lambda: not cluster.pods(name), 45, f"{name}'s pods gone")
         cluster.delete_job("blocker")
     assert_clean_exit(runner)
+
+
+def test_a_job_short_of_capacity_past_its_timeout_releases_its_nodes_and_resumes_when_one_joins(
+        cluster, kube, run_operator):
+    nodes = _schedulable_nodes(cluster)
+    size = len(nodes)
+    victim, added = None, f"gpu-node-joined-{int(time.time())}"
+    try:
+        with run_operator(cluster.namespace) as runner:
+            cluster.create_job("gpt", nodes={"min": size, "max": size}, resources=GPUS,
+                               faultTolerance={"nodeFailureGraceSeconds": 2,
+                                               "capacityTimeoutSeconds": 30,
+                                               "capacityRetrySeconds": 600})
+            cluster.wait_running("gpt", size, generation=0, timeout_s=90)
+            victim = cluster.core.read_namespaced_pod(f"gpt-0-{size - 1}",
+                                                      cluster.namespace).spec.node_name
+            kube.set_node_alive(victim, False)
+            short_at = time.monotonic()
+            cluster.wait_phase("gpt", "Waiting", timeout_s=60)
+            # Released: a new generation with no pods at all, the old pods gone, the nodes free.
+            status = eventually(lambda: (s := cluster.status("gpt"))["tracking"].get(
+                "capacityHold") and s, 90, "the job released its pods")
+            assert time.monotonic() - short_at >= 30 - 2
+            eventually(lambda: not [p for p in cluster.pods("gpt")
+                                    if not p.metadata.deletion_timestamp], 60,
+                       "every pod of the job deleted")
+            assert status["phase"] == "Waiting"
+            assert status["restarts"]["application"] == 0
+            assert "CapacityTimeout" not in status["restarts"]["byCause"]
+            assert "CapacityReleased" in cluster.event_reasons("gpt")
+            time.sleep(5)   # still nothing created: the retry is 10 min away
+            assert not [p for p in cluster.pods("gpt") if not p.metadata.deletion_timestamp]
+
+            # A node joins: the job tries again at once, not after its 10 min backoff.
+            cluster.core.create_node(node_manifest(added))
+            added_at = time.monotonic()
+            generation = cluster.status("gpt")["podGeneration"]
+            cluster.wait_running("gpt", size, generation=generation, timeout_s=45)
+            status = cluster.wait_phase("gpt", "Running", timeout_s=30)
+            assert time.monotonic() - added_at < 45
+            assert "CapacityRetry" in cluster.event_reasons("gpt")
+            assert status["restarts"]["application"] == 0
+            assert "capacityHold" not in status["tracking"]
+            cluster.delete_job("gpt")
+    finally:
+        if victim is not None:
+            _revive(cluster, kube, victim)
+        try:
+            cluster.core.delete_node(added)
+        except Exception:  # noqa: BLE001 - never created (an earlier assertion failed)
+            pass
+    assert_clean_exit(runner, "CapacityReleased", "CapacityRetry")

@@ -1,12 +1,18 @@
 """Pod chaos on the real control plane: delete a pod, exit 137, exit 1.
 
 Chaos survived: `kubectl delete pod`; a container killed by SIGKILL (exit 137, KWOK's
-pod-container-running-failed stage); an application error (exit 1) until the budget runs out.
+pod-container-running-failed stage); an application error (exit 1) until the budget runs out;
+exit 1 as torchrun's answer to the SIGTERM of a deletion.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
+
+from crucible.operator import manifests as m
+from tests.operator.cluster import IMAGE
 
 from tests.support.operator_run import assert_clean_exit
 from tests.support.services import eventually
@@ -92,3 +98,44 @@ def test_exit_1_restarts_the_group_within_the_budget_then_fails(cluster, run_ope
         cluster.delete_job("gpt")
     assert_clean_exit(runner, "exited with 1: container failed (application restart 1 of 1)",
                       "RestartBudgetExhausted: job failed")
+
+
+def test_exit_1_after_a_deletion_is_the_deletion_not_the_program(cluster, run_operator):
+    """torchrun answers the kubelet's SIGTERM with exit 1. The operator is stopped while it
+    happens, so its first pass sees the pod already Failed with exit 1 and deleting (a
+    finalizer holds it, as a log shipper's would): the exit came after the deletion was asked
+    for, so it is a PodDeleted, not an application failure."""
+    with run_operator(cluster.namespace) as runner:
+        cluster.create_job("gpt", nodes={"min": 2, "max": 3})
+        cluster.wait_running("gpt", 3, generation=0)
+        cluster.wait_phase("gpt", "Running")
+    assert_clean_exit(runner)
+    held = "test.crucible.dev/hold"
+    cluster.core.patch_namespaced_pod("gpt-0-1", cluster.namespace,
+                                      {"metadata": {"finalizers": [held]}})
+    try:
+        cluster.core.delete_namespaced_pod("gpt-0-1", cluster.namespace, grace_period_seconds=30)
+        finished = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        cluster.core.patch_namespaced_pod_status("gpt-0-1", cluster.namespace, {"status": {
+            "phase": "Failed", "containerStatuses": [{
+                "name": m.CONTAINER, "image": IMAGE, "imageID": "", "ready": False,
+                "restartCount": 0, "state": {"terminated": {
+                    "exitCode": 1, "reason": "Error", "startedAt": finished,
+                    "finishedAt": finished}}}]}})
+        with run_operator(cluster.namespace) as runner:
+            status = eventually(lambda: (s := cluster.status("gpt"))["restarts"]["total"] and s,
+                                30, "the exit judged")
+            assert status["restarts"]["application"] == 0, status["restarts"]
+            assert status["restarts"]["byCause"] == {"PodDeleted": 1}
+            assert status["podGeneration"] == 0 and status["phase"] != "Failed"
+            cluster.core.patch_namespaced_pod("gpt-0-1", cluster.namespace,
+                                              {"metadata": {"finalizers": None}})
+            cluster.wait_running("gpt", 3, generation=0)
+            cluster.delete_job("gpt")
+    finally:
+        try:
+            cluster.core.patch_namespaced_pod("gpt-0-1", cluster.namespace,
+                                              {"metadata": {"finalizers": None}})
+        except Exception:  # noqa: BLE001 - gone already
+            pass
+    assert_clean_exit(runner, "torchrun's answer to SIGTERM")
