@@ -1,0 +1,38 @@
+"""`snapshot`: one pass's view, read from the kopf indexes (plain mappings here, as kopf's are:
+key -> a store of values).
+
+The view holds the nodes of the job's pods and of the nodes it avoids (so a repaired node can be
+trusted again: it has no pod of the job on it), a node the filled index lacks as deleted, and the
+cluster's count of Ready, schedulable nodes that a job waiting for capacity compares against.
+"""
+
+from __future__ import annotations
+
+from crucible.operator.handlers import CHILD_KINDS, snapshot
+from tests.operator import builders as b
+
+KEY = (b.NS, b.JOB)
+
+
+def _indexes(pods, nodes) -> dict:
+    indexes = {"pods_by_job": {KEY: list(pods)}, "leases_by_job": {},
+               "nodes_by_name": {node.name: [node] for node in nodes}}
+    for _, (_, plural) in CHILD_KINDS:
+        indexes[f"children_{plural}"] = {}
+    return indexes
+
+
+def test_the_view_holds_the_pods_nodes_the_avoided_ones_and_the_schedulable_count():
+    nodes = [b.node("gpu-node-0"), b.node("gpu-node-1"),
+             b.node("gpu-node-2", unschedulable=True), b.node("gpu-node-3", ready="False")]
+    pods = [b.pod(0, 0, node="gpu-node-0")]
+    obs = snapshot(KEY, _indexes(pods, nodes), also_nodes=("gpu-node-2", "gpu-node-9"))
+    assert set(obs.nodes) == {"gpu-node-0", "gpu-node-2", "gpu-node-9"}
+    assert obs.nodes["gpu-node-2"].unschedulable and obs.nodes["gpu-node-9"] is None  # deleted
+    assert obs.schedulable_nodes == 2          # Ready and not cordoned: gpu-node-0 and -1
+
+
+def test_an_empty_node_index_knows_nothing():
+    obs = snapshot(KEY, _indexes([b.pod(0, 0, node="gpu-node-0")], []),
+                   also_nodes=("gpu-node-2",))
+    assert obs.nodes == {} and obs.schedulable_nodes is None
