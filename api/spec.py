@@ -307,6 +307,17 @@ class SpikeGuardSpec(Spec):
                                "before the run aborts.")
 
 
+# The kubelet's own node conditions: the operator already reads Ready (NotReady, unreachable),
+# and the pressure conditions are the kubelet's to act on (eviction). As a job's failure
+# condition "Ready" would make every healthy node under it "failed": a tenant could cordon the pool.
+KUBELET_CONDITIONS = ("Ready", "MemoryPressure", "DiskPressure", "PIDPressure",
+                      "NetworkUnavailable")
+_KUBELET_CONDITIONS_MESSAGE = ("faultTolerance.nodeFailureConditions cannot name the kubelet's "
+                               "own conditions (Ready, MemoryPressure, DiskPressure, PIDPressure, "
+                               "NetworkUnavailable): list those a node-problem-detector or GPU "
+                               "health checker sets, e.g. GPUUnhealthy")
+
+
 class FaultToleranceSpec(Spec):
     """What the operator does when pods, nodes or the training itself fail (docs/operator.md)."""
 
@@ -342,9 +353,14 @@ class FaultToleranceSpec(Spec):
     node_failure_conditions: Annotated[list[str], OPERATOR_ONLY] = Field(
         default_factory=list, max_length=32,
         json_schema_extra={"items": {"type": "string", "minLength": 1, "maxLength": 316},
-                           "x-kubernetes-list-type": "set"},
+                           "x-kubernetes-list-type": "set",
+                           "x-kubernetes-validations": [cel(
+                               f"self.all(c, !(c in {list(KUBELET_CONDITIONS)}))",
+                               _KUBELET_CONDITIONS_MESSAGE)]},
         description="Node condition types that mean the node is broken when True (set by "
-        "node-problem-detector or a GPU health checker, e.g. GPUUnhealthy).")
+        "node-problem-detector or a GPU health checker, e.g. GPUUnhealthy). The kubelet's own "
+        "(Ready, MemoryPressure, DiskPressure, PIDPressure, NetworkUnavailable) are refused; the "
+        "operator acts only on those its administrator allows (--node-failure-conditions).")
     pending_timeout_seconds: Annotated[int, OPERATOR_ONLY] = Field(
         600, ge=10, le=86400, description="Pods Pending longer than this before the job's first "
         "run: an image pull or container config error fails the job (once it has run, the same "
@@ -382,6 +398,13 @@ class FaultToleranceSpec(Spec):
     torchrun_max_restarts: int = Field(
         3, ge=0, le=1000, description="torchrun --max-restarts: worker failures torchrun restarts "
         "in place, inside the pod, before the pod fails and the operator steps in.")
+
+    @field_validator("node_failure_conditions")
+    @classmethod
+    def _not_kubelet_conditions(cls, conditions: list[str]) -> list[str]:
+        if any(c in KUBELET_CONDITIONS for c in conditions):
+            raise ValueError(_KUBELET_CONDITIONS_MESSAGE)
+        return conditions
 
     @field_validator("retryable_exit_codes")
     @classmethod

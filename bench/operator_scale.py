@@ -224,17 +224,20 @@ class Bench:
         self.close()
 
     def close(self) -> None:
-        crd = self.crd
+        crd, given_back = self.crd, sorted(self.killed)
         try:
-            for node in sorted(self.killed):
+            for node in given_back:
                 _quietly(revive_node, self, node)
-                if self.forget:
-                    _quietly(forget_failure, self, node)
             if self.ns:
                 try:
                     self.objs.delete_collection_namespaced_custom_object(
                         crd.GROUP, crd.VERSION, self.ns, crd.PLURAL)
+                    # The operator takes its finalizer off each; one left would keep the job's
+                    # pods (and their GPUs) in the stack's etcd for the next run.
+                    deadline = time.monotonic() + 60
                     time.sleep(5)
+                    while self.list_jobs() and time.monotonic() < deadline:
+                        time.sleep(2)
                 finally:
                     if self.operator is not None:
                         self.operator.terminate()
@@ -244,6 +247,9 @@ class Bench:
                             self.operator.kill()
                             self.operator.wait(10)
                     self.core.delete_namespace(self.ns)
+            if self.forget:   # once the operator is gone: it would cordon a node not Ready yet
+                for node in given_back:
+                    _quietly(forget_failure, self, node)
         finally:
             if not self.args.keep_stack:
                 subprocess.run([str(REPO / "e2e" / "stack.sh"), "down"], env=self.shell_env)
@@ -533,7 +539,8 @@ class Churn:
             if node_ready(n) and (n.spec.unschedulable or annotated):
                 if self._call(forget_failure, self.b, name, n):
                     self.late_cordons += 1
-                    print(f"  {name}: cordoned/annotated while Ready after its return; cleared")
+                    print(f"  {name}: Ready but cordoned or annotated, not by this churn's "
+                          "kill (an earlier run's, or a late cordon); cleared")
 
     def _call(self, fn, *args) -> bool:
         try:

@@ -48,6 +48,7 @@ from crucible.operator import conditions as c
 from crucible.operator import failure_policy as policy
 from crucible.operator import manifests as m
 from crucible.operator import progress
+from crucible.operator.node_policy import NodePolicy
 from crucible.operator.observed import JobView, Observed, PodView
 from crucible.operator.outcome import (FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, SUSPENDED,
                                        TERMINAL, WAITING, Action, Event, Outcome, Pass)
@@ -57,13 +58,14 @@ __all__ = ["decide", "Outcome", "Action", "Event", "PENDING", "RUNNING", "RESTAR
 
 
 # --- the pass -------------------------------------------------------------------------------------
-def decide(job: JobView, obs: Observed, now: dt.datetime) -> Outcome:
+def decide(job: JobView, obs: Observed, now: dt.datetime,
+           node_policy: NodePolicy = NodePolicy()) -> Outcome:
     # Only what this job controls is its own: a pod or child carrying its labels but another
     # owner (a deleted namesake's, held by a finalizer; someone else's) is never judged,
     # counted, adopted or deleted.
     foreign = tuple(pod for pod in obs.pods if pod.owner_uid != job.uid)
     p = Pass(job, replace(obs, pods=tuple(pod for pod in obs.pods if pod.owner_uid == job.uid)),
-             now)
+             now, node_policy)
     if job.deleting:
         return Outcome(status=dict(job.status))  # kopf stops us; garbage collection does the rest
     try:

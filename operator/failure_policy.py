@@ -166,7 +166,11 @@ def _quarantine(p: Pass, broken: f.NodeFailure, node):
         if node.annotation("crucible.dev/cordoned-by") == this_job:
             _list_cordoned(p, broken.node)
         return
-    cordon = p.spec.fault_tolerance.cordon_failed_nodes and not node.unschedulable
+    why_not = ("cordonFailedNodes is false" if not p.spec.fault_tolerance.cordon_failed_nodes
+               else "this operator never cordons: --max-cordons-per-minute=0"
+               if not p.node_policy.cordon else "it was cordoned already"
+               if node.unschedulable else None)
+    cordon = why_not is None
     patch = {"metadata": {"annotations": {
         "crucible.dev/failure-reason": broken.reason,
         "crucible.dev/failure-message": broken.message[:500],
@@ -178,7 +182,7 @@ def _quarantine(p: Pass, broken: f.NodeFailure, node):
         _list_cordoned(p, broken.node)
     p.act("patch_node", "Node", broken.node, patch, reason="Cordon" if cordon else "Annotate")
     p.event("Warning", "NodeFailure", f"{broken.message}: " + (
-        "cordoned and annotated it" if cordon else "annotated it (cordonFailedNodes is false)"))
+        "cordoned and annotated it" if cordon else f"annotated it ({why_not})"))
 
 
 def _already_reported(node, broken: f.NodeFailure) -> bool:

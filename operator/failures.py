@@ -102,9 +102,11 @@ class NodeFailure:
         return (now - self.since).total_seconds() if self.since else float("inf")
 
 
-def node_failure(name: str, node: NodeView | None, ft: FaultToleranceSpec) -> NodeFailure | None:
-    """Whether a node is broken: NotReady/Unknown, tainted unreachable, gone, or a configured
-    condition (node-problem-detector, GPU health checkers) is True."""
+def node_failure(name: str, node: NodeView | None, ft: FaultToleranceSpec,
+                 allowed: frozenset[str] | None = None) -> NodeFailure | None:
+    """Whether a node is broken: NotReady/Unknown, tainted unreachable, gone, or a condition the
+    job names (node-problem-detector, GPU health checkers) and the operator allows (`allowed`;
+    None: any) is True."""
     if node is None:
         return NodeFailure(name, "NodeDeleted", f"node {name} no longer exists", None)
     ready = node.condition("Ready")
@@ -116,7 +118,8 @@ def node_failure(name: str, node: NodeView | None, ft: FaultToleranceSpec) -> No
         if key in UNREACHABLE_TAINTS and effect == "NoExecute":
             return NodeFailure(name, "NodeUnreachable", f"node {name} is tainted {key}", since)
     for cond in node.conditions:
-        if cond.type in ft.node_failure_conditions and cond.status == "True":
+        if (cond.type in ft.node_failure_conditions and cond.status == "True"
+                and (allowed is None or cond.type in allowed)):
             detail = cond.message or cond.reason
             said = f"node {name} reports {cond.type}" + (f": {detail}" if detail else "")
             return NodeFailure(name, f"Node{cond.type}", said, cond.since)

@@ -18,7 +18,8 @@ Configuration comes from the environment (set by `crucible-operator run`, or by 
 `KopfRunner`): CRUCIBLE_OPERATOR_INTERVAL (s, default 10), CRUCIBLE_OPERATOR_WORKERS (32),
 CRUCIBLE_OPERATOR_METRICS_PORT (8080; "off" disables), CRUCIBLE_OPERATOR_METRICS_ADDRESS,
 CRUCIBLE_OPERATOR_LEADER_ELECTION (a namespace; empty: off),
-CRUCIBLE_OPERATOR_MAX_CORDONS_PER_MINUTE (6; 0: never cordon).
+CRUCIBLE_OPERATOR_MAX_CORDONS_PER_MINUTE (6; 0: never cordon),
+CRUCIBLE_OPERATOR_NODE_FAILURE_CONDITIONS ("*": any; else comma-separated condition types).
 Must not import torch.
 """
 
@@ -46,6 +47,7 @@ from crucible.operator import leader, metrics
 from crucible.operator.decision import Event, Outcome, decide
 from crucible.operator.failure_policy import bad_entries
 from crucible.operator.kube import Applied, Kube
+from crucible.operator.node_policy import NodePolicy
 from crucible.operator.observed import (ChildView, JobView, NodeView, Observed, controller_uid,
                                         job_view, lease_view, node_view, pod_view)
 
@@ -66,6 +68,7 @@ class OperatorConfig:
     metrics_address: str = "0.0.0.0"
     leader_election_namespace: str | None = None   # where the leader Lease lives; None: off
     max_cordons_per_minute: int = 6                # across all jobs (kube.CordonLimit)
+    node_failure_conditions: str = "*"             # those jobs may name; "*": any (NodePolicy)
 
     @classmethod
     def from_env(cls) -> "OperatorConfig":
@@ -77,7 +80,14 @@ class OperatorConfig:
                    metrics_address=env.get("CRUCIBLE_OPERATOR_METRICS_ADDRESS", "0.0.0.0"),
                    leader_election_namespace=env.get("CRUCIBLE_OPERATOR_LEADER_ELECTION") or None,
                    max_cordons_per_minute=int(env.get("CRUCIBLE_OPERATOR_MAX_CORDONS_PER_MINUTE",
-                                                      "6")))
+                                                      "6")),
+                   node_failure_conditions=env.get("CRUCIBLE_OPERATOR_NODE_FAILURE_CONDITIONS",
+                                                   "*"))
+
+    @property
+    def node_policy(self) -> NodePolicy:
+        return NodePolicy.from_settings(self.node_failure_conditions,
+                                        self.max_cordons_per_minute)
 
 
 def client_configuration() -> client.Configuration:
@@ -298,12 +308,12 @@ def next_pass(outcome: Outcome, applied: Applied, interval_s: float) -> NextPass
     return NextPass(After.RESYNC, interval_s)
 
 
-def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime,
-             queued: float) -> PassResult:
+def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime, queued: float,
+             node_policy: NodePolicy) -> PassResult:
     """decide -> apply -> status -> events (runs in a worker thread)."""
     started = time.perf_counter()
     metrics.RECONCILE_QUEUE_SECONDS.observe(started - queued)
-    outcome = decide(job, obs, now)
+    outcome = decide(job, obs, now, node_policy)
     applied = kube.apply(job, outcome)
     if applied.cordons_limited:
         outcome = not_cordoned(outcome, applied.cordons_limited, kube.cordons.per_minute)
@@ -364,7 +374,8 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -
     loop = asyncio.get_running_loop()
     try:
         result: PassResult = await loop.run_in_executor(
-            memo.executor, _execute, memo.kube, job, obs, now, time.perf_counter())
+            memo.executor, _execute, memo.kube, job, obs, now, time.perf_counter(),
+            cfg.node_policy)
     except (ApiException, OSError) as err:
         metrics.RECONCILES.labels("error").inc()
         logger.warning(f"pass failed, retrying: {getattr(err, 'status', '')} "

@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "failed node is annotated and avoided by its job but left schedulable "
                      "(many nodes failing at once is rarely the nodes). 0: never cordon "
                      "(default 6)")
+    run.add_argument("--node-failure-conditions", default="*", metavar="TYPES",
+                     help="node condition types a job's faultTolerance.nodeFailureConditions may "
+                     "name, comma-separated (e.g. GPUUnhealthy,KernelDeadlock); others are "
+                     "ignored. '*': any but the kubelet's own, which the CRD refuses (default)")
     run.add_argument("-v", "--verbose", action="store_true", help="log every API call kopf makes")
     sub.add_parser("crd", help="Print the PretrainJob CRD (generated from the spec models).")
     sub.add_parser("rbac", help="Print the operator's ServiceAccount and ClusterRole.")
@@ -72,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["CRUCIBLE_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
     os.environ["CRUCIBLE_OPERATOR_LEADER_ELECTION"] = args.leader_election_namespace or ""
     os.environ["CRUCIBLE_OPERATOR_MAX_CORDONS_PER_MINUTE"] = str(args.max_cordons_per_minute)
+    os.environ["CRUCIBLE_OPERATOR_NODE_FAILURE_CONDITIONS"] = args.node_failure_conditions
 
     import kopf
 

@@ -17,6 +17,7 @@ from crucible.api.spec import PretrainJobSpec
 from crucible.operator import conditions as c
 from crucible.operator import failures as f
 from crucible.operator import progress
+from crucible.operator.node_policy import NodePolicy
 from crucible.operator.observed import JobView, Observed, PodView
 
 PENDING, RUNNING, RESTARTING, WAITING, SUSPENDED, SUCCEEDED, FAILED = (
@@ -54,8 +55,9 @@ class Outcome:
 class Pass:
     """Accumulates one pass's decisions; `outcome()` freezes them."""
 
-    def __init__(self, job: JobView, obs: Observed, now: dt.datetime):
-        self.job, self.obs, self.now = job, obs, now
+    def __init__(self, job: JobView, obs: Observed, now: dt.datetime,
+                 node_policy: NodePolicy = NodePolicy()):
+        self.job, self.obs, self.now, self.node_policy = job, obs, now, node_policy
         self.prev = job.status
         self.status = copy.deepcopy(dict(job.status))
         self.track = self.status.pop("tracking", None) or {}
@@ -89,7 +91,8 @@ class Pass:
         index still filling must never read as "node deleted")."""
         if not name or name not in self.obs.nodes:
             return None
-        return f.node_failure(name, self.obs.nodes[name], self.spec.fault_tolerance)
+        return f.node_failure(name, self.obs.nodes[name], self.spec.fault_tolerance,
+                              self.node_policy.allowed_conditions)
 
     @property
     def phase(self) -> str | None:

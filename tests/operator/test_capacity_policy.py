@@ -15,6 +15,7 @@ from crucible.api.progress import parse_time
 from crucible.operator import capacity
 from crucible.operator import manifests as m
 from crucible.operator.decision import decide
+from crucible.operator.node_policy import NodePolicy
 from tests.operator import builders as b
 from tests.operator.test_decision import acts, cond, reasons, running_status
 
@@ -208,3 +209,39 @@ def test_a_broken_node_stays_avoided_past_the_expiry():
     entry = {"node": "gpu-node-2", "since": b.ts(100), "cordoned": False}
     _, avoided = _avoided(_bad(entry), nodes, 100 + 86400)
     assert avoided
+
+
+# --- the administrator's node policy -----------------------------------------------------------
+def _gpu_unhealthy(policy):
+    nodes = b.healthy_nodes()
+    nodes["gpu-node-2"] = b.node("gpu-node-2", since=0, conditions={"GPUUnhealthy": "True"})
+    spec = {"faultTolerance": {"nodeFailureConditions": ["GPUUnhealthy"]}}
+    h = m.spec_hash(b.spec(**spec))
+    return decide(b.job(status=running_status(), **spec),
+                  b.observed(b.running(0, 4, h), nodes=nodes), b.at(100), policy)
+
+
+def test_a_condition_the_operator_does_not_allow_is_ignored():
+    assert acts(_gpu_unhealthy(NodePolicy()), "patch_node")          # any: acted on
+    assert acts(_gpu_unhealthy(NodePolicy(frozenset({"GPUUnhealthy"}))), "patch_node")
+    ignored = _gpu_unhealthy(NodePolicy(frozenset({"KernelDeadlock"})))
+    assert not acts(ignored, "patch_node") and not acts(ignored, "force_delete")
+    assert ignored.status["restarts"]["total"] == 0
+
+
+def test_with_cordoning_off_a_failed_node_is_annotated_and_avoided_only():
+    out = _gpu_unhealthy(NodePolicy(cordon=False))
+    (patch,) = [a for a in out.actions if a.verb == "patch_node"]
+    assert "spec" not in patch.body and patch.body["metadata"]["annotations"][
+        "crucible.dev/failure-reason"] == "NodeGPUUnhealthy"
+    assert "cordonedNodes" not in out.status
+    assert [e["node"] for e in out.status["tracking"]["badNodes"]] == ["gpu-node-2"]
+    assert any("--max-cordons-per-minute=0" in e.message for e in out.events)
+
+
+def test_the_kubelet_conditions_are_refused_in_the_spec():
+    with pytest.raises(ValueError, match="kubelet's own conditions"):
+        b.spec(faultTolerance={"nodeFailureConditions": ["Ready"]})
+    assert NodePolicy.from_settings("*", 6) == NodePolicy(None, True)
+    assert NodePolicy.from_settings("GPUUnhealthy, KernelDeadlock", 0) == NodePolicy(
+        frozenset({"GPUUnhealthy", "KernelDeadlock"}), False)

@@ -2,7 +2,8 @@
 
 `CordonLimit` on its own (a fake clock), then the adapter against the real apiserver with the
 operator's own credentials: with a limit of one a minute, the first of two cordons lands, the
-second is carried out as an annotation only, and the pass's status and events say so.
+second is carried out as an annotation only, and the pass's status and events say so. Then the
+whole operator: every node under a job failing at once gets no more cordons than the cap.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from crucible.operator import handlers
 from crucible.operator.decision import Action, Outcome
 from crucible.operator.kube import CordonLimit, Kube
 from tests.operator import builders as b
+from tests.support.operator_run import assert_clean_exit
+from tests.support.services import eventually
 
 
 class Clock:
@@ -78,3 +81,51 @@ def test_past_the_limit_a_failed_node_is_annotated_not_cordoned(kube, operator_k
     finally:
         for name in names:
             admin.delete_node(name)
+
+
+def _condition(cluster, node: str, status: str) -> None:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    cluster.core.patch_node_status(node, {"status": {"conditions": [{
+        "type": "GPUUnhealthy", "status": status, "reason": "XidError",
+        "message": "XID 79 on GPU 3" if status == "True" else "healthy",
+        "lastTransitionTime": now, "lastHeartbeatTime": now}]}})
+
+
+@pytest.mark.stack
+def test_a_burst_of_failing_nodes_is_cordoned_no_faster_than_the_cap(cluster, run_operator,
+                                                                      monkeypatch):
+    """Every node under a job reports GPUUnhealthy at once (a bad health-checker rollout, say):
+    with a cap of 2 a minute, 2 are cordoned, the rest annotated and avoided by the job only."""
+    nodes = [n.metadata.name for n in cluster.core.list_node(label_selector="type=kwok").items
+             if not n.spec.unschedulable]
+    monkeypatch.setenv("CRUCIBLE_OPERATOR_MAX_CORDONS_PER_MINUTE", "2")
+    try:
+        with run_operator(cluster.namespace) as runner:
+            cluster.create_job("gpt", nodes={"min": 1, "max": len(nodes)},
+                               resources={"limits": {"nvidia.com/gpu": 8}},
+                               faultTolerance={"nodeFailureConditions": ["GPUUnhealthy"],
+                                               "nodeFailureGraceSeconds": 2})
+            cluster.wait_running("gpt", len(nodes), generation=0, timeout_s=90)
+            for node in nodes:
+                _condition(cluster, node, "True")
+            reported = eventually(lambda: (r := {
+                n.metadata.name: n for n in cluster.core.list_node(label_selector="type=kwok")
+                .items if (n.metadata.annotations or {}).get("crucible.dev/failure-reason")})
+                and len(r) == len(nodes) and r, 30, "every failed node annotated")
+            cordoned = [name for name, n in reported.items() if n.spec.unschedulable]
+            skipped = [name for name, n in reported.items()
+                       if "crucible.dev/cordon-skipped" in n.metadata.annotations]
+            assert len(cordoned) == 2, cordoned
+            assert sorted(skipped) == sorted(set(nodes) - set(cordoned))
+            assert sorted(cluster.status("gpt").get("cordonedNodes") or []) == sorted(cordoned)
+            assert cluster.event_reasons("gpt").count("CordonRateLimited") == len(nodes) - 2
+            time.sleep(5)   # and no more cordons arrive within the minute
+            assert sum(1 for name in nodes if cluster.core.read_node(name).spec.unschedulable) == 2
+            cluster.delete_job("gpt")
+    finally:
+        for node in nodes:
+            _condition(cluster, node, "False")
+            current = cluster.core.read_node(node).metadata.annotations or {}
+            cluster.core.patch_node(node, {"spec": {"unschedulable": None}, "metadata": {
+                "annotations": {k: None for k in current if k.startswith("crucible.dev/")}}})
+    assert_clean_exit(runner, "CordonRateLimited")

@@ -76,6 +76,8 @@ CASES = [
      "spec.faultTolerance.retryableExitCodes[1]"),
     ("grace-too-long", "spec.faultTolerance.nodeFailureGraceSeconds", 4000,
      "spec.faultTolerance.nodeFailureGraceSeconds"),
+    ("failure-condition-ready", "spec.faultTolerance.nodeFailureConditions",
+     ["GPUUnhealthy", "Ready"], "spec.faultTolerance.nodeFailureConditions"),
     ("suspend-not-bool", "spec.suspend", "yes", "spec.suspend"),
     ("resources-bad-key", "spec.resources", {"limitz": {"cpu": 1}}, "spec.resources"),
     ("resources-bad-quantity", "spec.resources", {"limits": {"cpu": "lots"}},
