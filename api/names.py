@@ -70,5 +70,10 @@ def trainer_account_name(job: str) -> str:
     return f"{job}-trainer"
 
 
+def network_policy_name(job: str) -> str:
+    """The NetworkPolicy that fences the job's pods off from everyone but each other."""
+    return job
+
+
 def progress_lease_name(job: str) -> str:
     return f"{job}-progress"

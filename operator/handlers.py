@@ -128,7 +128,8 @@ def login(**_) -> kopf.ConnectionInfo:
 CHILD_KINDS = [("Service", ("v1", "services")), ("ConfigMap", ("v1", "configmaps")),
                ("ServiceAccount", ("v1", "serviceaccounts")),
                ("Role", ("rbac.authorization.k8s.io", "roles")),
-               ("RoleBinding", ("rbac.authorization.k8s.io", "rolebindings"))]
+               ("RoleBinding", ("rbac.authorization.k8s.io", "rolebindings")),
+               ("NetworkPolicy", ("networking.k8s.io", "networkpolicies"))]
 SELECTED = [("v1", "pods"), ("coordination.k8s.io", "leases")] + [sel for _, sel in CHILD_KINDS]
 
 

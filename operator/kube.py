@@ -105,6 +105,7 @@ class Kube:
         self.core = client.CoreV1Api(api)
         self.coordination = client.CoordinationV1Api(api)
         self.rbac = client.RbacAuthorizationV1Api(api)
+        self.networking = client.NetworkingV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.instance = socket.gethostname()
         self._event_lock = threading.Lock()
@@ -120,6 +121,7 @@ class Kube:
             "Lease": self.coordination.create_namespaced_lease,
             "Role": self.rbac.create_namespaced_role,
             "RoleBinding": self.rbac.create_namespaced_role_binding,
+            "NetworkPolicy": self.networking.create_namespaced_network_policy,
         }
         return creators[kind](ns, body)
 
@@ -133,6 +135,7 @@ class Kube:
             "Lease": self.coordination.read_namespaced_lease,
             "Role": self.rbac.read_namespaced_role,
             "RoleBinding": self.rbac.read_namespaced_role_binding,
+            "NetworkPolicy": self.networking.read_namespaced_network_policy,
         }
         existing = readers[kind](name, ns).metadata
         want = body["metadata"]["ownerReferences"][0]["uid"]

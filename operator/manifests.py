@@ -23,7 +23,8 @@ from crucible.api import launch
 from crucible.api.launch import CONFIG_DIR, CONFIG_FILE, CONTAINER, METRICS_PORT, RDZV_PORT
 from crucible.api.names import (ANNOTATION_SPEC_HASH, API_VERSION, KIND, LABEL_GENERATION,
                                 LABEL_INDEX, LABEL_JOB, LABEL_MANAGED_BY, MANAGER, config_map_name,
-                                pod_name, progress_lease_name, service_name, trainer_account_name)
+                                network_policy_name, pod_name, progress_lease_name, service_name,
+                                trainer_account_name)
 from crucible.api.spec import PretrainJobSpec, TrainJobConfig, pod_facing
 
 # What the operator's watches select server-side: only objects it made.
@@ -121,6 +122,22 @@ def service(job: str, namespace: str, uid: str) -> dict:
                      "ports": [{"name": "c10d", "port": RDZV_PORT, "targetPort": RDZV_PORT}]}}
 
 
+def network_policy(job: str, namespace: str, uid: str) -> dict:
+    """Ingress to the job's pods from its own pods only, on every port: pod 0's c10d store
+    unpickles what it is sent, so whoever reaches it could run code in every agent (which hold
+    the storage credentials), and NCCL and gloo pick their ports at random. The metrics port
+    is open to every pod in the cluster (Prometheus lives elsewhere; metrics are read-only).
+    Egress stays open: the store, DNS, the apiserver. Enforced where the CNI implements
+    NetworkPolicy (most do; kindnet since Kubernetes 1.31 via kube-network-policies)."""
+    pods = {"matchLabels": {LABEL_JOB: job, LABEL_MANAGED_BY: MANAGER}}
+    ingress = [{"from": [{"podSelector": pods}]},
+               {"from": [{"namespaceSelector": {}}],
+                "ports": [{"protocol": "TCP", "port": METRICS_PORT}]}]
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta(job, uid, network_policy_name(job), namespace),
+            "spec": {"podSelector": pods, "policyTypes": ["Ingress"], "ingress": ingress}}
+
+
 def lease(job: str, namespace: str, uid: str) -> dict:
     """Created empty; trainer rank 0 patches its annotations (`crucible.api.progress`)."""
     return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
@@ -152,7 +169,8 @@ def static_children(job: str, namespace: str, uid: str, spec: PretrainJobSpec) -
     """What exists once per job, in creation order (the Role before the binding that names it)."""
     return [service_account(job, namespace, uid), role(job, namespace, uid),
             role_binding(job, namespace, uid), lease(job, namespace, uid),
-            config_map(job, namespace, uid, spec), service(job, namespace, uid)]
+            config_map(job, namespace, uid, spec), service(job, namespace, uid),
+            network_policy(job, namespace, uid)]
 
 
 # --- worker pods ------------------------------------------------------------------------------

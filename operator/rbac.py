@@ -34,6 +34,8 @@ RULES: list[tuple[list[str], list[str], list[str], str]] = [
      "the progress Lease; get/patch also because the trainer's Role grants them"),
     (["rbac.authorization.k8s.io"], ["roles", "rolebindings"], ["get", "list", "watch", "create"],
      "the trainer's Role on its own Lease, bound to its ServiceAccount"),
+    (["networking.k8s.io"], ["networkpolicies"], ["get", "list", "watch", "create"],
+     "one per job: its pods take ingress only from each other (and metrics scrapes)"),
     ([""], ["events"], ["get", "create", "patch"],
      "events on PretrainJobs; a repeat raises the count of the first (get: after a restart)"),
     ([""], ["nodes"], ["get", "list", "watch", "patch"],

@@ -52,8 +52,19 @@ def test_apply_gives_running_pods_owned_children_and_printer_columns(cluster, ru
                  cluster.core.read_namespaced_service_account("gpt-trainer", cluster.namespace),
                  cluster.coordination.read_namespaced_lease("gpt-progress", cluster.namespace),
                  *pods]
+        fence = client.NetworkingV1Api(cluster.api).read_namespaced_network_policy(
+            "gpt", cluster.namespace)
+        owned.append(fence)
         assert all(o.metadata.owner_references[0].uid == uid for o in owned)
         assert owned[0].spec.cluster_ip == "None"
+        # The NetworkPolicy selects exactly this job's pods, and takes ingress only from them
+        # (every port) and to the metrics port from anywhere.
+        selector = ",".join(f"{k}={v}" for k, v in fence.spec.pod_selector.match_labels.items())
+        assert {p.metadata.name for p in cluster.core.list_namespaced_pod(
+            cluster.namespace, label_selector=selector).items} == {p.metadata.name for p in pods}
+        peer, scrape = fence.spec.ingress
+        assert peer.ports is None and peer._from[0].pod_selector == fence.spec.pod_selector
+        assert [p.port for p in scrape.ports] == [9400]
 
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
         assert b'crucible_operator_jobs{phase="Running"} 1.0' in metrics

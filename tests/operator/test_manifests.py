@@ -204,3 +204,16 @@ def test_a_moved_default_changes_no_running_jobs_hash(monkeypatch):
         for model in (api.FaultToleranceSpec, api.PretrainJobSpec):
             model.model_rebuild(force=True)
     assert api.PretrainJobSpec.model_validate(doc).fault_tolerance.rendezvous_timeout_seconds == 600
+
+
+def test_the_network_policy_fences_the_job_pods_off_from_everyone_but_each_other():
+    policy = m.network_policy("gpt", "team-a", "uid-1")
+    pods = policy["spec"]["podSelector"]["matchLabels"]
+    assert pods == {m.LABEL_JOB: "gpt", m.LABEL_MANAGED_BY: m.MANAGER}
+    assert pods.items() <= m.pod("gpt", "team-a", "uid-1", b.spec(), 0, 0)["metadata"][
+        "labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]          # egress (S3, DNS) stays open
+    peer, scrape = policy["spec"]["ingress"]
+    assert peer == {"from": [{"podSelector": {"matchLabels": pods}}]}   # every port: NCCL, c10d
+    assert scrape["ports"] == [{"protocol": "TCP", "port": 9400}]
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
