@@ -25,11 +25,13 @@ RULES: list[tuple[list[str], list[str], list[str], str]] = [
     ([crd.GROUP], [crd.PLURAL], ["get", "list", "watch", "patch", "delete"],
      "watch jobs; kopf's finalizer (patch); ttlSecondsAfterFinished (delete)"),
     ([crd.GROUP], [f"{crd.PLURAL}/status"], ["get", "patch"], "one status patch per pass"),
-    ([""], ["pods"], ["get", "list", "watch", "create", "delete"],
-     "worker pods: create, replace, force-delete (no update: pods are never edited)"),
-    ([""], ["services", "configmaps", "serviceaccounts"],
-     ["get", "list", "watch", "create", "patch"],
-     "headless Service, job config, trainer ServiceAccount (patch: the ConfigMap after an edit)"),
+    ([""], ["pods"], ["list", "watch", "create", "delete"],
+     "worker pods: create, replace, force-delete (never read one by one, never edited; what "
+     "a created pod may be is fenced by the admission policy below)"),
+    ([""], ["services", "serviceaccounts"], ["get", "list", "watch", "create"],
+     "headless Service, trainer ServiceAccount (get: whose is it, after a 409)"),
+    ([""], ["configmaps"], ["get", "list", "watch", "create", "patch"],
+     "the job config (patch: after a spec edit)"),
     (["coordination.k8s.io"], ["leases"], ["get", "list", "watch", "create", "patch"],
      "the progress Lease; get/patch also because the trainer's Role grants them"),
     (["rbac.authorization.k8s.io"], ["roles", "rolebindings"], ["get", "list", "watch", "create"],
@@ -46,6 +48,82 @@ RULES: list[tuple[list[str], list[str], list[str], str]] = [
 ]
 
 
+OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{NAME}"
+FENCE = f"{NAME}-fence"
+
+
+def _unchanged(path: str, empty: str) -> str:
+    """CEL: a field of the node is what it was (absent counts as `empty`)."""
+    return (f"(has(object.{path}) ? object.{path} : {empty}) == "
+            f"(has(oldObject.{path}) ? oldObject.{path} : {empty})")
+
+
+# What the operator's own writes may be, checked by the apiserver whoever holds its token: RBAC
+# can say "create pods" but not "only as the job's trainer, only non-root", nor "patch nodes" but
+# not "only spec.unschedulable and crucible.dev/* annotations". (expression, message) per kind.
+POD_RULES: list[tuple[str, str]] = [
+    ("has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, "
+     "has(r.controller) && r.controller && r.kind == 'PretrainJob' && "
+     f"r.apiVersion == '{crd.API_VERSION}' && "
+     "has(object.spec.serviceAccountName) && object.spec.serviceAccountName == "
+     "r.name + '-trainer')",
+     "the operator creates only pods controlled by a PretrainJob, running as that job's "
+     "<job>-trainer ServiceAccount"),
+    ("has(object.spec.securityContext) && has(object.spec.securityContext.runAsNonRoot) && "
+     "object.spec.securityContext.runAsNonRoot && "
+     "!(has(object.spec.hostNetwork) && object.spec.hostNetwork) && "
+     "!(has(object.spec.hostPID) && object.spec.hostPID) && "
+     "!(has(object.spec.hostIPC) && object.spec.hostIPC) && "
+     "(!has(object.spec.volumes) || object.spec.volumes.all(v, !has(v.hostPath))) && "
+     "object.spec.containers.all(c, has(c.securityContext) && "
+     "has(c.securityContext.allowPrivilegeEscalation) && "
+     "!c.securityContext.allowPrivilegeEscalation && "
+     "!(has(c.securityContext.privileged) && c.securityContext.privileged))",
+     "the operator creates only non-root pods without host namespaces, hostPath volumes, "
+     "privilege or privilege escalation"),
+]
+_NODE_MESSAGE = ("the operator may change only a node's spec.unschedulable and crucible.dev/* "
+                 "annotations")
+NODE_RULES: list[tuple[str, str]] = [
+    (" && ".join([_unchanged("metadata.labels", "{}"), _unchanged("spec.taints", "[]"),
+                  _unchanged("spec.providerID", "''"), _unchanged("spec.podCIDRs", "[]")]),
+     _NODE_MESSAGE),
+    ("(!has(object.metadata.annotations) || object.metadata.annotations.all(k, "
+     "k.startsWith('crucible.dev/') || (has(oldObject.metadata.annotations) && "
+     "k in oldObject.metadata.annotations && "
+     "oldObject.metadata.annotations[k] == object.metadata.annotations[k]))) && "
+     "(!has(oldObject.metadata.annotations) || oldObject.metadata.annotations.all(k, "
+     "k.startsWith('crucible.dev/') || (has(object.metadata.annotations) && "
+     "k in object.metadata.annotations)))", _NODE_MESSAGE),
+]
+
+
+def fence(labels: dict, user: str = OPERATOR_USER) -> list[dict]:
+    """ValidatingAdmissionPolicies (and bindings) on the operator's pod creates and node
+    updates, one per kind (each typed against its own schema); they match only requests made
+    as the operator's ServiceAccount."""
+    docs = []
+    for kind, operation, rules in (("pods", "CREATE", POD_RULES),
+                                   ("nodes", "UPDATE", NODE_RULES)):
+        name = f"{FENCE}-{kind}"
+        docs.append({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"failurePolicy": "Fail",
+                     "matchConstraints": {"resourceRules": [
+                         {"apiGroups": [""], "apiVersions": ["v1"], "operations": [operation],
+                          "resources": [kind]}]},
+                     "matchConditions": [{"name": "as-the-operator", "expression":
+                                          f"request.userInfo.username == '{user}'"}],
+                     "validations": [{"expression": rule, "message": message}
+                                     for rule, message in rules]}})
+        docs.append({"apiVersion": "admissionregistration.k8s.io/v1",
+                     "kind": "ValidatingAdmissionPolicyBinding",
+                     "metadata": {"name": name, "labels": labels},
+                     "spec": {"policyName": name, "validationActions": ["Deny"]}})
+    return docs
+
+
 def documents() -> list[dict]:
     labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "crucible"}
     return [
@@ -59,6 +137,7 @@ def documents() -> list[dict]:
          "metadata": {"name": NAME, "labels": labels},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
          "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]},
+        *fence(labels),
     ]
 
 
@@ -68,5 +147,7 @@ def render() -> str:
               "edit.\n# The operator's ServiceAccount and least-privilege ClusterRole. Why each "
               "rule:\n" + why + "\n# Trainer pods get a per-job ServiceAccount and Role made by "
               "the operator: get/patch on\n# their own job's Lease <job>-progress, nothing "
-              "else (crucible/operator/manifests.py).\n")
+              "else (crucible/operator/manifests.py).\n# The ValidatingAdmissionPolicies "
+              "crucible-operator-fence-{pods,nodes} bound the operator's\n# own pod creates "
+              "and node updates (Kubernetes >= 1.30).\n")
     return header + "---\n".join(yaml.safe_dump(doc, sort_keys=False) for doc in documents())

@@ -36,6 +36,40 @@ def test_operator_identity_cannot_read_secrets_or_delete_nodes(operator_kubeconf
     assert _status(lambda: core.list_node()) == 200
 
 
+def test_the_operators_writes_are_fenced_to_what_its_code_does(operator_kubeconfig, kube,
+                                                               namespace):
+    """A stolen operator token cannot edit the cluster's Services, run a pod as another account
+    or as root, or relabel and taint nodes; it can still cordon and annotate (crucible.dev/*)."""
+    api = config.new_client_from_config(config_file=str(operator_kubeconfig))
+    core = client.CoreV1Api(api)
+    admin = client.CoreV1Api(kube.client())
+    assert _status(lambda: core.patch_namespaced_service(
+        "kubernetes", "default", {"metadata": {"labels": {"x": "y"}}})) == 403
+    pod = {"metadata": {"name": "not-a-trainer"}, "spec": {
+        "serviceAccountName": "default",
+        "containers": [{"name": "c", "image": "registry.invalid/x:1"}]}}
+    # The policies apply a moment after they are created (the admission plugin loads them).
+    eventually(lambda: _status(lambda: core.create_namespaced_pod(namespace, pod,
+                                                                  dry_run="All")) in (403, 422),
+               15, "a pod as another ServiceAccount refused")
+    node = kube.nodes[0]
+    assert _status(lambda: core.patch_node(node, {"metadata": {"labels": {"evil": "1"}}})) != 200
+    assert _status(lambda: core.patch_node(node, {"spec": {"taints": [
+        {"key": "evil", "effect": "NoSchedule"}]}})) != 200
+    assert _status(lambda: core.patch_node(node, {"metadata": {"annotations": {
+        "other.io/x": "1"}}})) != 200
+    try:
+        assert _status(lambda: core.patch_node(node, {"spec": {"unschedulable": True},
+                                                      "metadata": {"annotations": {
+                                                          "crucible.dev/failure-reason": "Test"}}})
+                       ) == 200
+        assert admin.read_node(node).spec.unschedulable is True
+    finally:
+        admin.patch_node(node, {"spec": {"unschedulable": None}, "metadata": {
+            "annotations": {"crucible.dev/failure-reason": None}}})
+    assert "evil" not in (admin.read_node(node).metadata.labels or {})
+
+
 def test_trainer_identity_may_patch_only_its_own_lease(cluster, run_operator, tmp_path):
     with run_operator(cluster.namespace) as runner:
         cluster.create_job("gpt", nodes={"min": 1, "max": 1})

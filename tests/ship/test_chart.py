@@ -82,7 +82,18 @@ def test_default_render_is_the_generated_rbac_and_crd():
     # Nothing optional is on by default; the dashboard ConfigMap is (it costs nothing).
     assert sorted(d["kind"] for d in docs) == sorted([
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service",
-        "ConfigMap", "CustomResourceDefinition"])
+        "ConfigMap", "CustomResourceDefinition"] + 2 * ["ValidatingAdmissionPolicy",
+                                                        "ValidatingAdmissionPolicyBinding"])
+    # The fence is the generated one, matching this release's ServiceAccount.
+    fences = by_kind(docs, "ValidatingAdmissionPolicy")
+    assert len(fences) == 2
+    for fence, kind in zip(fences, ("pods", "nodes")):
+        generated_fence = generated["ValidatingAdmissionPolicy", f"{rbac.FENCE}-{kind}"]
+        assert fence["spec"]["validations"] == generated_fence["spec"]["validations"]
+        [condition] = fence["spec"]["matchConditions"]
+        assert condition["expression"].endswith(":crucible-operator'")
+    assert sorted(b["spec"]["policyName"] for b in by_kind(
+        docs, "ValidatingAdmissionPolicyBinding")) == sorted(f["metadata"]["name"] for f in fences)
 
 
 def test_operator_deployment_defaults():

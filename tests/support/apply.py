@@ -16,6 +16,7 @@ def apply(api: client.ApiClient, doc: dict) -> None:
     kind, name, ns = doc["kind"], doc["metadata"]["name"], doc["metadata"].get("namespace")
     rbac_api, core = client.RbacAuthorizationV1Api(api), client.CoreV1Api(api)
     ext = client.ApiextensionsV1Api(api)
+    admission = client.AdmissionregistrationV1Api(api)
     create, replace, read = {
         "CustomResourceDefinition": (lambda: ext.create_custom_resource_definition(doc),
                                      lambda rv: ext.replace_custom_resource_definition(name, doc),
@@ -26,6 +27,14 @@ def apply(api: client.ApiClient, doc: dict) -> None:
                                lambda rv: rbac_api.replace_cluster_role_binding(name, doc), None),
         "ServiceAccount": (lambda: core.create_namespaced_service_account(ns, doc),
                            None, None),
+        "ValidatingAdmissionPolicy": (
+            lambda: admission.create_validating_admission_policy(doc),
+            lambda rv: admission.replace_validating_admission_policy(name, doc),
+            lambda: admission.read_validating_admission_policy(name)),
+        "ValidatingAdmissionPolicyBinding": (
+            lambda: admission.create_validating_admission_policy_binding(doc),
+            lambda rv: admission.replace_validating_admission_policy_binding(name, doc),
+            lambda: admission.read_validating_admission_policy_binding(name)),
     }[kind]
     try:
         create()
