@@ -52,15 +52,15 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
 from crucible.api.progress import CommitRef
 from crucible.api.spec import CheckpointSpec
 from crucible.trainer import storage
-from crucible.trainer.checkpoint_fetch import (METADATA, SplitWriter, files_needed, load_planner,
-                                               local_load_plan, read_metadata)
+from crucible.trainer.checkpoint_fetch import (METADATA, SafeReader, SplitWriter, UnsafeCheckpoint,
+                                               files_needed, load_planner, local_load_plan,
+                                               read_metadata)
 
 log = logging.getLogger(__name__)
 
@@ -410,7 +410,7 @@ class Checkpointer:
             if not self._everyone_ok(problem is None):
                 self._quarantine(step, describe_problems(self._gather(problem)))
                 continue
-            dcp.load({"app": app}, storage_reader=FileSystemReader(str(folder)),
+            dcp.load({"app": app}, storage_reader=SafeReader(str(folder)),
                      planner=load_planner())
             self._clear_restore()  # in memory now: the node-local copy is no longer needed
             total = sum(f["size"] for f in manifest["files"].values())
@@ -482,6 +482,8 @@ class Checkpointer:
         try:
             metadata = read_metadata(folder)
             needed = files_needed(metadata, local_load_plan({"app": app}, metadata))
+        except UnsafeCheckpoint as err:   # tampered: never loaded, the commit falls back
+            return folder, [METADATA], str(err)
         except Exception as err:  # noqa: BLE001 - dcp.load raises it again, with its context
             log.warning("cannot work out which files of %s rank %d reads (%s: %s): fetching all",
                         step_name(step), self.rank, type(err).__name__, err)

@@ -22,28 +22,95 @@ fetches every file holding something it reads.
 
 from __future__ import annotations
 
+import io
+import pickle
 import queue
 from pathlib import Path
 
+import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX
-from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, WriteItemType
 from torch.distributed.checkpoint.stateful import Stateful
 
 METADATA = ".metadata"  # DCP's global index (torch.distributed.checkpoint.filesystem._metadata_fn)
 
 
+class UnsafeCheckpoint(pickle.UnpicklingError):
+    """A checkpoint file would unpickle something other than DCP's own index types."""
+
+
+# What DCP's `.metadata` holds (torch 2.x): its metadata dataclasses and enums, the file
+# layout's _StorageInfo, torch.Size, dtypes and layouts, the writer's PosixPath. Anything else in
+# a pickle (os.system, builtins.eval, ...) is code someone put there: whoever can write the
+# bucket must not get to run it in every training pod.
+_SAFE_MODULES = ("torch.distributed.checkpoint.metadata",)
+_SAFE_GLOBALS = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+                 ("torch.distributed.checkpoint.filesystem", "_StoragePrefix"),
+                 ("torch", "Size"), ("torch.serialization", "_get_layout"),
+                 ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+                 ("collections", "OrderedDict")}
+_TORCH_VALUES = (torch.dtype, torch.layout, torch.memory_format)
+
+
+class _IndexUnpickler(pickle.Unpickler):
+    """pickle's documented way to restrict globals ("Restricting Globals", the pickle docs):
+    `find_class` answers only for the allow-list. torch.load(weights_only=True) has its own
+    allow-list, but for tensors, not DCP's dataclasses."""
+
+    def find_class(self, module: str, name: str):
+        found = None
+        if module in _SAFE_MODULES or (module, name) in _SAFE_GLOBALS:
+            found = super().find_class(module, name)
+            if module in _SAFE_MODULES and not isinstance(found, type):
+                found = None
+        elif module == "torch" and isinstance(getattr(torch, name, None), _TORCH_VALUES):
+            found = getattr(torch, name)
+        if found is None:
+            raise UnsafeCheckpoint(f"{METADATA} would load {module}.{name}, which is not part of "
+                                   "a DCP index: refusing it (the file was written by something "
+                                   "other than torch.distributed.checkpoint)")
+        return found
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file reader, with `.metadata` unpickled through the allow-list above (the body is
+    FileSystemReader.read_metadata's, torch 2.x, with its `pickle.load` replaced)."""
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as file:
+            metadata = _IndexUnpickler(file).load()
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's load planner, with non-tensor values (the loop's counters, RNG and optimizer
+    settings) read by torch.load(weights_only=True): DCP's own `load_bytes` unpickles them
+    without restriction (torch 2.x default_planner.py; this body is its, with that one flag)."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        loaded = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
+
+
 def load_planner() -> DefaultLoadPlanner:
     """The planner of both `local_load_plan` and the `dcp.load` that follows: one factory, so the
     files fetched are the files read."""
-    return DefaultLoadPlanner()
+    return SafeLoadPlanner()
 
 
 def read_metadata(folder: Path) -> Metadata:
-    """DCP's index in `folder` (unpickled: call it only on a file whose checksum was verified)."""
-    return FileSystemReader(str(folder)).read_metadata()
+    """DCP's index in `folder`, unpickled through the allow-list (`UnsafeCheckpoint` otherwise)."""
+    return SafeReader(str(folder)).read_metadata()
 
 
 def local_load_plan(state: dict, metadata: Metadata) -> LoadPlan:

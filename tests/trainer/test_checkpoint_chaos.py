@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import signal
 import socket
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
+from crucible.trainer.checkpoint import file_digest
 from tests.support.private_s3 import PrivateS3
 from tests.support.services import eventually
 from tests.support.training import job_config, run_crucible, write_config
@@ -194,11 +198,36 @@ def _escape_the_restore_folder(client, bucket: str, step: str) -> None:
     client.put_object(Bucket=bucket, Key=key, Body=json.dumps(manifest).encode())
 
 
+# Where the planted index would leave its mark if it ever ran.
+SENTINEL = Path(tempfile.gettempdir()) / f"crucible-planted-{os.getpid()}"
+
+
+class _Planted:
+    """Unpickling this runs a shell command: what a writer of the bucket could plant."""
+
+    def __reduce__(self):
+        return os.system, (f"touch {SENTINEL}",)
+
+
+def _plant_code_in_the_index(client, bucket: str, step: str) -> None:
+    """Someone who can write the bucket replaces DCP's `.metadata` with a pickle that runs code,
+    and fixes the manifest's size and checksum to match: the checksums catch accidents, not
+    this."""
+    planted = Path(tempfile.mkdtemp()) / ".metadata"
+    planted.write_bytes(pickle.dumps(_Planted()))
+    client.put_object(Bucket=bucket, Key=f"{step}/.metadata", Body=planted.read_bytes())
+    key = f"{step}/manifest.json"
+    manifest = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    manifest["files"][".metadata"] = file_digest(planted)
+    client.put_object(Bucket=bucket, Key=key, Body=json.dumps(manifest).encode())
+
+
 @pytest.mark.parametrize("damage, reason", [
     (_flip_a_byte, "__1_0.distcp: size/checksum"),
     (_truncate_the_manifest, "the manifest is not valid JSON"),
     (_delete_a_shard, "__0_0.distcp cannot be downloaded"),
     (_escape_the_restore_folder, "the manifest lists '../../x'"),
+    (_plant_code_in_the_index, ".metadata would load posix.system"),
 ], ids=lambda v: getattr(v, "__name__", "")[1:] if callable(v) else None)
 def test_an_unloadable_newest_commit_is_quarantined_and_the_previous_one_loaded(
         corpus, tmp_path, ckpt, s3, damage, reason):
@@ -220,6 +249,7 @@ def test_an_unloadable_newest_commit_is_quarantined_and_the_previous_one_loaded(
     assert "step_4: rank 0 fetched" in log and "step_4: rank 1 fetched" in log, log[-3000:]
     assert "retry 1/" not in log                   # nothing waited on a file that is not there
     assert not list((tmp_path / "tmp").rglob("x"))  # nothing written outside the restore folder
+    assert not SENTINEL.exists()                   # nothing planted ran
 
 
 def test_one_ranks_failed_upload_abandons_the_save_everywhere_without_a_stall(
