@@ -193,6 +193,7 @@ class Bench:
             except client.exceptions.ApiException as err:
                 if err.status != 409:
                     raise
+            self.prune()
             ns = f"bench-{int(time.time())}"
             self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
             self.ns = ns
@@ -219,6 +220,23 @@ class Bench:
             self.close()
             raise
         return self
+
+    def prune(self) -> None:
+        """What earlier runs left in this stack's etcd (`stack.sh down` keeps it): KWOK nodes
+        beyond this run's --nodes (a 10-node run after a 100-node one would otherwise get 100)
+        and their namespaces (jobs whose finalizer the stopped operator never took off keep
+        their pods, and the GPUs those hold)."""
+        wanted = set(self.stack_env["CRUCIBLE_KWOK_NODES"].split(","))
+        extra = [n.metadata.name for n in self.core.list_node(label_selector="type=kwok").items
+                 if n.metadata.name not in wanted]
+        for name in extra:
+            self.core.delete_node(name)
+        old = [n.metadata.name for n in self.core.list_namespace().items
+               if n.metadata.name.startswith("bench-") and not n.metadata.deletion_timestamp]
+        for name in old:
+            self.core.delete_namespace(name)
+        if extra or old:
+            print(f"pruned from earlier runs: {len(extra)} nodes, {len(old)} namespaces")
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -599,17 +617,41 @@ class Phases:
         return self.time[name].get(phase, 0.0) / self.total_s if self.total_s else 0.0
 
 
-def _events_by_job(b: Bench) -> dict[str, dict[str, int]]:
-    """{reason: {job: count}} of the capacity events in the namespace."""
-    out: dict[str, dict[str, int]] = {}
-    for reason in ("CapacityReleased", "CapacityRetry", "InsufficientCapacity"):
+EVENT_REASONS = ("CapacityReleased", "CapacityRetry", "InsufficientCapacity", "NodeFailure",
+                 "CordonRateLimited")
+
+
+def _events(b: Bench) -> dict[str, list[tuple[str, str, int]]]:
+    """{reason: [(job, message, count)]} of the operator's capacity and node events (it posts one
+    Event per job, reason and message, and raises its count on a repeat)."""
+    out: dict[str, list[tuple[str, str, int]]] = {}
+    for reason in EVENT_REASONS:
         items = b.core.list_namespaced_event(b.ns, field_selector=f"reason={reason}",
                                              _request_timeout=60).items
-        per: dict[str, int] = {}
-        for ev in items:
-            per[ev.involved_object.name] = per.get(ev.involved_object.name, 0) + (ev.count or 1)
-        out[reason] = per
+        out[reason] = [(ev.involved_object.name, ev.message or "", ev.count or 1) for ev in items]
     return out
+
+
+def _per_job(events: list[tuple[str, str, int]]) -> dict[str, int]:
+    per: dict[str, int] = {}
+    for job, _message, count in events:
+        per[job] = per.get(job, 0) + count
+    return per
+
+
+def node_failure_events(events: dict) -> dict:
+    """NodeFailure events split by what they say: a pod counted as lost on a failed node (of
+    which those on a node Ready again whose unreachable taint the node controller had not lifted
+    yet: "is tainted ..."), and a node cordoned (one event per job that cordoned it)."""
+    pods = [(m, n) for _, m, n in events.get("NodeFailure", []) if " under pod " in m]
+    cordons = [(m, n) for _, m, n in events.get("NodeFailure", [])
+               if m.endswith("cordoned and annotated it")]
+    nodes_cordoned = {m.split()[1] for m, _ in cordons}
+    return {"pods_lost": sum(n for _, n in pods),
+            "pods_lost_on_node_ready_but_still_tainted": sum(
+                n for m, n in pods if " is tainted node.kubernetes.io/" in m),
+            "cordons": sum(n for _, n in cordons), "nodes_cordoned": len(nodes_cordoned),
+            "cordons_rate_limited": sum(n for _, _, n in events.get("CordonRateLimited", []))}
 
 
 def capacity_case(args) -> int:
@@ -694,7 +736,7 @@ def capacity_case(args) -> int:
             results["at_churn_start"]["operator_cpu_s"], 1)
         results["memory"] = memory_mb(b.operator.pid)
         try:
-            events = _events_by_job(b)
+            events = _events(b)
         except Exception as err:  # noqa: BLE001 - reported as missing
             print(f"events: {err}", file=sys.stderr)
             events = {}
@@ -724,8 +766,8 @@ def _pcts(values: list[float]) -> dict:
 def summarize(results, names, end_jobs, whole: Phases, window: Phases, events, first_running_at,
               fits, args) -> None:
     by_name = {j["metadata"]["name"]: j for j in end_jobs}
-    released = events.get("CapacityReleased", {})
-    retried = events.get("CapacityRetry", {})
+    released = _per_job(events.get("CapacityReleased", []))
+    retried = _per_job(events.get("CapacityRetry", []))
     per_job, by_cause = {}, {}
     totals = {"total": 0, "application": 0, "infrastructure": 0}
     for name in names:
@@ -749,7 +791,10 @@ def summarize(results, names, end_jobs, whole: Phases, window: Phases, events, f
             "pod_generation": status.get("podGeneration", 0),
         }
         if status.get("phase") == "Failed":
-            per_job[name]["message"] = status.get("message")
+            cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Failed"),
+                        {})
+            per_job[name]["message"] = (f"{cond.get('reason')}: {cond.get('message')}" if cond
+                                        else status.get("message"))
     shares = [j["running_share"] for j in per_job.values()]
     end_phases = _count({n: (by_name.get(n, {}).get("status") or {}).get("phase") or "None"
                          for n in names})
@@ -771,7 +816,8 @@ def summarize(results, names, end_jobs, whole: Phases, window: Phases, events, f
                 "failed": {n: j.get("message") for n, j in per_job.items()
                            if j["phase_end"] == "Failed"},
                 "failed_seen_during_run": whole.failed_seen},
-        "events": {reason: sum(per.values()) for reason, per in events.items()},
+        "events": {reason: sum(n for _, _, n in items) for reason, items in events.items()},
+        "node_failures": node_failure_events(events),
         "jobs_never_running": [n for n in names if n not in first_running_at],
         "series": whole.series,
         "per_job": per_job,
@@ -784,13 +830,13 @@ def summarize(results, names, end_jobs, whole: Phases, window: Phases, events, f
 def print_table(results: dict) -> None:
     per_job = results["per_job"]
     print()
-    print(f"{'job':<9} {'run%':>5} {'wait%':>5} {'first':>6} {'end':<9} {'app':>3} {'infra':>5} "
+    print(f"{'job':<9} {'run%':>5} {'wait%':>5} {'first':>6} {'end':<10} {'app':>3} {'infra':>5} "
           f"{'rel':>4} {'retry':>5} {'gen':>4}  causes")
     for name, j in per_job.items():
         first = "-" if j["first_running_s"] is None else f"{j['first_running_s']:.0f}"
         causes = ",".join(f"{k}={v}" for k, v in sorted(j["restarts"]["byCause"].items()))
         print(f"{name:<9} {100 * j['running_share']:5.1f} {100 * j['waiting_share']:5.1f} "
-              f"{first:>6} {str(j['phase_end']):<9} {j['restarts']['application']:>3} "
+              f"{first:>6} {str(j['phase_end']):<10} {j['restarts']['application']:>3} "
               f"{j['restarts']['infrastructure']:>5} {j['capacity_released']:>4} "
               f"{j['capacity_retries']:>5} {j['pod_generation']:>4}  {causes}")
     rs, ch, dc = results["running_share"], results["churn"], results["during_churn"]
@@ -811,7 +857,11 @@ def print_table(results: dict) -> None:
          f"{results['restarts']['infrastructure']}; "
          + ", ".join(f"{k} {v}" for k, v in results["restarts"]["byCause"].items())),
         ("jobs at the end", ", ".join(f"{k} {v}" for k, v in results["end"]["phases"].items())),
-        ("capacity events", ", ".join(f"{k} {v}" for k, v in results["events"].items())),
+        ("events", ", ".join(f"{k} {v}" for k, v in results["events"].items())),
+        ("node failures", "{pods_lost} pods lost on failed nodes, of which "
+         "{pods_lost_on_node_ready_but_still_tainted} on a node Ready again but still tainted "
+         "unreachable; {cordons} cordons of {nodes_cordoned} nodes, {cordons_rate_limited} "
+         "rate-limited".format(**results["node_failures"])),
         ("churn", f"{ch['kills']} kills every {ch['every_s']:.0f}s, {ch['returns_completed']} "
          f"returns (down {ch['down_s']:.0f}s; back Ready p50 {ch['return_to_ready_p50_s']}s), "
          f"max {ch['max_down_at_once']} down at once, {ch['late_cordons_cleared']} late cordons, "
