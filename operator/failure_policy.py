@@ -238,9 +238,11 @@ def infrastructure_loop(p: Pass) -> bool:
         kept = [t for t in times if (p.now - parse_time(t)).total_seconds() < window_s]
         if kept:
             recent[cause] = kept
-    for failure in p.restarts:
-        if failure.kind == f.INFRASTRUCTURE and failure.cause != "InsufficientCapacity":
-            recent.setdefault(failure.cause, []).append(format_time(p.now))
+    # One count per cause per pass: a node failure takes down every pod the job had on it (and
+    # each is replaced, counted in `restarts`), but it is one failure, not one per pod.
+    for cause in {failure.cause for failure in p.restarts
+                  if failure.kind == f.INFRASTRUCTURE and failure.cause != "InsufficientCapacity"}:
+        recent.setdefault(cause, []).append(format_time(p.now))
     if recent:
         p.track["infrastructureRestarts"] = recent
     else:

@@ -114,7 +114,11 @@ def node_failure(name: str, node: NodeView | None, ft: FaultToleranceSpec,
         reason = "NodeUnreachable" if ready.status == "Unknown" else "NodeNotReady"
         detail = ready.message or ready.reason or f"Ready={ready.status}"
         return NodeFailure(name, reason, f"node {name} is {reason[4:]}: {detail}", ready.since)
-    for key, effect, since in node.taints:
+    for key, effect, since in node.taints if ready is None else ():
+        # Only when the node has no Ready condition at all: on a node that is Ready again the
+        # taint is the node controller's leftover for a few seconds, and the scheduler already
+        # places pods there (they tolerate it for 300 s); judged by it, a pod just placed on a
+        # returned node would be failed at once, dated from the old outage.
         if key in UNREACHABLE_TAINTS and effect == "NoExecute":
             return NodeFailure(name, "NodeUnreachable", f"node {name} is tainted {key}", since)
     for cond in node.conditions:

@@ -57,17 +57,21 @@ class CordonLimit:
 
     def __init__(self, per_minute: int, clock=time.monotonic):
         self.per_minute, self.clock = per_minute, clock
-        self._taken: collections.deque[float] = collections.deque()
+        self._taken: collections.deque[tuple[float, str]] = collections.deque()
         self._lock = threading.Lock()
 
-    def take(self) -> bool:
+    def take(self, node: str) -> bool:
+        """Whether `node` may be cordoned now. Counted per node: several jobs whose passes
+        cordon the same failed node at once spend one slot, not one each."""
         with self._lock:
             now = self.clock()
-            while self._taken and now - self._taken[0] >= 60:
+            while self._taken and now - self._taken[0][0] >= 60:
                 self._taken.popleft()
+            if any(name == node for _, name in self._taken):
+                return True
             if len(self._taken) >= self.per_minute:
                 return False
-            self._taken.append(now)
+            self._taken.append((now, node))
             return True
 
 
@@ -184,7 +188,7 @@ class Kube:
         actions = []
         for action in outcome.actions:
             if (action.verb == "patch_node" and (action.body.get("spec") or {}).get("unschedulable")
-                    and not self.cordons.take()):
+                    and not self.cordons.take(action.name)):
                 action = annotate_only(action, self.cordons.per_minute)
                 out.cordons_limited.append(action.name)
             actions.append(action)

@@ -149,6 +149,7 @@ class Pass:
     def fail(self, reason: str, message: str):
         self.status["phase"] = FAILED
         self.status["completionTime"] = format_time(self.now)
+        self.status["message"] = f"{FAILED}: {reason}: {message}"
         self.cond(c.FAILED, True, reason, message)
         self.cond(c.RUNNING, False, reason, message)
         self.cond(c.RESTARTING, False, reason, message)

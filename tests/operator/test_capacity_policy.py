@@ -245,3 +245,21 @@ def test_the_kubelet_conditions_are_refused_in_the_spec():
     assert NodePolicy.from_settings("*", 6) == NodePolicy(None, True)
     assert NodePolicy.from_settings("GPUUnhealthy, KernelDeadlock", 0) == NodePolicy(
         frozenset({"GPUUnhealthy", "KernelDeadlock"}), False)
+
+
+def test_one_node_failure_under_several_pods_counts_once_toward_an_infrastructure_loop():
+    # Two pods of the job on one node that died: two replacements, one failure of the node.
+    spec = {"faultTolerance": {"maxInfrastructureRestarts": 2, "nodeFailureGraceSeconds": 0}}
+    h = m.spec_hash(b.spec(**spec))
+    nodes = b.healthy_nodes()
+    nodes["gpu-node-2"] = b.node("gpu-node-2", ready="Unknown", since=0)
+    pods = b.running(0, 2, h) + [b.pod(0, i, node="gpu-node-2", spec_hash=h) for i in (2, 3)]
+    out = decide(b.job(status=running_status(), **spec), b.observed(pods, nodes=nodes), b.at(10))
+    assert out.status["restarts"]["byCause"] == {"NodeFailure": 2}
+    assert out.status["phase"] != "Failed"
+    assert len(out.status["tracking"]["infrastructureRestarts"]["NodeFailure"]) == 1
+
+
+def test_a_failed_job_says_why_in_its_message():
+    out = decide(b.job(nodes={"min": 5, "max": 2}), b.observed(), b.at(0))
+    assert out.status["message"].startswith("Failed: InvalidSpec:")

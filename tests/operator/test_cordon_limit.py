@@ -29,15 +29,16 @@ class Clock:
         return self.now
 
 
-def test_the_limit_counts_cordons_in_any_60_seconds():
+def test_the_limit_counts_nodes_cordoned_in_any_60_seconds():
     clock = Clock()
     limit = CordonLimit(2, clock)
-    assert limit.take() and limit.take() and not limit.take()
+    assert limit.take("a") and limit.take("b") and not limit.take("c")
+    assert limit.take("a")                # another job cordoning the same node: no new slot
     clock.now += 59.9
-    assert not limit.take()
+    assert not limit.take("c")
     clock.now += 0.1                      # the first two are a minute old
-    assert limit.take() and limit.take() and not limit.take()
-    assert not CordonLimit(0, clock).take()   # 0: never cordon
+    assert limit.take("c") and limit.take("d") and not limit.take("e")
+    assert not CordonLimit(0, clock).take("a")   # 0: never cordon
 
 
 def _cordon(node: str) -> Action:

@@ -41,8 +41,12 @@ def test_pods_that_have_not_failed_are_not_failures(phase):
 @pytest.mark.parametrize("node, reason", [
     (dict(ready="Unknown"), "NodeUnreachable"),
     (dict(ready="False"), "NodeNotReady"),
-    (dict(taints=[("node.kubernetes.io/unreachable", "NoExecute", 5)]), "NodeUnreachable"),
-    (dict(taints=[("node.kubernetes.io/not-ready", "NoExecute", 5)]), "NodeUnreachable"),
+    # The node controller's leftover taints on a node Ready again: pods placed there since are
+    # fine (the scheduler places them while the taint lasts), never failed for the old outage.
+    (dict(taints=[("node.kubernetes.io/unreachable", "NoExecute", 5)]), None),
+    (dict(taints=[("node.kubernetes.io/not-ready", "NoExecute", 5)]), None),
+    (dict(ready="Unknown", taints=[("node.kubernetes.io/unreachable", "NoExecute", 5)]),
+     "NodeUnreachable"),
     (dict(conditions={"GPUUnhealthy": "True"}), "NodeGPUUnhealthy"),
     (dict(conditions={"GPUUnhealthy": "False"}), None),
     (dict(conditions={"SomethingElse": "True"}), None),          # not configured
@@ -86,3 +90,11 @@ def test_unschedulable_pods_carry_the_schedulers_message():
     assert problem.reason == "Unschedulable" and msg in problem.message and not problem.hopeless
     assert not f.pending_too_long(b.pod(0, 0, phase="Pending", created=0), FT, b.at(599))
     assert f.pending_too_long(b.pod(0, 0, phase="Pending", created=0), FT, b.at(600))
+
+
+def test_an_unreachable_taint_counts_on_a_node_without_a_ready_condition():
+    from crucible.operator.observed import node_view
+    bare = node_view({"metadata": {"name": "n"}, "spec": {"taints": [
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": b.ts(5)}]},
+        "status": {}})
+    assert f.node_failure("n", bare, FT).reason == "NodeUnreachable"
