@@ -64,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def report_user_error(command: str, err: UserError) -> int:
+    """Print a user error as its one line (and hint); the exit code for it."""
+    print(f"crucible {command}: error: {err}", file=sys.stderr)
+    if err.hint:
+        print(f"  hint: {err.hint}", file=sys.stderr)
+    return EXIT_USER_ERROR
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -73,10 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except UserError as err:
-        print(f"crucible {args.command}: error: {err}", file=sys.stderr)
-        if err.hint:
-            print(f"  hint: {err.hint}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return report_user_error(args.command, err)
     except KeyboardInterrupt:
         print(f"crucible {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -26,7 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    code = _train(args)
+    from crucible.trainer.cli import UserError, report_user_error
+
+    try:
+        code = _train(args)
+    except UserError as err:  # reported here: a refused resume must not abort in teardown either
+        code = report_user_error("train", err)
     _exit_without_teardown(code)
     return code
 
