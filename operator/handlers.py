@@ -227,6 +227,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
     for group, plural in SELECTED:  # server-side: only what the operator made
         settings.watching.label_selectors[group, plural] = m.LABEL_JOB
     memo.config = cfg
+    memo.node_policy = cfg.node_policy   # settings: parsed once, read by every pass
     memo.kube = Kube(api_client(cfg.workers * FAN_OUT), fan_out=FAN_OUT,
                      cordons_per_minute=cfg.max_cordons_per_minute)
     memo.executor = concurrent.futures.ThreadPoolExecutor(cfg.workers, "crucible-pass")
@@ -376,7 +377,7 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -
     try:
         result: PassResult = await loop.run_in_executor(
             memo.executor, _execute, memo.kube, job, obs, now, time.perf_counter(),
-            cfg.node_policy)
+            memo.node_policy)
     except (ApiException, OSError) as err:
         metrics.RECONCILES.labels("error").inc()
         logger.warning(f"pass failed, retrying: {getattr(err, 'status', '')} "

@@ -50,6 +50,18 @@ class Cluster:
         self.objs = client.CustomObjectsApi(api)
         self.coordination = client.CoordinationV1Api(api)
 
+    # -- nodes --------------------------------------------------------------------------------
+    def forget_failure(self, node: str) -> None:
+        """What whoever repairs a node does: uncordon it and drop the operator's reports."""
+        current = self.core.read_node(node).metadata.annotations or {}
+        self.core.patch_node(node, {"spec": {"unschedulable": None}, "metadata": {"annotations": {
+            k: None for k in current if k.startswith("crucible.dev/")}}})
+
+    def revive(self, node: str) -> None:
+        """A KWOK node killed by a test, heartbeating again and repaired."""
+        self.kube.set_node_alive(node, True)
+        self.forget_failure(node)
+
     # -- jobs ---------------------------------------------------------------------------------
     def create_job(self, name: str, **spec) -> dict:
         return self.objs.create_namespaced_custom_object(crd.GROUP, crd.VERSION, self.namespace,

@@ -36,11 +36,15 @@ def _schedulable_nodes(cluster) -> list[str]:
                 c.status for c in n.status.conditions if c.type == "Ready") == "True"]
 
 
-def _revive(cluster, kube, node: str) -> None:
-    kube.set_node_alive(node, True)
-    current = cluster.core.read_node(node).metadata.annotations or {}
-    cluster.core.patch_node(node, {"spec": {"unschedulable": None}, "metadata": {"annotations": {
-        k: None for k in current if k.startswith("crucible.dev/")}}})
+def _restore_pool(cluster, victim: str | None, added: str) -> None:
+    """The pool as it was: the killed node back, the added one gone (if it was ever made)."""
+    if victim is not None:
+        cluster.revive(victim)
+    try:
+        cluster.core.delete_node(added)
+    except ApiException as err:
+        if err.status != 404:
+            raise
 
 
 def _placed(cluster, job: str, generation: int) -> list:
@@ -98,12 +102,7 @@ def test_a_lost_node_in_a_full_pool_waits_for_capacity_and_resumes_when_a_node_i
             assert status["restarts"]["application"] == 0
             cluster.delete_job("gpt")
     finally:
-        if victim is not None:
-            _revive(cluster, kube, victim)
-        try:
-            cluster.core.delete_node(added)
-        except Exception:  # noqa: BLE001 - never created (an earlier assertion failed)
-            pass
+        _restore_pool(cluster, victim, added)
     assert_clean_exit(runner, "InsufficientCapacity")
 
 
@@ -182,10 +181,5 @@ def test_a_job_short_of_capacity_past_its_timeout_releases_its_nodes_and_resumes
             assert "capacityHold" not in status["tracking"]
             cluster.delete_job("gpt")
     finally:
-        if victim is not None:
-            _revive(cluster, kube, victim)
-        try:
-            cluster.core.delete_node(added)
-        except Exception:  # noqa: BLE001 - never created (an earlier assertion failed)
-            pass
+        _restore_pool(cluster, victim, added)
     assert_clean_exit(runner, "CapacityReleased", "CapacityRetry")

@@ -127,7 +127,5 @@ def test_a_burst_of_failing_nodes_is_cordoned_no_faster_than_the_cap(cluster, ru
     finally:
         for node in nodes:
             _condition(cluster, node, "False")
-            current = cluster.core.read_node(node).metadata.annotations or {}
-            cluster.core.patch_node(node, {"spec": {"unschedulable": None}, "metadata": {
-                "annotations": {k: None for k in current if k.startswith("crucible.dev/")}}})
+            cluster.forget_failure(node)
     assert_clean_exit(runner, "CordonRateLimited")

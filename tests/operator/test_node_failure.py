@@ -23,13 +23,6 @@ def _node_of(cluster, pod: str) -> str:
     return cluster.core.read_namespaced_pod(pod, cluster.namespace).spec.node_name
 
 
-def _revive(cluster, kube, node: str) -> None:
-    kube.set_node_alive(node, True)
-    current = cluster.core.read_node(node).metadata.annotations or {}
-    cluster.core.patch_node(node, {"spec": {"unschedulable": None}, "metadata": {"annotations": {
-        k: None for k in current if k.startswith("crucible.dev/")}}})
-
-
 def _unreachable(cluster, node: str) -> bool:
     ready = next(c for c in cluster.core.read_node(node).status.conditions if c.type == "Ready")
     return ready.status != "True"
@@ -89,7 +82,7 @@ def test_node_loss_cordons_and_moves_the_pod_and_pod_0_loss_restarts_the_group(c
             cluster.delete_job("gpt")
     finally:
         for node in killed:
-            _revive(cluster, kube, node)
+            cluster.revive(node)
     assert_clean_exit(runner, f"{victim} is Unreachable", "cordoned and annotated it",
                       "force-deleted it to recreate it elsewhere",
                       "it hosted the c10d store; restarting the group as generation 1")
