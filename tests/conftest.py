@@ -42,7 +42,9 @@ def stack_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def kube(stack_env) -> Kube:
-    return Kube.from_env(stack_env)
+    kube = Kube.from_env(stack_env)
+    kube.delete_stale_test_namespaces()
+    return kube
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Local stack for Crucible's tests: real Kubernetes control plane, KWOK GPU nodes, S3, Prometheus.
 
-  up         build what is missing (cached), start what is not running, wait until healthy
+  up         build what is missing (cached), start what is not running, wait until healthy;
+             a cold start (etcd not running) begins with an empty cluster
   down       stop exactly what `up` started (by pid file); --purge also deletes the state
   status     one line per service: pid, port, health
   env        print the env file (KUBECONFIG, S3 endpoint and keys, Prometheus URL, ...)
@@ -35,6 +36,12 @@ def cmd_up(layout: Layout, args) -> None:
     services.ensure_certs(layout, values["admin_token"])
     services.write_kubeconfig(layout, values["admin_token"])
     services.write_configs(layout, values)
+    if procs.running_pid(layout, "etcd") is None and (layout.state / "etcd").exists():
+        # A cold start begins with an empty cluster. Whatever the last run left in etcd (the
+        # namespaces and pods of a test run that was killed half-way) would otherwise come back
+        # and hold the simulated GPUs, and every test that needs one would wait in vain.
+        shutil.rmtree(layout.state / "etcd")
+        print("etcd was not running: starting with an empty cluster", file=sys.stderr)
 
     by_name = {svc.name: svc for svc in services.SERVICES}
     pending = [svc.name for svc in services.SERVICES]

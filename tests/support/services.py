@@ -14,6 +14,7 @@ import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -80,6 +81,20 @@ class Kube:
         eventually(lambda: core.read_namespaced_service_account("default", name), 30,
                    f"ServiceAccount default in {name}")
         return name
+
+    def delete_stale_test_namespaces(self, older_than_s: float = 900) -> list[str]:
+        """Delete the namespaces of an earlier test run that was killed before its clean-up.
+
+        Their pods would keep holding the simulated GPUs. Only namespaces older than any test
+        can live (pytest's timeout is 600 s) are touched, so a run beside this one loses nothing.
+        """
+        now = datetime.now(timezone.utc)
+        stale = [ns.metadata.name for ns in self.core().list_namespace().items
+                 if ns.metadata.name.startswith("t-") and ns.metadata.deletion_timestamp is None
+                 and (now - ns.metadata.creation_timestamp).total_seconds() > older_than_s]
+        for name in stale:
+            self.delete_namespace(name)
+        return stale
 
     def delete_namespace(self, name: str) -> None:
         from kubernetes.client.exceptions import ApiException
