@@ -46,6 +46,7 @@ ENV_GENERATION = "CRUCIBLE_GENERATION"
 ENV_POD_NAME = "POD_NAME"               # the progress Lease's holder
 ENV_POD_NAMESPACE = "POD_NAMESPACE"     # where the progress Lease lives; unset: no Lease
 ENV_NODE_NAME = "NODE_NAME"
+ENV_SIGNING_KEY = "CRUCIBLE_CHECKPOINT_SIGNING_KEY"  # HMAC key of checkpoint manifests, from a Secret
 
 # What `crucible train` exits with. 1-127 count as application failures for the operator;
 # 128+n means killed by signal n (Kubeflow's ExitCode policy).

@@ -213,6 +213,8 @@ class TrainingSpec(Spec):
         return max(1, math.ceil(self.tokens / self.global_batch_tokens))
 
 
+# An object name (Secret, PriorityClass): RFC 1123 subdomain, as the apiserver requires.
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")  # S3 bucket naming rules
 
 
@@ -250,8 +252,19 @@ class CheckpointSpec(Spec):
                                       "shards changed since the checkpoint (another token "
                                       "count): the new shards' order starts from its beginning. "
                                       "Otherwise such a resume is refused.")
-    credentials_secret: str | None = Field(None, description="Secret with AWS_ACCESS_KEY_ID, "
-                                           "AWS_SECRET_ACCESS_KEY (and optionally AWS_ENDPOINT_URL).")
+    credentials_secret: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN,
+                                           description="Secret with AWS_ACCESS_KEY_ID, "
+                                           "AWS_SECRET_ACCESS_KEY (and optionally "
+                                           "AWS_ENDPOINT_URL, AWS_DEFAULT_REGION). None: the "
+                                           "storage SDK's default chain (workload identity via "
+                                           "serviceAccount.annotations, or the node's role).")
+    signing_key_secret: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN,
+                                           description="Secret whose key "
+                                           f"{launch.ENV_SIGNING_KEY} holds an HMAC key: every "
+                                           "commit's manifest is signed with it, and a commit "
+                                           "without a valid signature is never loaded (someone "
+                                           "who can write the bucket but lacks the key cannot "
+                                           "plant a checkpoint).")
 
     @field_validator("uri")
     @classmethod
@@ -457,7 +470,8 @@ class SchedulingSpec(Spec):
                                           "worker pod's node must have.")
     tolerations: list[TolerationSpec] = Field(default_factory=list, max_length=64,
                                               description="Taints the worker pods tolerate.")
-    priority_class_name: str | None = Field(None, max_length=253, description="PriorityClass of "
+    priority_class_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN,
+                                            description="PriorityClass of "
                                             "the worker pods (preemption order).")
 
 
@@ -486,8 +500,27 @@ class NodesSpec(Spec):
         return self
 
 
+class ServiceAccountSpec(Spec):
+    """The job's own trainer ServiceAccount (`<job>-trainer`, made by the operator)."""
+
+    annotations: dict[str, str] = Field(
+        default_factory=dict, max_length=32, description="Annotations of the trainer "
+        "ServiceAccount, for workload identity: eks.amazonaws.com/role-arn (IRSA), "
+        "iam.gke.io/gcp-service-account, azure.workload.identity/client-id. The cloud's trust "
+        "policy names this namespace and ServiceAccount, so a job can only assume what was "
+        "granted to it. Set at creation; change it with a new job.")
+
+
 class PretrainJobSpec(Spec):
     """The `spec` of a PretrainJob (crucible.dev/v1alpha1)."""
+
+    # Apiserver only (a transition rule needs the old object): the operator creates the trainer
+    # ServiceAccount once and may not edit it (least privilege), so an edit would be ignored.
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel(" == ".join(f"((has({o}.serviceAccount) && has({o}.serviceAccount.annotations)) ? "
+                        f"{o}.serviceAccount.annotations : {{}})" for o in ("self", "oldSelf")),
+            "serviceAccount cannot change once the job exists: create a new job to use another "
+            "workload identity")]})
 
     image: str = Field(..., min_length=1, description="Trainer image (has torch and crucible).")
     nodes: NodesSpec = Field(default_factory=NodesSpec)
@@ -516,6 +549,15 @@ class PretrainJobSpec(Spec):
     termination_grace_period_seconds: int = Field(60, ge=0, le=3600, description="SIGTERM to "
                                                   "SIGKILL, for pods the operator deletes (time "
                                                   "for the trainer to finish a checkpoint).")
+    service_account: ServiceAccountSpec = Field(default_factory=ServiceAccountSpec,
+                                                description="The trainer ServiceAccount's "
+                                                "annotations (workload identity).")
+    scratch_size_limit: str = Field("100Gi", pattern=QUANTITY, description="Size limit of each "
+                                    "pod's writable scratch folder (HOME, TMPDIR, logs, compile "
+                                    "caches); past it the kubelet evicts the pod.")
+    shm_size_limit: str = Field("16Gi", pattern=QUANTITY, description="Size limit of each pod's "
+                                "/dev/shm (memory-backed: counts toward the pod's memory), "
+                                "used by NCCL and DataLoader workers.")
 
     @field_validator("resources")
     @classmethod

@@ -20,8 +20,10 @@ PROGRESSING = "Progressing"
 PODS_SCHEDULED = "PodsScheduled"
 DEGRADED = "Degraded"
 NAME_CONFLICT = "NameConflict"
+CREDENTIALS_MISSING = "CredentialsMissing"
+PRIORITY_CLASS_MISSING = "PriorityClassMissing"
 ORDER = [RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED, PROGRESSING, PODS_SCHEDULED, DEGRADED,
-         NAME_CONFLICT]
+         NAME_CONFLICT, CREDENTIALS_MISSING, PRIORITY_CLASS_MISSING]
 
 
 def set_condition(conditions: list[dict], type_: str, status: bool | None, reason: str,

@@ -47,8 +47,8 @@ from crucible.operator import capacity
 from crucible.operator import conditions as c
 from crucible.operator import failure_policy as policy
 from crucible.operator import manifests as m
-from crucible.operator import progress
-from crucible.operator.node_policy import NodePolicy
+from crucible.operator import progress, references
+from crucible.operator.cluster_policy import ClusterPolicy
 from crucible.operator.observed import JobView, Observed, PodView
 from crucible.operator.outcome import (FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, SUSPENDED,
                                        TERMINAL, WAITING, Action, Event, Outcome, Pass)
@@ -59,13 +59,13 @@ __all__ = ["decide", "Outcome", "Action", "Event", "PENDING", "RUNNING", "RESTAR
 
 # --- the pass -------------------------------------------------------------------------------------
 def decide(job: JobView, obs: Observed, now: dt.datetime,
-           node_policy: NodePolicy = NodePolicy()) -> Outcome:
+           cluster_policy: ClusterPolicy = ClusterPolicy()) -> Outcome:
     # Only what this job controls is its own: a pod or child carrying its labels but another
     # owner (a deleted namesake's, held by a finalizer; someone else's) is never judged,
     # counted, adopted or deleted.
     foreign = tuple(pod for pod in obs.pods if pod.owner_uid != job.uid)
     p = Pass(job, replace(obs, pods=tuple(pod for pod in obs.pods if pod.owner_uid == job.uid)),
-             now, node_policy)
+             now, cluster_policy)
     if job.deleting:
         return Outcome(status=dict(job.status))  # kopf stops us; garbage collection does the rest
     try:
@@ -102,7 +102,8 @@ def _run(p: Pass):
         return
     if capacity.release_due(p, current):
         return
-    policy.replace_and_create(p, current)
+    if not references.check(p, current):
+        policy.replace_and_create(p, current)
     if policy.infrastructure_loop(p) or policy.pending(p, current):
         return
     _phase(p, current)
@@ -125,7 +126,7 @@ def _name_conflict(p: Pass, foreign: tuple[PodView, ...]) -> bool:
     Either way the pass stops here and looks again in a while: never a hot loop."""
     mine = {m.pod_name(p.job.name, p.gen, i) for i in range(p.spec.nodes.max)}
     clashes = [("Pod", pod.name, pod.deleting) for pod in foreign if pod.name in mine]
-    for child in m.static_children(p.job.name, p.job.namespace, p.job.uid, p.spec):
+    for child in p.static_children():
         kind, name = child["kind"], child["metadata"]["name"]
         owner = p.obs.child_owner(kind, name)
         if p.obs.has_child(kind, name) and owner != p.job.uid:
@@ -157,7 +158,7 @@ def _name_conflict(p: Pass, foreign: tuple[PodView, ...]) -> bool:
 
 def _ensure_children(p: Pass):
     """Create what is missing, replace a drifted ConfigMap."""
-    for child in m.static_children(p.job.name, p.job.namespace, p.job.uid, p.spec):
+    for child in p.static_children():
         kind, name = child["kind"], child["metadata"]["name"]
         if not p.obs.has_child(kind, name):
             p.act("create", kind, name, child)

@@ -168,7 +168,7 @@ def _quarantine(p: Pass, broken: f.NodeFailure, node):
         return
     why_not = ("cordonFailedNodes is false" if not p.spec.fault_tolerance.cordon_failed_nodes
                else "this operator never cordons: --max-cordons-per-minute=0"
-               if not p.node_policy.cordon else "it was cordoned already"
+               if not p.cluster_policy.cordon else "it was cordoned already"
                if node.unschedulable else None)
     cordon = why_not is None
     patch = {"metadata": {"annotations": {

@@ -19,6 +19,7 @@ Pure functions of the records in `observed.py` and the job spec; "now" is a para
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass
 
 from crucible.api.spec import FaultToleranceSpec
@@ -146,9 +147,29 @@ class PendingProblem:
     hopeless: bool   # True: will not fix itself (fails the job after the timeout)
 
 
+# The kubelet's message when a pod's env names a Secret that does not exist (pkg/kubelet
+# kubelet_pods.go, makeEnvironmentVariables: `secret "NAME" not found`).
+MISSING_SECRET = re.compile(r'secret "([^"]+)" not found')
+
+
+def missing_secret(pod: PodView) -> str | None:
+    """The Secret a Pending pod cannot start without, as its kubelet reports it. The operator
+    holds no right on Secrets (it could read every tenant's keys), so the kubelet, which does,
+    is the one who can say."""
+    if pod.waiting_reason != "CreateContainerConfigError":
+        return None
+    found = MISSING_SECRET.search(pod.waiting_message or "")
+    return found.group(1) if found else None
+
+
 def pending_problem(pod: PodView) -> PendingProblem | None:
     if pod.phase != "Pending" or pod.deleting:
         return None
+    secret = missing_secret(pod)
+    if secret is not None:
+        return PendingProblem("CredentialsMissing", f"pod {pod.name}: Secret {secret} does not "
+                              "exist: create it in this namespace (checkpoint.credentialsSecret, "
+                              "checkpoint.signingKeySecret)", True)
     if pod.waiting_reason in HOPELESS_WAITING:
         return PendingProblem(HOPELESS_WAITING[pod.waiting_reason],
                               f"pod {pod.name}: {pod.waiting_reason}: {pod.waiting_message or ''}"

@@ -47,7 +47,7 @@ from crucible.operator import leader, metrics
 from crucible.operator.decision import Event, Outcome, decide
 from crucible.operator.failure_policy import bad_entries
 from crucible.operator.kube import Applied, Kube
-from crucible.operator.node_policy import NodePolicy
+from crucible.operator.cluster_policy import ClusterPolicy
 from crucible.operator.observed import (ChildView, JobView, NodeView, Observed, controller_uid,
                                         job_view, lease_view, node_view, pod_view)
 
@@ -68,7 +68,8 @@ class OperatorConfig:
     metrics_address: str = "0.0.0.0"
     leader_election_namespace: str | None = None   # where the leader Lease lives; None: off
     max_cordons_per_minute: int = 6                # across all jobs (kube.CordonLimit)
-    node_failure_conditions: str = "*"             # those jobs may name; "*": any (NodePolicy)
+    node_failure_conditions: str = "*"             # those jobs may name; "*": any (ClusterPolicy)
+    metrics_scrapers: str = ""                     # JSON NetworkPolicy peers; "": any namespace
 
     @classmethod
     def from_env(cls) -> "OperatorConfig":
@@ -82,12 +83,13 @@ class OperatorConfig:
                    max_cordons_per_minute=int(env.get("CRUCIBLE_OPERATOR_MAX_CORDONS_PER_MINUTE",
                                                       "6")),
                    node_failure_conditions=env.get("CRUCIBLE_OPERATOR_NODE_FAILURE_CONDITIONS",
-                                                   "*"))
+                                                   "*"),
+                   metrics_scrapers=env.get("CRUCIBLE_OPERATOR_METRICS_SCRAPERS", ""))
 
     @property
-    def node_policy(self) -> NodePolicy:
-        return NodePolicy.from_settings(self.node_failure_conditions,
-                                        self.max_cordons_per_minute)
+    def cluster_policy(self) -> ClusterPolicy:
+        return ClusterPolicy.from_settings(self.node_failure_conditions,
+                                           self.max_cordons_per_minute, self.metrics_scrapers)
 
 
 def client_configuration() -> client.Configuration:
@@ -169,6 +171,14 @@ async def nodes_by_name(name, body, memo, **_):
     return {name: view}
 
 
+@kopf.index("scheduling.k8s.io", "priorityclasses")
+async def priority_classes(name, memo, **_):
+    # Rare, and a job may be held for want of this one (references.py): every job looks.
+    for event in memo.wakeups.values():
+        event.set()
+    return {name: None}
+
+
 async def _child(kind, namespace, labels, name, body, meta, **_):
     digest = m.data_digest(body.get("data")) if kind == "ConfigMap" else None
     return {(namespace, labels[m.LABEL_JOB]): ChildView(kind, name, digest,
@@ -204,8 +214,11 @@ def snapshot(key: tuple[str, str], indexes: dict,
     owner, lease = next(iter(leases)) if leases else (None, None)
     if lease is not None:
         children.add(ChildView("Lease", m.progress_lease_name(key[1]), owner_uid=owner))
+    # The cluster always has the built-in system-* classes: an empty index is one still filling.
+    classes = indexes["priority_classes"]
     return Observed(pods=pods, nodes=nodes, children=frozenset(children), lease=lease,
-                    conflicts=conflicts, schedulable_nodes=schedulable)
+                    conflicts=conflicts, schedulable_nodes=schedulable,
+                    priority_classes=frozenset(classes) if len(classes) else None)
 
 
 # --- lifecycle -------------------------------------------------------------------------------
@@ -227,7 +240,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
     for group, plural in SELECTED:  # server-side: only what the operator made
         settings.watching.label_selectors[group, plural] = m.LABEL_JOB
     memo.config = cfg
-    memo.node_policy = cfg.node_policy   # settings: parsed once, read by every pass
+    memo.cluster_policy = cfg.cluster_policy   # settings: parsed once, read by every pass
     memo.kube = Kube(api_client(cfg.workers * FAN_OUT), fan_out=FAN_OUT,
                      cordons_per_minute=cfg.max_cordons_per_minute)
     memo.executor = concurrent.futures.ThreadPoolExecutor(cfg.workers, "crucible-pass")
@@ -311,11 +324,11 @@ def next_pass(outcome: Outcome, applied: Applied, interval_s: float) -> NextPass
 
 
 def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime, queued: float,
-             node_policy: NodePolicy) -> PassResult:
+             cluster_policy: ClusterPolicy) -> PassResult:
     """decide -> apply -> status -> events (runs in a worker thread)."""
     started = time.perf_counter()
     metrics.RECONCILE_QUEUE_SECONDS.observe(started - queued)
-    outcome = decide(job, obs, now, node_policy)
+    outcome = decide(job, obs, now, cluster_policy)
     applied = kube.apply(job, outcome)
     if applied.cordons_limited:
         outcome = not_cordoned(outcome, applied.cordons_limited, kube.cordons.per_minute)
@@ -377,7 +390,7 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -
     try:
         result: PassResult = await loop.run_in_executor(
             memo.executor, _execute, memo.kube, job, obs, now, time.perf_counter(),
-            memo.node_policy)
+            memo.cluster_policy)
     except (ApiException, OSError) as err:
         metrics.RECONCILES.labels("error").inc()
         logger.warning(f"pass failed, retrying: {getattr(err, 'status', '')} "

@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="node condition types a job's faultTolerance.nodeFailureConditions may "
                      "name, comma-separated (e.g. GPUUnhealthy,KernelDeadlock); others are "
                      "ignored. '*': any but the kubelet's own, which the CRD refuses (default)")
+    run.add_argument("--metrics-scrapers", default="", metavar="JSON",
+                     help="who may reach a job's metrics port through its NetworkPolicy: a JSON "
+                     "list of NetworkPolicy peers, e.g. '[{\"namespaceSelector\": {\"matchLabels\": "
+                     "{\"kubernetes.io/metadata.name\": \"monitoring\"}}}]' (default: every "
+                     "namespace)")
     run.add_argument("-v", "--verbose", action="store_true", help="log every API call kopf makes")
     sub.add_parser("crd", help="Print the PretrainJob CRD (generated from the spec models).")
     sub.add_parser("rbac", help="Print the operator's ServiceAccount and ClusterRole.")
@@ -71,12 +76,21 @@ def run(args: argparse.Namespace) -> int:
         print("crucible-operator run: --interval must be > 0, --workers >= 1 and "
               "--max-cordons-per-minute >= 0", file=sys.stderr)
         return 2
+    if args.metrics_scrapers.strip():
+        from crucible.operator.cluster_policy import parse_peers
+
+        try:
+            parse_peers(args.metrics_scrapers)
+        except ValueError as err:
+            print(f"crucible-operator run: {err}", file=sys.stderr)
+            return 2
     os.environ["CRUCIBLE_OPERATOR_INTERVAL"] = str(args.interval)
     os.environ["CRUCIBLE_OPERATOR_WORKERS"] = str(args.workers)
     os.environ["CRUCIBLE_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
     os.environ["CRUCIBLE_OPERATOR_LEADER_ELECTION"] = args.leader_election_namespace or ""
     os.environ["CRUCIBLE_OPERATOR_MAX_CORDONS_PER_MINUTE"] = str(args.max_cordons_per_minute)
     os.environ["CRUCIBLE_OPERATOR_NODE_FAILURE_CONDITIONS"] = args.node_failure_conditions
+    os.environ["CRUCIBLE_OPERATOR_METRICS_SCRAPERS"] = args.metrics_scrapers
 
     import kopf
 

@@ -122,16 +122,22 @@ def service(job: str, namespace: str, uid: str) -> dict:
                      "ports": [{"name": "c10d", "port": RDZV_PORT, "targetPort": RDZV_PORT}]}}
 
 
-def network_policy(job: str, namespace: str, uid: str) -> dict:
+# Who may scrape the metrics port when the operator is not told: every pod in the cluster
+# (metrics are read-only, and Prometheus lives in a namespace of its own).
+ANY_NAMESPACE: tuple[dict, ...] = ({"namespaceSelector": {}},)
+
+
+def network_policy(job: str, namespace: str, uid: str,
+                   metrics_from: tuple[dict, ...] = ANY_NAMESPACE) -> dict:
     """Ingress to the job's pods from its own pods only, on every port: pod 0's c10d store
     unpickles what it is sent, so whoever reaches it could run code in every agent (which hold
     the storage credentials), and NCCL and gloo pick their ports at random. The metrics port
-    is open to every pod in the cluster (Prometheus lives elsewhere; metrics are read-only).
+    is open to `metrics_from` (NetworkPolicy peers; the cluster admin's `--metrics-scrapers`).
     Egress stays open: the store, DNS, the apiserver. Enforced where the CNI implements
     NetworkPolicy (most do; kindnet since Kubernetes 1.31 via kube-network-policies)."""
     pods = {"matchLabels": {LABEL_JOB: job, LABEL_MANAGED_BY: MANAGER}}
     ingress = [{"from": [{"podSelector": pods}]},
-               {"from": [{"namespaceSelector": {}}],
+               {"from": [dict(peer) for peer in metrics_from],
                 "ports": [{"protocol": "TCP", "port": METRICS_PORT}]}]
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": _meta(job, uid, network_policy_name(job), namespace),
@@ -144,9 +150,13 @@ def lease(job: str, namespace: str, uid: str) -> dict:
             "metadata": _meta(job, uid, progress_lease_name(job), namespace), "spec": {}}
 
 
-def service_account(job: str, namespace: str, uid: str) -> dict:
-    return {"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": _meta(job, uid, trainer_account_name(job), namespace)}
+def service_account(job: str, namespace: str, uid: str, spec: PretrainJobSpec) -> dict:
+    """The trainer's identity; `serviceAccount.annotations` bind it to a cloud role (workload
+    identity), so storage needs no static keys."""
+    meta = _meta(job, uid, trainer_account_name(job), namespace)
+    if spec.service_account.annotations:
+        meta["annotations"] = dict(spec.service_account.annotations)
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}
 
 
 def role(job: str, namespace: str, uid: str) -> dict:
@@ -165,12 +175,13 @@ def role_binding(job: str, namespace: str, uid: str) -> dict:
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]}
 
 
-def static_children(job: str, namespace: str, uid: str, spec: PretrainJobSpec) -> list[dict]:
+def static_children(job: str, namespace: str, uid: str, spec: PretrainJobSpec,
+                    metrics_from: tuple[dict, ...] = ANY_NAMESPACE) -> list[dict]:
     """What exists once per job, in creation order (the Role before the binding that names it)."""
-    return [service_account(job, namespace, uid), role(job, namespace, uid),
+    return [service_account(job, namespace, uid, spec), role(job, namespace, uid),
             role_binding(job, namespace, uid), lease(job, namespace, uid),
             config_map(job, namespace, uid, spec), service(job, namespace, uid),
-            network_policy(job, namespace, uid)]
+            network_policy(job, namespace, uid, metrics_from)]
 
 
 # --- worker pods ------------------------------------------------------------------------------
@@ -210,6 +221,8 @@ def container_env(job: str, spec: PretrainJobSpec, generation: int, index: int) 
                 _secret_env("AWS_SECRET_ACCESS_KEY", secret, False),
                 _secret_env("AWS_ENDPOINT_URL", secret, True),
                 _secret_env("AWS_DEFAULT_REGION", secret, True)]
+    if spec.checkpoint.signing_key_secret:
+        env.append(_secret_env(launch.ENV_SIGNING_KEY, spec.checkpoint.signing_key_secret, False))
     return env
 
 
@@ -259,9 +272,12 @@ def pod(job: str, namespace: str, uid: str, spec: PretrainJobSpec, generation: i
                             "fsGroup": RUN_UID, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": config_map_name(job)}},
-                    {"name": "scratch", "emptyDir": {}},
+                    # Bounded, so one job cannot fill the node's disk or memory: past the
+                    # limit the kubelet evicts the pod (an infrastructure failure, replaced).
+                    {"name": "scratch", "emptyDir": {"sizeLimit": spec.scratch_size_limit}},
                     # NCCL and DataLoader workers use shared memory; the runtime's 64 MiB is small.
-                    {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+                    {"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                  "sizeLimit": spec.shm_size_limit}}],
     }
     if sched.node_selector:
         pod_spec["nodeSelector"] = dict(sched.node_selector)

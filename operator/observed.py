@@ -209,6 +209,8 @@ class Observed:
     # Ready, schedulable nodes in the cluster (None: not known). A job that released its pods
     # for want of capacity tries again as soon as this grows.
     schedulable_nodes: int | None = None
+    # Names of the cluster's PriorityClasses (None: not known yet).
+    priority_classes: frozenset[str] | None = None
 
     def has_child(self, kind: str, name: str) -> bool:
         return any(c.kind == kind and c.name == name for c in self.children)

@@ -16,8 +16,9 @@ from crucible.api.progress import format_time, parse_time
 from crucible.api.spec import PretrainJobSpec
 from crucible.operator import conditions as c
 from crucible.operator import failures as f
+from crucible.operator import manifests as m
 from crucible.operator import progress
-from crucible.operator.node_policy import NodePolicy
+from crucible.operator.cluster_policy import ClusterPolicy
 from crucible.operator.observed import JobView, Observed, PodView
 
 PENDING, RUNNING, RESTARTING, WAITING, SUSPENDED, SUCCEEDED, FAILED = (
@@ -56,8 +57,8 @@ class Pass:
     """Accumulates one pass's decisions; `outcome()` freezes them."""
 
     def __init__(self, job: JobView, obs: Observed, now: dt.datetime,
-                 node_policy: NodePolicy = NodePolicy()):
-        self.job, self.obs, self.now, self.node_policy = job, obs, now, node_policy
+                 cluster_policy: ClusterPolicy = ClusterPolicy()):
+        self.job, self.obs, self.now, self.cluster_policy = job, obs, now, cluster_policy
         self.prev = job.status
         self.status = copy.deepcopy(dict(job.status))
         self.track = self.status.pop("tracking", None) or {}
@@ -92,7 +93,12 @@ class Pass:
         if not name or name not in self.obs.nodes:
             return None
         return f.node_failure(name, self.obs.nodes[name], self.spec.fault_tolerance,
-                              self.node_policy.allowed_conditions)
+                              self.cluster_policy.allowed_conditions)
+
+    def static_children(self) -> list[dict]:
+        """The job's once-per-job children as this pass wants them."""
+        return m.static_children(self.job.name, self.job.namespace, self.job.uid, self.spec,
+                                 self.cluster_policy.metrics_from)
 
     @property
     def phase(self) -> str | None:

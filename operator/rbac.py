@@ -42,11 +42,19 @@ RULES: list[tuple[list[str], list[str], list[str], str]] = [
      "events on PretrainJobs; a repeat raises the count of the first (get: after a restart)"),
     ([""], ["nodes"], ["get", "list", "watch", "patch"],
      "node health; cordon and annotate failed nodes"),
+    (["scheduling.k8s.io"], ["priorityclasses"], ["list", "watch"],
+     "a job naming a PriorityClass that does not exist is told so"),
     ([""], ["namespaces"], ["list", "watch"], "kopf: which namespaces to serve"),
     (["apiextensions.k8s.io"], ["customresourcedefinitions"], ["list", "watch"],
      "kopf: resource discovery"),
 ]
 
+
+# Resources of RULES that are cluster-scoped: a namespaced install (the chart's
+# watchNamespaces) grants these cluster-wide and the rest only in the watched namespaces. The
+# ClusterRole carries the list (CLUSTER_SCOPED_ANNOTATION), so the chart splits by it.
+CLUSTER_SCOPED = ("nodes", "priorityclasses", "namespaces", "customresourcedefinitions")
+CLUSTER_SCOPED_ANNOTATION = "crucible.dev/cluster-scoped-resources"
 
 OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{NAME}"
 FENCE = f"{NAME}-fence"
@@ -130,7 +138,8 @@ def documents() -> list[dict]:
         {"apiVersion": "v1", "kind": "ServiceAccount",
          "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": labels}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": NAME, "labels": labels},
+         "metadata": {"name": NAME, "labels": labels,
+                      "annotations": {CLUSTER_SCOPED_ANNOTATION: ",".join(CLUSTER_SCOPED)}},
          "rules": [{"apiGroups": groups, "resources": resources, "verbs": verbs}
                    for groups, resources, verbs, _ in RULES]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",

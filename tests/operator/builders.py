@@ -62,7 +62,8 @@ def pod_body(gen: int, index: int, *, phase: str = "Running", node: str | None =
              uid: str | None = None, exit_code: int | None = None, reason: str | None = None,
              terminated_reason: str | None = None, deletion: float | None = None,
              disruption: str | None = None, unschedulable: str | None = None,
-             waiting: str | None = None, created: float = 0, spec_hash: str | None = "same",
+             waiting: str | None = None, waiting_message: str | None = None,
+             created: float = 0, spec_hash: str | None = "same",
              owner: str | None = UID, finished: float | None = None, grace: int | None = None):
     name = m.pod_name(JOB, gen, index)
     body = {"metadata": {"name": name, "namespace": NS, "uid": uid or f"uid-{name}",
@@ -92,7 +93,7 @@ def pod_body(gen: int, index: int, *, phase: str = "Running", node: str | None =
             **({"finishedAt": ts(finished)} if finished is not None else {})}}}]
     elif waiting:
         status["containerStatuses"] = [{"name": m.CONTAINER, "state": {"waiting": {
-            "reason": waiting, "message": f"{waiting} for the image"}}}]
+            "reason": waiting, "message": waiting_message or f"{waiting} for the image"}}}]
     return body
 
 
@@ -142,7 +143,8 @@ def lease(step: int | None = None, step_time: float | None = None, *, loss: floa
 
 
 def observed(pods=(), nodes=None, lease_view_=None, children=None,
-             schedulable_nodes: int | None = None) -> Observed:
+             schedulable_nodes: int | None = None,
+             priority_classes: frozenset[str] | None = None) -> Observed:
     if children is None:
         s = spec()
         children = frozenset(
@@ -150,4 +152,5 @@ def observed(pods=(), nodes=None, lease_view_=None, children=None,
                       m.data_digest(c["data"]) if c["kind"] == "ConfigMap" else None, UID)
             for c in m.static_children(JOB, NS, UID, s))
     return Observed(pods=tuple(pods), nodes=nodes if nodes is not None else healthy_nodes(),
-                    children=children, lease=lease_view_, schedulable_nodes=schedulable_nodes)
+                    children=children, lease=lease_view_, schedulable_nodes=schedulable_nodes,
+                    priority_classes=priority_classes)

@@ -15,7 +15,7 @@ from crucible.api.progress import parse_time
 from crucible.operator import capacity
 from crucible.operator import manifests as m
 from crucible.operator.decision import decide
-from crucible.operator.node_policy import NodePolicy
+from crucible.operator.cluster_policy import ClusterPolicy
 from tests.operator import builders as b
 from tests.operator.test_decision import acts, cond, reasons, running_status
 
@@ -222,15 +222,15 @@ def _gpu_unhealthy(policy):
 
 
 def test_a_condition_the_operator_does_not_allow_is_ignored():
-    assert acts(_gpu_unhealthy(NodePolicy()), "patch_node")          # any: acted on
-    assert acts(_gpu_unhealthy(NodePolicy(frozenset({"GPUUnhealthy"}))), "patch_node")
-    ignored = _gpu_unhealthy(NodePolicy(frozenset({"KernelDeadlock"})))
+    assert acts(_gpu_unhealthy(ClusterPolicy()), "patch_node")          # any: acted on
+    assert acts(_gpu_unhealthy(ClusterPolicy(frozenset({"GPUUnhealthy"}))), "patch_node")
+    ignored = _gpu_unhealthy(ClusterPolicy(frozenset({"KernelDeadlock"})))
     assert not acts(ignored, "patch_node") and not acts(ignored, "force_delete")
     assert ignored.status["restarts"]["total"] == 0
 
 
 def test_with_cordoning_off_a_failed_node_is_annotated_and_avoided_only():
-    out = _gpu_unhealthy(NodePolicy(cordon=False))
+    out = _gpu_unhealthy(ClusterPolicy(cordon=False))
     (patch,) = [a for a in out.actions if a.verb == "patch_node"]
     assert "spec" not in patch.body and patch.body["metadata"]["annotations"][
         "crucible.dev/failure-reason"] == "NodeGPUUnhealthy"
@@ -242,8 +242,8 @@ def test_with_cordoning_off_a_failed_node_is_annotated_and_avoided_only():
 def test_the_kubelet_conditions_are_refused_in_the_spec():
     with pytest.raises(ValueError, match="kubelet's own conditions"):
         b.spec(faultTolerance={"nodeFailureConditions": ["Ready"]})
-    assert NodePolicy.from_settings("*", 6) == NodePolicy(None, True)
-    assert NodePolicy.from_settings("GPUUnhealthy, KernelDeadlock", 0) == NodePolicy(
+    assert ClusterPolicy.from_settings("*", 6) == ClusterPolicy(None, True)
+    assert ClusterPolicy.from_settings("GPUUnhealthy, KernelDeadlock", 0) == ClusterPolicy(
         frozenset({"GPUUnhealthy", "KernelDeadlock"}), False)
 
 

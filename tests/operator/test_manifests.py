@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 
@@ -10,6 +11,7 @@ import pytest
 
 from crucible.api.spec import TrainJobConfig, load_train_config
 from crucible.operator import manifests as m
+from crucible.operator.cluster_policy import ClusterPolicy, parse_peers
 from tests.operator import builders as b
 
 
@@ -86,6 +88,42 @@ def test_pods_find_their_lease_and_credentials_through_env():
     assert env["AWS_ENDPOINT_URL"]["secretKeyRef"]["optional"] is True
     no_secret = _env(_pod(checkpoint={"uri": "s3://bucket/p", "credentialsSecret": None}))
     assert not any(k.startswith("AWS_") for k in no_secret)
+    assert "CRUCIBLE_CHECKPOINT_SIGNING_KEY" not in env
+    signed = _env(_pod(checkpoint={"signingKeySecret": "ckpt-hmac"}))
+    assert signed["CRUCIBLE_CHECKPOINT_SIGNING_KEY"] == {"secretKeyRef": {
+        "name": "ckpt-hmac", "key": "CRUCIBLE_CHECKPOINT_SIGNING_KEY", "optional": False}}
+
+
+def test_scratch_and_shared_memory_are_bounded():
+    volumes = {v["name"]: v for v in _pod()["spec"]["volumes"]}
+    assert volumes["scratch"]["emptyDir"] == {"sizeLimit": "100Gi"}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    sized = {v["name"]: v for v in _pod(scratchSizeLimit="20Gi", shmSizeLimit="2Gi")["spec"][
+        "volumes"]}
+    assert sized["scratch"]["emptyDir"]["sizeLimit"] == "20Gi"
+    assert sized["dshm"]["emptyDir"]["sizeLimit"] == "2Gi"
+    with pytest.raises(ValueError, match="shmSizeLimit"):
+        b.spec(shmSizeLimit="lots")
+
+
+def test_workload_identity_annotates_the_trainer_service_account_only():
+    plain = m.service_account(b.JOB, b.NS, b.UID, b.spec())
+    assert "annotations" not in plain["metadata"]
+    irsa = {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/crucible-gpt"}
+    account = m.service_account(b.JOB, b.NS, b.UID, b.spec(serviceAccount={"annotations": irsa},
+                                                           checkpoint={"credentialsSecret": None}))
+    assert account["metadata"]["annotations"] == irsa
+    assert account["metadata"]["name"] == _pod()["spec"]["serviceAccountName"]
+    # Without a Secret the pods carry no AWS_* env: the SDK's default chain finds the identity.
+    env = _env(_pod(serviceAccount={"annotations": irsa}, checkpoint={"credentialsSecret": None}))
+    assert not any(k.startswith("AWS_") for k in env)
+
+
+def test_object_names_the_job_refers_to_are_checked_at_apply():
+    with pytest.raises(ValueError, match="credentialsSecret"):
+        b.spec(checkpoint={"credentialsSecret": "S3_Creds"})
+    with pytest.raises(ValueError, match="priorityClassName"):
+        b.spec(scheduling={"priorityClassName": "High Priority"})
 
 
 def test_job_config_is_mounted_and_the_trainer_accepts_it(tmp_path):
@@ -217,3 +255,17 @@ def test_the_network_policy_fences_the_job_pods_off_from_everyone_but_each_other
     assert peer == {"from": [{"podSelector": {"matchLabels": pods}}]}   # every port: NCCL, c10d
     assert scrape["ports"] == [{"protocol": "TCP", "port": 9400}]
     assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+def test_the_metrics_port_is_open_to_the_scrapers_the_administrator_names():
+    monitoring = ({"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "monitoring"}}},)
+    policy = ClusterPolicy.from_settings("*", 6, json.dumps(list(monitoring)))
+    assert policy.metrics_from == monitoring
+    _, scrape = m.network_policy("gpt", "team-a", "uid-1", policy.metrics_from)["spec"]["ingress"]
+    assert scrape["from"] == list(monitoring)
+    assert ClusterPolicy.from_settings("*", 6, "").metrics_from == m.ANY_NAMESPACE
+    for bad, says in (("{nope", "not JSON"), ("[]", "non-empty"),
+                      ('[{"namespace": "monitoring"}]', "not a NetworkPolicy peer")):
+        with pytest.raises(ValueError, match=says):
+            parse_peers(bad)

@@ -14,9 +14,10 @@ from tests.operator import builders as b
 KEY = (b.NS, b.JOB)
 
 
-def _indexes(pods, nodes) -> dict:
+def _indexes(pods, nodes, priority_classes=()) -> dict:
     indexes = {"pods_by_job": {KEY: list(pods)}, "leases_by_job": {},
-               "nodes_by_name": {node.name: [node] for node in nodes}}
+               "nodes_by_name": {node.name: [node] for node in nodes},
+               "priority_classes": {name: [None] for name in priority_classes}}
     for _, (_, plural) in CHILD_KINDS:
         indexes[f"children_{plural}"] = {}
     return indexes
@@ -36,3 +37,9 @@ def test_an_empty_node_index_knows_nothing():
     obs = snapshot(KEY, _indexes([b.pod(0, 0, node="gpu-node-0")], []),
                    also_nodes=("gpu-node-2",))
     assert obs.nodes == {} and obs.schedulable_nodes is None
+
+
+def test_priority_classes_are_known_once_the_index_has_any():
+    assert snapshot(KEY, _indexes([], [])).priority_classes is None     # still filling
+    obs = snapshot(KEY, _indexes([], [], ("system-node-critical", "training-high")))
+    assert obs.priority_classes == {"system-node-critical", "training-high"}

@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from crucible.operator import crd
 from crucible.operator import manifests as m
 from crucible.operator import rbac
+from crucible.operator.cluster_policy import parse_peers
 from tests.ship.monitoring_crds import ensure_monitoring_crds
 from tests.support.chart import CHART, by_kind, helm, render
 from tests.support.repo import REPO
@@ -38,7 +39,9 @@ NON_DEFAULT = {
                  "workers": 8, "verbose": True, "metricsPort": 9090, "healthPort": 9091,
                  "nodeSelector": {"kubernetes.io/os": "linux"},
                  "tolerations": [{"key": "ops", "operator": "Exists", "effect": "NoSchedule"}],
-                 "priorityClassName": "system-cluster-critical", "podLabels": {"team": "ml"}},
+                 "priorityClassName": "system-cluster-critical", "podLabels": {"team": "ml"},
+                 "metricsScrapers": [{"namespaceSelector": {"matchLabels": {
+                     "kubernetes.io/metadata.name": "monitoring"}}}]},
     "serviceAccount": {"name": "ptj-operator", "annotations": {"example.com/role": "x"}},
     "metrics": {"serviceMonitor": {"enabled": True, "interval": "15s",
                                    "labels": {"release": "kube-prometheus-stack"}},
@@ -134,6 +137,9 @@ def test_non_default_values_render_every_optional_part():
     assert container["args"][:3] == ["run", "--namespace=team-a", "--namespace=team-b"]
     assert {"--interval=5", "--workers=8", "--metrics-port=9090", "--verbose",
             "--liveness=http://0.0.0.0:9091/healthz"} <= set(container["args"])
+    [scrapers] = [a for a in container["args"] if a.startswith("--metrics-scrapers=")]
+    assert parse_peers(scrapers.split("=", 1)[1]) == tuple(NON_DEFAULT["operator"]["metricsScrapers"])
+    assert not any(a.startswith("--metrics-scrapers") for a in _operator(render())["args"])
 
     # RBAC: the generated rules, split by scope; namespaced ones only in the watched namespaces.
     roles = {r["metadata"]["name"]: r for r in by_kind(docs, "ClusterRole")}
@@ -141,7 +147,7 @@ def test_non_default_values_render_every_optional_part():
     generated = [{"apiGroups": g, "resources": r, "verbs": v} for g, r, v, _ in rbac.RULES]
     assert sorted(map(json.dumps, _rules(docs))) == sorted(map(json.dumps, generated))
     assert {res for rule in roles["ml-crucible-operator"]["rules"] for res in rule["resources"]} \
-        == {"nodes", "namespaces", "customresourcedefinitions"}
+        == set(rbac.CLUSTER_SCOPED)
     bindings = by_kind(docs, "RoleBinding")
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["ops", "team-a", "team-b"]
     for binding in bindings + by_kind(docs, "ClusterRoleBinding"):

@@ -47,25 +47,35 @@ app.kubernetes.io/part-of: crucible
 {{- end -}}
 
 {{/*
-The operator's RBAC rules, read from the generated manifests/rbac/operator.yaml (files/ links to
-it): the chart never keeps a second copy. tests/ship/test_chart.py checks the rendered rules
-equal crucible.operator.rbac.RULES.
+The operator's ClusterRole, read from the generated manifests/rbac/operator.yaml (files/ links to
+it): the chart never keeps a second copy of its rules. tests/ship/test_chart.py checks the
+rendered rules equal crucible.operator.rbac.RULES.
 */}}
-{{- define "crucible.generatedRules" -}}
-{{- $rules := list -}}
+{{- define "crucible.generatedClusterRole" -}}
+{{- $role := dict -}}
 {{- range $doc := regexSplit "(?m)^---\\s*$" (.Files.Get "files/operator-rbac.yaml") -1 -}}
 {{- $obj := fromYaml $doc -}}
 {{- if eq (get $obj "kind") "ClusterRole" -}}
-{{- $rules = get $obj "rules" -}}
+{{- $role = $obj -}}
 {{- end -}}
 {{- end -}}
-{{- if not $rules -}}
+{{- if not $role.rules -}}
 {{- fail "files/operator-rbac.yaml has no ClusterRole: regenerate it with `crucible-operator rbac`" -}}
 {{- end -}}
-{{- toYaml $rules -}}
+{{- toJson $role -}}
 {{- end -}}
 
-{{/* Resources of the generated rules that are cluster-scoped (nodes, kopf's discovery). */}}
+{{- define "crucible.generatedRules" -}}
+{{- toYaml (include "crucible.generatedClusterRole" . | fromJson).rules -}}
+{{- end -}}
+
+{{/* Resources of the generated rules that are cluster-scoped, as the generated ClusterRole's
+     crucible.dev/cluster-scoped-resources annotation lists them (crucible/operator/rbac.py). */}}
 {{- define "crucible.clusterScoped" -}}
-{{- toJson (list "nodes" "namespaces" "customresourcedefinitions") -}}
+{{- $role := include "crucible.generatedClusterRole" . | fromJson -}}
+{{- $scoped := index (default dict $role.metadata.annotations) "crucible.dev/cluster-scoped-resources" | default "" -}}
+{{- if not $scoped -}}
+{{- fail "files/operator-rbac.yaml's ClusterRole lacks crucible.dev/cluster-scoped-resources: regenerate it with `crucible-operator rbac`" -}}
+{{- end -}}
+{{- toJson (splitList "," $scoped) -}}
 {{- end -}}
