@@ -144,6 +144,15 @@ class Cluster:
                 "restartCount": 0, "state": {"terminated": {
                     "exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}}}]}})
 
+    def config_error_pod(self, name: str, message: str) -> None:
+        """What a kubelet reports when it cannot build a container's env (a Secret missing):
+        the pod stays Pending, its container waiting in CreateContainerConfigError."""
+        self.core.patch_namespaced_pod_status(name, self.namespace, {"status": {
+            "phase": "Pending", "containerStatuses": [{
+                "name": m.CONTAINER, "image": IMAGE, "imageID": "", "ready": False,
+                "restartCount": 0, "state": {"waiting": {
+                    "reason": "CreateContainerConfigError", "message": message}}}]}})
+
     def events(self, job: str) -> list:
         return [e for e in self.core.list_namespaced_event(
             self.namespace, field_selector=f"involvedObject.name={job}").items
