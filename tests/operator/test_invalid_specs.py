@@ -88,6 +88,11 @@ CASES = [
      [{"key": "gpu", "operator": "Exists", "effect": "Sometimes"}],
      "spec.scheduling.tolerations[0].effect"),
     ("negative-ttl", "spec.ttlSecondsAfterFinished", -1, "spec.ttlSecondsAfterFinished"),
+    ("secret-not-a-name", "spec.checkpoint.credentialsSecret", "S3_Creds",
+     "spec.checkpoint.credentialsSecret"),
+    ("priority-class-not-a-name", "spec.scheduling.priorityClassName", "High Priority",
+     "spec.scheduling.priorityClassName"),
+    ("shm-not-a-quantity", "spec.shmSizeLimit", "lots", "spec.shmSizeLimit"),
     ("unknown-field", "spec.nodez", {"min": 1}, "spec.nodez"),
     ("name-too-long", "metadata.name", "g" * 41, "metadata.name"),
     ("name-starts-with-digit", "metadata.name", "1gpt", "metadata.name"),
@@ -144,4 +149,20 @@ def test_checkpoint_uri_cannot_change_once_set(cluster):
     assert rejected.value.status == 422
     assert "spec.checkpoint" in rejected.value.body and "cannot change" in rejected.value.body
     cluster.patch_spec("gpt", {"training": {"lr": 1e-4}})   # other edits are fine
+    cluster.delete_job("gpt")
+
+
+def test_the_workload_identity_cannot_change_once_the_job_exists(cluster):
+    body = _valid()
+    irsa = {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/gpt"}
+    body["spec"]["serviceAccount"] = {"annotations": irsa}
+    cluster.objs.create_namespaced_custom_object(crd.GROUP, crd.VERSION, cluster.namespace,
+                                                 crd.PLURAL, body)
+    for change in ({"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/admin"}},
+                   {"annotations": None}):
+        with pytest.raises(ApiException) as rejected:
+            cluster.patch_spec("gpt", {"serviceAccount": change})
+        assert rejected.value.status == 422
+        assert "serviceAccount cannot change" in rejected.value.body
+    cluster.patch_spec("gpt", {"serviceAccount": {"annotations": irsa}})   # the same is fine
     cluster.delete_job("gpt")
