@@ -73,7 +73,7 @@ def test_trainer_image_pins_the_projects_torch_on_the_matching_cuda_base():
                      if d.startswith("torch=="))
     text = DOCKERFILES["trainer"].read_text()
     assert f"ARG TORCH_VERSION={torch_pin.removeprefix('torch==')}" in text
-    assert 'pip install ".[trainer]"' in text
+    assert '--no-build-isolation ".[trainer]"' in text  # the lock: test_requirements_lock.py
     # The CUDA of the installed wheel (the same pin from PyPI) is the base image's CUDA.
     import importlib.util
 
@@ -95,7 +95,7 @@ def test_operator_image_has_no_torch():
     assert not [d for d in extras["operator"] + pyproject()["project"]["dependencies"]
                 if d.lower().startswith("torch")]
     text = DOCKERFILES["operator"].read_text()
-    assert 'pip install ".[operator]"' in text and "[trainer]" not in text
+    assert '--no-build-isolation ".[operator]"' in text and "[trainer]" not in text
     assert "find_spec('torch') is not None" in text  # the build fails if torch sneaks in
 
 
@@ -108,10 +108,10 @@ def test_no_secrets_in_instructions_or_context(name):
             sources = [s for s in rest.split()[:-1] if not s.startswith("--")]
             assert sources and all(s.rstrip("/") in ("pyproject.toml", "setup.py", "README.md",
                                                      "api", "operator", "trainer",
-                                                     "/opt/crucible")
+                                                     f"requirements/{name}.txt", "/opt/crucible")
                                    for s in sources), rest
         assert op != "ADD", "COPY, not ADD (no remote URLs, no auto-extraction)"
     ignore = (REPO / ".dockerignore").read_text().splitlines()
     assert "**" in ignore and not [
         line for line in ignore if line.startswith("!") and line.lstrip("!").rstrip("/") not in
-        ("pyproject.toml", "setup.py", "README.md", "api", "operator", "trainer")]
+        ("pyproject.toml", "setup.py", "README.md", "requirements", "api", "operator", "trainer")]
