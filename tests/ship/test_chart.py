@@ -255,6 +255,15 @@ def test_rendered_manifests_pass_a_server_side_dry_run(kube, namespace):
         kube.delete_namespace(other)
 
 
+def _allowed(kube: Kube, user: str, verb: str, resource: str, namespace: str | None = None) -> bool:
+    review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
+        user=user, groups=["system:serviceaccounts", "system:authenticated"],
+        resource_attributes=client.V1ResourceAttributes(verb=verb, resource=resource,
+                                                        namespace=namespace)))
+    return client.AuthorizationV1Api(kube.client()).create_subject_access_review(
+        review).status.allowed
+
+
 @pytest.mark.stack
 def test_helm_install_puts_the_operator_and_its_rbac_in_place(kube, release):
     api = kube.client()
@@ -282,6 +291,13 @@ def test_helm_install_puts_the_operator_and_its_rbac_in_place(kube, release):
                                                                   release.namespace)]
     crb = rbac_api.read_cluster_role_binding(name)
     assert crb.role_ref.name == name
+    # Namespaced mode, as the apiserver's authorizer sees it: pods only where jobs are served,
+    # the cordon (cluster-scoped) anywhere.
+    user = f"system:serviceaccount:{release.namespace}:{release.operator_account}"
+    assert _allowed(kube, user, "create", "pods", release.jobs_namespace)
+    assert not _allowed(kube, user, "create", "pods", "default")
+    assert not _allowed(kube, user, "list", "pods", "kube-system")
+    assert _allowed(kube, user, "patch", "nodes")
     # The CRD came from crds/ (or was there already) and is Established.
     ext = client.ApiextensionsV1Api(api)
     assert eventually(lambda: any(c.type == "Established" and c.status == "True" for c in
