@@ -226,7 +226,7 @@ class Bench:
         beyond this run's --nodes (a 10-node run after a 100-node one would otherwise get 100)
         and their namespaces (jobs whose finalizer the stopped operator never took off keep
         their pods, and the GPUs those hold)."""
-        wanted = set(self.stack_env["CRUCIBLE_KWOK_NODES"].split(","))
+        wanted = set(self.stack_env["CRUCIBLE_KWOK_NODE_NAMES"].split(","))
         extra = [n.metadata.name for n in self.core.list_node(label_selector="type=kwok").items
                  if n.metadata.name not in wanted]
         for name in extra:

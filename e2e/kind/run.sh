@@ -119,7 +119,7 @@ pytest_suite() {
     -o jsonpath='{range .items[*]}{.metadata.name},{end}')
   cat > "$here/.env" <<ENV
 export KUBECONFIG=$kubeconfig
-export CRUCIBLE_KWOK_NODES=${workers%,}
+export CRUCIBLE_KWOK_NODE_NAMES=${workers%,}
 export CRUCIBLE_KWOK_LABEL=crucible.dev/kwok-not-used
 ENV
   # The chart tests install a second release serving their own namespace, with the real operator

@@ -84,7 +84,10 @@ def cmd_up(layout: Layout, args) -> None:
 def write_env(layout: Layout, values: dict) -> None:
     env = {
         "KUBECONFIG": layout.kubeconfig,
-        "CRUCIBLE_KWOK_NODES": ",".join(layout.node_names),
+        # The count under the name `up` reads, the names under another: what `env` prints is
+        # an environment this script accepts (eval "$(e2e/stack.sh env)", then node-down).
+        "CRUCIBLE_KWOK_NODES": str(layout.kwok_nodes),
+        "CRUCIBLE_KWOK_NODE_NAMES": ",".join(layout.node_names),
         "CRUCIBLE_KWOK_LABEL": KWOK_LABEL,
         "CRUCIBLE_S3_ENDPOINT": f"http://127.0.0.1:{layout.port('s3')}",
         "CRUCIBLE_S3_BUCKET": S3_BUCKET,

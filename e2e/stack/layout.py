@@ -8,7 +8,8 @@ developer, do not collide:
   CRUCIBLE_CACHE        cache root            (default ~/.cache/crucible)
   CRUCIBLE_STACK_DIR    runtime state folder  (default $CRUCIBLE_CACHE/stack)
   CRUCIBLE_PORT_OFFSET  added to every port   (default 0)
-  CRUCIBLE_KWOK_NODES   simulated GPU nodes   (default 4)
+  CRUCIBLE_KWOK_NODES   simulated GPU nodes   (default 4; the env file also names them in
+                        CRUCIBLE_KWOK_NODE_NAMES)
   CRUCIBLE_KWOK_LEASE_SECONDS  node Lease duration (default 4: a dead node is NotReady in ~8 s;
                         hundreds of nodes renewing every second swamp a small machine, so a
                         large stack takes a longer lease and a proportionally longer grace)

@@ -77,3 +77,14 @@ def test_stack_script_reports_missing_toolchain_in_one_line(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().endswith("Go module proxy)")
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.stack
+def test_the_printed_env_is_an_environment_the_script_accepts(stack_env):
+    """eval "$(e2e/stack.sh env)", then any verb: the env names the nodes beside their count."""
+    script = REPO / "e2e" / "stack.sh"
+    out = subprocess.run(["bash", "-c", f'eval "$({script} env)" && {script} status'],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "not an integer" not in out.stderr
+    assert stack_env["CRUCIBLE_KWOK_NODES"] == str(len(stack_env["CRUCIBLE_KWOK_NODE_NAMES"].split(",")))

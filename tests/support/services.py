@@ -57,7 +57,7 @@ class Kube:
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> "Kube":
-        return cls(Path(env["KUBECONFIG"]), env["CRUCIBLE_KWOK_NODES"].split(","),
+        return cls(Path(env["KUBECONFIG"]), env["CRUCIBLE_KWOK_NODE_NAMES"].split(","),
                    env["CRUCIBLE_KWOK_LABEL"])
 
     def client(self):
