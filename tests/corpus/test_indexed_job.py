@@ -1,17 +1,23 @@
 """The Indexed Job manifest: the shipped YAML is exactly what the renderer produces, it is a valid
-Indexed Job, its config is a valid corpus config, and its container command parses with the real
-`crucible` parser and resolves its shard from JOB_COMPLETION_INDEX."""
+Indexed Job, its config is a valid corpus config, its container command parses with the real
+`crucible` parser and resolves its shard from JOB_COMPLETION_INDEX, its pods meet the Pod Security
+Standards' "restricted" profile (checked by a real API server's admission on the stack) and read
+S3 credentials key by key."""
 
 from __future__ import annotations
 
+import copy
+import secrets
 from pathlib import Path
 
+import pytest
 import yaml
 
-from crucible.trainer.cli import build_parser
+from crucible.trainer.cli import build_parser, main
 from crucible.trainer.corpus import config as corpus_config
 from crucible.trainer.corpus.indexed_job import render_job, to_yaml
 from crucible.trainer.corpus.shards import Shard
+from tests.support.services import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "manifests" / "corpus" / "indexed-job.yaml"
@@ -52,4 +58,106 @@ def test_container_command_parses_with_the_real_cli():
     assert args.config.startswith(mount + "/")
     for index in range(8):
         assert Shard.parse(args.shard, {"JOB_COMPLETION_INDEX": str(index)}) == Shard(index, 8)
-    assert container["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+
+
+def pod_spec(job: dict) -> dict:
+    return job["spec"]["template"]["spec"]
+
+
+def test_pods_run_restricted_with_one_writable_scratch_dir():
+    _, job = rendered()
+    spec = pod_spec(job)
+    [container] = spec["containers"]
+    assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                                       "seccompProfile": {"type": "RuntimeDefault"}}
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False,
+                                            "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+    assert spec["automountServiceAccountToken"] is False
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["HOME"] == env["TMPDIR"] == container["workingDir"] == "/scratch"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    writable = [m for m in container["volumeMounts"] if not m.get("readOnly")]
+    assert writable == [{"name": "scratch", "mountPath": "/scratch"}]
+    assert volumes["scratch"]["emptyDir"] == {"sizeLimit": "32Gi"}
+
+
+def secret_refs(container: dict) -> dict:
+    return {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container.get("env", [])
+            if "valueFrom" in e}
+
+
+def test_s3_credentials_are_read_key_by_key():
+    _, job = rendered()
+    [container] = pod_spec(job)["containers"]
+    assert "envFrom" not in container
+    assert secret_refs(container) == {
+        "AWS_ACCESS_KEY_ID": {"name": "s3-creds", "key": "AWS_ACCESS_KEY_ID", "optional": False},
+        "AWS_SECRET_ACCESS_KEY": {"name": "s3-creds", "key": "AWS_SECRET_ACCESS_KEY",
+                                  "optional": False},
+        "AWS_ENDPOINT_URL": {"name": "s3-creds", "key": "AWS_ENDPOINT_URL", "optional": True},
+        "AWS_DEFAULT_REGION": {"name": "s3-creds", "key": "AWS_DEFAULT_REGION", "optional": True}}
+    _, job = render_job("c", "img", EXAMPLE.read_text(), 1, s3_secret="minio",
+                        s3_keys={"AWS_ACCESS_KEY_ID": "accessKey"})
+    refs = secret_refs(pod_spec(job)["containers"][0])
+    assert refs["AWS_ACCESS_KEY_ID"] == {"name": "minio", "key": "accessKey", "optional": False}
+    assert refs["AWS_SECRET_ACCESS_KEY"]["key"] == "AWS_SECRET_ACCESS_KEY"
+    _, job = render_job("c", "img", EXAMPLE.read_text(), 1, s3_secret=None)
+    assert secret_refs(pod_spec(job)["containers"][0]) == {}
+    with pytest.raises(ValueError, match="AWS_SECRET_KEY"):
+        render_job("c", "img", EXAMPLE.read_text(), 1, s3_keys={"AWS_SECRET_KEY": "k"})
+
+
+def test_manifest_cli_takes_secret_keys(capsys):
+    argv = ["corpus", "manifest", "--config", str(EXAMPLE), "--workers", "2", "--image", "img"]
+    assert main(argv + ["--s3-key", "AWS_SECRET_ACCESS_KEY=secretKey", "--scratch", "8Gi"]) == 0
+    _, job = yaml.safe_load_all(capsys.readouterr().out)
+    refs = secret_refs(pod_spec(job)["containers"][0])
+    assert refs["AWS_SECRET_ACCESS_KEY"]["key"] == "secretKey"
+    assert pod_spec(job)["volumes"][1]["emptyDir"] == {"sizeLimit": "8Gi"}
+    assert main(argv + ["--s3-key", "AWS_SECRET_ACCESS_KEY"]) == 2
+    assert main(argv + ["--s3-key", "AWS_TYPO=secretKey"]) == 2
+
+
+@pytest.fixture
+def restricted_namespace(kube):
+    """A namespace where Pod Security admission enforces the restricted profile; deleted after."""
+    from kubernetes import client
+
+    name = f"t-restricted-{secrets.token_hex(3)}"     # "t-": a killed run's leftover is cleaned
+    core = kube.core()
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=name, labels={"pod-security.kubernetes.io/enforce": "restricted",
+                           "pod-security.kubernetes.io/enforce-version": "latest"})))
+    try:
+        # Pods are refused until the controller-manager has created the "default" SA.
+        eventually(lambda: core.read_namespaced_service_account("default", name), 30,
+                   f"ServiceAccount default in {name}")
+        yield name
+    finally:
+        kube.delete_namespace(name)
+
+
+@pytest.mark.stack
+def test_restricted_namespace_admits_the_job_and_refuses_its_pods_without_hardening(
+        kube, restricted_namespace):
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    namespace = restricted_namespace
+    config_map, job = render_job("corpus", "registry.example/crucible-trainer:0.1",
+                                 EXAMPLE.read_text(), 2, namespace=namespace)
+    core, batch = kube.core(), client.BatchV1Api(kube.client())
+    core.create_namespaced_config_map(namespace, config_map, dry_run="All")
+    batch.create_namespaced_job(namespace, job, dry_run="All")
+    # Pod Security admission enforces on pods only (a Job gets warnings at most), so the pod the
+    # Job controller would create is submitted too, and once more without the securityContexts.
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "corpus-0", "namespace": namespace,
+                        "labels": job["spec"]["template"]["metadata"]["labels"]},
+           "spec": copy.deepcopy(pod_spec(job))}
+    core.create_namespaced_pod(namespace, pod, dry_run="All")
+    del pod["spec"]["securityContext"], pod["spec"]["containers"][0]["securityContext"]
+    with pytest.raises(ApiException) as refused:
+        core.create_namespaced_pod(namespace, pod, dry_run="All")
+    assert refused.value.status == 403 and "violates PodSecurity" in refused.value.body

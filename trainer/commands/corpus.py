@@ -8,6 +8,7 @@ they load inside `run`.
     crucible corpus run --config corpus.yaml --shard auto/N               one Indexed Job worker
     crucible corpus report --config corpus.yaml [--shards N]              re-render the report
     crucible corpus manifest --config corpus.yaml --workers N --image IMG the Indexed Job YAML
+        [--s3-secret NAME] [--s3-key AWS_ACCESS_KEY_ID=accessKey ...] [--scratch 32Gi]
 """
 
 from __future__ import annotations
@@ -49,7 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     manifest.add_argument("--name", default="corpus")
     manifest.add_argument("--namespace", default="default")
     manifest.add_argument("--s3-secret", default="s3-creds",
-                          help="Secret with AWS_* variables for s3:// paths ('' for none)")
+                          help="Secret with AWS_* keys for s3:// paths ('' for none)")
+    manifest.add_argument("--s3-key", action="append", default=[], metavar="VAR=KEY",
+                          help="read AWS_* variable VAR from the Secret's KEY (repeatable; "
+                               "default: the key named like the variable)")
+    manifest.add_argument("--scratch", default="32Gi",
+                          help="size limit of the pods' writable emptyDir (temporary files)")
 
 
 def _load_config(args: argparse.Namespace):
@@ -71,6 +77,17 @@ def _load_config(args: argparse.Namespace):
     return config, text
 
 
+def _s3_keys(pairs: list[str]) -> dict[str, str]:
+    keys = {}
+    for pair in pairs:
+        var, sep, key = pair.partition("=")
+        if not sep or not var or not key:
+            raise UserError(f"--s3-key {pair!r}: want VAR=KEY",
+                            "e.g. --s3-key AWS_ACCESS_KEY_ID=accessKey")
+        keys[var] = key
+    return keys
+
+
 def _shard_count_from_run(config) -> int:
     import json
 
@@ -87,9 +104,13 @@ def run(args: argparse.Namespace) -> int:
         from crucible.trainer.corpus.indexed_job import render_job, to_yaml
 
         _config, text = _load_config(args)
-        sys.stdout.write(to_yaml(render_job(args.name, args.image, text, args.workers,
-                                            namespace=args.namespace,
-                                            s3_secret=args.s3_secret or None)))
+        try:
+            objects = render_job(args.name, args.image, text, args.workers,
+                                 namespace=args.namespace, s3_secret=args.s3_secret or None,
+                                 s3_keys=_s3_keys(args.s3_key), scratch=args.scratch)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        sys.stdout.write(to_yaml(objects))
         return 0
 
     config, _text = _load_config(args)

@@ -1,9 +1,9 @@
 """What a corpus run is: sources, steps with their parameters, dedup, PII, mixture and output.
 
-Owns: `CorpusConfig` and its parts, loading them from YAML/JSON, validation with errors that say
-why (`crucible.api.spec.ConfigError`, the one error for a config the user must fix), the
-registry of step names, and `fingerprint()` (a run refuses to resume under a different
-config). Must not: run anything.
+Owns: `CorpusConfig` and its parts (the readers' size caps are `bounded.ReadLimits`), loading them
+from YAML/JSON, validation with errors that say why (`crucible.api.spec.ConfigError`, the one
+error for a config the user must fix), the registry of step names, and `fingerprint()` (a run
+refuses to resume under a different config). Must not: run anything.
 
 Default steps are FineWeb's order (examples/fineweb.py): extract -> language -> Gopher repetition
 -> Gopher quality -> C4 (terminal-punctuation rule off, FineWeb §3.5) -> FineWeb rules, with our
@@ -21,6 +21,7 @@ Example (YAML):
     dedup: {exact: true, near: {n_grams: 5, bands: 14, rows: 8}}
     pii: {emails: true, ips: true}
     mixture: {weights: {web: 0.7, manuals: 0.3}, seed: 0}
+    limits: {max_record_bytes: 8388608, max_file_bytes: 17179869184}   # the defaults
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from crucible.api.spec import ConfigError
+from crucible.trainer.corpus.bounded import ReadLimits
 from crucible.trainer.corpus.c4 import C4Quality
 from crucible.trainer.corpus.extract import ExtractHtml
 from crucible.trainer.corpus.fineweb import FineWebQuality
@@ -75,6 +77,7 @@ class CorpusConfig:
     dedup: DedupConfig = DedupConfig()
     pii: dict[str, Any] | None = None          # ScrubPii parameters ({} = defaults); None: off
     mixture: MixtureConfig | None = None
+    limits: ReadLimits = ReadLimits()          # per-record and per-file caps of the readers
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def build_steps(self) -> list[Step]:
@@ -110,7 +113,7 @@ def _step_entry(entry: Any) -> tuple[str, dict[str, Any]]:
 def from_dict(data: dict[str, Any]) -> CorpusConfig:
     if not isinstance(data, dict):
         raise ConfigError("the config must be a mapping with output and sources")
-    unknown = set(data) - {"output", "sources", "steps", "dedup", "pii", "mixture"}
+    unknown = set(data) - {"output", "sources", "steps", "dedup", "pii", "mixture", "limits"}
     if unknown:
         raise ConfigError(f"unknown top-level keys: {', '.join(sorted(unknown))}")
     if not data.get("output"):
@@ -143,6 +146,7 @@ def from_dict(data: dict[str, Any]) -> CorpusConfig:
         pii = None if pii is None or pii is False else (pii if isinstance(pii, dict) else {})
         if pii is not None:
             ScrubPii(**pii)
+        limits = ReadLimits(**(data.get("limits") or {}))
     except (TypeError, ValueError) as err:
         raise ConfigError(str(err)) from None
     if mixture is not None:
@@ -151,7 +155,7 @@ def from_dict(data: dict[str, Any]) -> CorpusConfig:
             raise ConfigError("mixture.weights names unknown sources: "
                               f"{', '.join(sorted(strangers))}")
     return CorpusConfig(output=str(data["output"]), sources=tuple(sources), steps=steps,
-                        dedup=dedup, pii=pii, mixture=mixture, raw=data)
+                        dedup=dedup, pii=pii, mixture=mixture, limits=limits, raw=data)
 
 
 def load(text: str) -> CorpusConfig:
@@ -174,4 +178,5 @@ def describe(config: CorpusConfig) -> dict[str, Any]:
                       {**asdict(config.dedup.near),
                        "threshold": round(config.dedup.near.threshold, 4)}},
             "pii": config.pii,
-            "mixture": None if config.mixture is None else asdict(config.mixture)}
+            "mixture": None if config.mixture is None else asdict(config.mixture),
+            "limits": asdict(config.limits)}

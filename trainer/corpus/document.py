@@ -63,7 +63,8 @@ class Document:
 @dataclass(slots=True)
 class Malformed:
     """A record a reader could not turn into a document: counted under `reason`, never dropped
-    silently. `raw` is a short excerpt of what was there, for the report's samples."""
+    silently. `raw` is a short excerpt of what was there, for the report's samples. With
+    `file_problem`, it stands for the unread rest of the file `id` and `raw` says what was wrong."""
 
     reason: str
     id: str
@@ -71,3 +72,4 @@ class Malformed:
     key: int
     raw: str = ""
     size_bytes: int = 0
+    file_problem: bool = False

@@ -8,10 +8,19 @@ Design: one Indexed Job (completionMode: Indexed, completions = parallelism = N)
 Kubernetes docs "Job: Completion mode") and does the tasks it owns in every stage, waiting at each
 stage boundary for the others' completion markers in the shared output (pipeline.run_worker). A pod
 that dies is recreated with the same index (backoffLimitPerIndex, Kubernetes 1.29+ beta / 1.33 GA)
-and skips the tasks its predecessor finished. Credentials for s3:// come from a Secret via envFrom,
-never from the manifest. manifests/corpus/indexed-job.yaml is this function's output for the
-example config; tests/corpus/test_indexed_job.py re-renders it and parses its container command with
-the real CLI parser, so the two cannot drift apart.
+and skips the tasks its predecessor finished. manifests/corpus/indexed-job.yaml is this function's
+output for the example config; tests/corpus/test_indexed_job.py re-renders it and parses its
+container command with the real CLI parser, so the two cannot drift apart.
+
+The pods parse untrusted web data, so they run as the Pod Security Standards' "restricted" profile
+requires (a test has a restricted namespace admit them): as the image's numeric non-root user with
+the runtime's seccomp profile, no privilege escalation, no capabilities, a read-only root
+filesystem and no service-account token (they never call the API server). The one writable place
+is an emptyDir with a size limit at /scratch, which is HOME, TMPDIR and the working directory (as
+in the operator's training pods): the pipeline writes only temporary files there, the S3 upload
+spool of each output shard and the spool of a Parquet input from S3 (Python's tempfile). S3
+credentials come from a Secret key by key, never from the manifest; a whole-Secret envFrom would
+hand the pods whatever else someone later puts in that Secret.
 """
 
 from __future__ import annotations
@@ -21,13 +30,35 @@ from typing import Any
 from crucible.api.launch import EXIT_USER_ERROR
 
 CONFIG_MOUNT = "/etc/crucible/corpus"
+SCRATCH_DIR = "/scratch"     # the image's HOME and working directory (trainer/Dockerfile)
+RUN_UID = 1000               # the image's numeric user, so runAsNonRoot can be verified
+# S3 variables read from the Secret, and whether a pod may start without them.
+S3_ENV = {"AWS_ACCESS_KEY_ID": True, "AWS_SECRET_ACCESS_KEY": True,
+          "AWS_ENDPOINT_URL": False,      # S3-compatible stores only
+          "AWS_DEFAULT_REGION": False}
+
+
+def s3_env(secret: str, keys: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Container env for S3 from `secret`; `keys` maps a variable to its key in the Secret where
+    the two differ (default: the key is the variable's name)."""
+    keys = keys or {}
+    unknown = set(keys) - set(S3_ENV)
+    if unknown:
+        raise ValueError(f"s3 keys: unknown variables {sorted(unknown)}; known: {list(S3_ENV)}")
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret,
+                                                          "key": keys.get(name, name),
+                                                          "optional": not required}}}
+            for name, required in S3_ENV.items()]
 
 
 def render_job(name: str, image: str, config_yaml: str, workers: int, *,
                namespace: str = "default", s3_secret: str | None = "s3-creds",
-               cpu: str = "1", memory: str = "4Gi", retries_per_index: int = 3,
+               s3_keys: dict[str, str] | None = None, cpu: str = "1", memory: str = "4Gi",
+               scratch: str = "32Gi", retries_per_index: int = 3,
                wait_timeout_s: int = 24 * 3600) -> list[dict[str, Any]]:
-    """[ConfigMap, Job] for running `config_yaml` on `workers` pods."""
+    """[ConfigMap, Job] for running `config_yaml` on `workers` pods. `scratch` is the emptyDir's
+    size limit: room for one output shard and one Parquet input from S3 (at most the config's
+    limits.max_file_bytes) at a time."""
     if workers < 1:
         raise ValueError("workers must be >= 1")
     labels = {"app.kubernetes.io/name": "crucible-corpus", "crucible.dev/corpus": name}
@@ -36,19 +67,24 @@ def render_job(name: str, image: str, config_yaml: str, workers: int, *,
         "metadata": {"name": f"{name}-config", "namespace": namespace, "labels": labels},
         "data": {"corpus.yaml": config_yaml},
     }
+    env = [{"name": "HOME", "value": SCRATCH_DIR}, {"name": "TMPDIR", "value": SCRATCH_DIR}]
+    if s3_secret:
+        env += s3_env(s3_secret, s3_keys)
     container: dict[str, Any] = {
         "name": "corpus",
         "image": image,
         "command": ["crucible"],
         "args": ["corpus", "run", "--config", f"{CONFIG_MOUNT}/corpus.yaml",
                  "--shard", f"auto/{workers}", "--wait-timeout-s", str(wait_timeout_s)],
+        "workingDir": SCRATCH_DIR,
+        "env": env,
         "resources": {"requests": {"cpu": cpu, "memory": memory},
                       "limits": {"cpu": cpu, "memory": memory}},
-        "volumeMounts": [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True}],
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+                         {"name": "scratch", "mountPath": SCRATCH_DIR}],
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
     }
-    if s3_secret:
-        # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and, for S3-compatible stores, AWS_ENDPOINT_URL.
-        container["envFrom"] = [{"secretRef": {"name": s3_secret}}]
     job = {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
@@ -65,9 +101,16 @@ def render_job(name: str, image: str, config_yaml: str, workers: int, *,
                                                       "values": [EXIT_USER_ERROR]}}]},
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {"restartPolicy": "Never", "containers": [container],
+                "spec": {"restartPolicy": "Never",
+                         "automountServiceAccountToken": False,
+                         "enableServiceLinks": False,
+                         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_UID,
+                                             "runAsGroup": RUN_UID,
+                                             "seccompProfile": {"type": "RuntimeDefault"}},
+                         "containers": [container],
                          "volumes": [{"name": "config",
-                                      "configMap": {"name": f"{name}-config"}}]},
+                                      "configMap": {"name": f"{name}-config"}},
+                                     {"name": "scratch", "emptyDir": {"sizeLimit": scratch}}]},
             },
         },
     }

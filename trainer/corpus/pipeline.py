@@ -160,7 +160,8 @@ class Job:
         return "deduped" if self.dedup_on or self.config.pii is not None else "filtered"
 
     def filter_task(self, shard: int) -> None:
-        reader_for = {s.name: Reader(s.text_field, s.id_field) for s in self.config.sources}
+        reader_for = {s.name: Reader(s.text_field, s.id_field, self.config.limits)
+                      for s in self.config.sources}
         steps = self.config.build_steps()
         read_stats = StepStats(step="read", why="parse records; malformed ones are counted, not lost")
         stats = [read_stats] + [step.new_stats() for step in steps]
@@ -172,6 +173,9 @@ class Job:
                         read_stats.record_in(record.source, record.size_bytes)
                         read_stats.record_drop(record.source, record.size_bytes, record.reason,
                                                record.key, record.id, record.raw)
+                        if record.file_problem:
+                            read_stats.record_problem_file(record.key, record.source, record.id,
+                                                           record.reason, record.raw)
                         continue
                     size_bytes = record.size_bytes
                     read_stats.record_in(record.source, size_bytes)

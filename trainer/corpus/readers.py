@@ -1,94 +1,135 @@
 """Readers: one input file -> its records, each a `Document` or a counted `Malformed`.
 
 Owns: JSONL (plain, .gz, .zst), Parquet, plain-text files (one document per file, e.g. a tree of
-manuals), HTML files (marked for extraction) and WARC response records (warcio). Every record gets
-the source name, an id (the record's own id field, else "<relative path>#<line>", or the path for
-one-document files) and its global key. Must not: decide what is good text (steps do).
+manuals), HTML files (marked for extraction) and WARC response records (warcio, via warc.py).
+Every record gets the source name, an id (the record's own id field, else "<relative path>#<line>",
+or the path for one-document files) and its global key. Must not: decide what is good text (steps
+do) or hold more of a file than the record cap (bounded.py).
 
-Malformed input never crashes a run and never vanishes: bad UTF-8 (`bad_utf8`), lines that are
-not JSON objects (`bad_json`), a missing or non-string text field (`missing_text`), blank text
-(`empty_text`), blank JSONL lines (`blank_line`) become `Malformed` records that the pipeline
-counts like any other drop, with a sample. Follows datatrove's readers (src/datatrove/pipeline/
-readers/: jsonl, parquet, warc) for field names and WARC handling: only HTTP responses whose
-content type is HTML become documents; the URL goes into metadata.
+Malformed input never crashes a run and never vanishes. A record becomes a `Malformed` that the
+pipeline counts like any other drop, with a sample: bad UTF-8 (`bad_utf8`), a JSON string that
+decodes to a lone UTF-16 surrogate, which no UTF-8 output can hold (`lone_surrogate`), lines
+that are not JSON objects (`bad_json`), a missing or non-string text field (`missing_text`),
+blank text (`empty_text`), blank JSONL lines (`blank_line`), a record over
+`limits.max_record_bytes` (`record_too_large`, skipped unread), a WARC body whose charset is no web
+encoding (`unknown_charset`) or does not decode in it (`bad_encoding`). A file that cannot be read
+to its end becomes one `Malformed` with `file_problem` set after the records read before it, which
+are kept: more than `limits.max_file_bytes` decompressed (`file_too_large`), a gzip or zstd stream
+cut short (`truncated_file`) or corrupt (`bad_compression`), a malformed WARC (`bad_warc`) or
+Parquet file (`bad_parquet`), more records than a key can number (`too_many_records`). Storage
+errors (S3, disk) are not the data's fault and still fail the task, which the Job retries.
+
+Follows datatrove's readers (src/datatrove/pipeline/readers/: jsonl, parquet, warc) for field
+names and WARC handling: only HTTP responses whose content type is HTML become documents; the URL
+goes into metadata.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gzip
 import json
-from typing import IO, Iterator
+import re
+from typing import Any, Iterator
 
-from crucible.trainer import storage
-from crucible.trainer.corpus.document import Document, Malformed, make_key
-from crucible.trainer.corpus.shards import InputFile
+from crucible.trainer.corpus.bounded import (FileProblem, ReadLimits, bounded_lines, open_capped,
+                                             read_capped, seekable_capped)
+from crucible.trainer.corpus.document import RECORD_BITS, Document, Malformed, make_key
+from crucible.trainer.corpus.shards import InputFile, stem
 
 Record = Document | Malformed
-RAW_EXCERPT_BYTES = 200   # how much of a malformed record the report shows
-
-
-@contextlib.contextmanager
-def _decompressed(uri: str) -> Iterator[IO[bytes]]:
-    with contextlib.closing(storage.open_read(uri)) as raw:
-        name = uri.lower()
-        if name.endswith(".gz"):
-            with gzip.GzipFile(fileobj=raw) as stream:
-                yield stream
-        elif name.endswith((".zst", ".zstd")):
-            import zstandard
-
-            with zstandard.ZstdDecompressor().stream_reader(raw) as stream:
-                yield storage.buffered(stream)
-        else:
-            yield raw
+RAW_EXCERPT_BYTES = 200      # how much of a malformed record the report shows
+PARQUET_BATCH_ROWS = 1024    # rows decoded at once: Arrow holds a batch before any cap is checked
+MAX_RECORDS = 1 << RECORD_BITS
+# A JSON escape of a UTF-16 surrogate (\ud800-\udfff): only then can json.loads make a lone one.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def _excerpt(raw: bytes) -> str:
     return raw[:RAW_EXCERPT_BYTES].decode("utf-8", "replace")
 
 
+def _key(file: InputFile, position: int) -> int:
+    if position >= MAX_RECORDS:
+        raise FileProblem("too_many_records", f"more than {MAX_RECORDS:,} records in one file")
+    return make_key(file.index, position)
+
+
+def _json_object(line: bytes) -> dict | str:
+    """The JSON object on `line`, or the reason there is none."""
+    try:
+        obj = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "bad_utf8"
+    except (ValueError, RecursionError):   # not JSON, an int over Python's digit cap, deep nesting
+        return "bad_json"
+    if not isinstance(obj, dict):
+        return "bad_json"
+    if _SURROGATE_ESCAPE.search(line):
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return "lone_surrogate"
+    return obj
+
+
 class Reader:
     """Turns one file into records. `text_field` / `id_field` name the JSON or Parquet columns."""
 
-    def __init__(self, text_field: str = "text", id_field: str = "id"):
+    def __init__(self, text_field: str = "text", id_field: str = "id",
+                 limits: ReadLimits = ReadLimits()):
         self.text_field = text_field
         self.id_field = id_field
+        self.limits = limits
 
     def read(self, file: InputFile) -> Iterator[Record]:
         method = getattr(self, f"_read_{file.format}")
-        yield from method(file)
+        next_key = make_key(file.index, 0)
+        try:
+            for record in method(file):
+                next_key = record.key + 1
+                yield record
+        except FileProblem as problem:
+            # Keyed after the last record kept, within this file's keys even at the record limit.
+            key = min(next_key, make_key(file.index, MAX_RECORDS - 1))
+            yield Malformed(problem.reason, file.relative_path, file.source, key,
+                            problem.detail[:RAW_EXCERPT_BYTES], 0, file_problem=True)
 
     def _record(self, file: InputFile, position: int, text: object, doc_id: str,
                 raw: bytes, metadata: dict | None = None) -> Record:
-        key = make_key(file.index, position)
+        key = _key(file, position)
         if not isinstance(text, str):
             return Malformed("missing_text", doc_id, file.source, key, _excerpt(raw), len(raw))
         if not text.strip():
             return Malformed("empty_text", doc_id, file.source, key, _excerpt(raw), len(raw))
         return Document(text, doc_id, file.source, key, metadata or {})
 
+    def _utf8_record(self, file: InputFile, position: int, raw: bytes | None, size: int,
+                     doc_id: str, metadata: dict | None = None) -> Record:
+        """A record from bytes that must be UTF-8 text; None: the record was over the cap."""
+        if raw is None:
+            return Malformed("record_too_large", doc_id, file.source, _key(file, position), "",
+                             size)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return Malformed("bad_utf8", doc_id, file.source, _key(file, position), _excerpt(raw),
+                             len(raw))
+        return self._record(file, position, text, doc_id, raw, metadata)
+
     def _read_jsonl(self, file: InputFile) -> Iterator[Record]:
-        with _decompressed(file.uri) as stream:
-            for position, line in enumerate(stream):
+        with open_capped(file.uri, self.limits.max_file_bytes) as stream:
+            lines = bounded_lines(stream, self.limits.max_record_bytes)
+            for position, (line, size) in enumerate(lines):
                 fallback_id = f"{file.relative_path}#{position + 1}"
-                key = make_key(file.index, position)
+                key = _key(file, position)
+                if line is None:
+                    yield Malformed("record_too_large", fallback_id, file.source, key, "", size)
+                    continue
                 if not line.strip():
-                    yield Malformed("blank_line", fallback_id, file.source, key, "", len(line))
+                    yield Malformed("blank_line", fallback_id, file.source, key, "", size)
                     continue
-                try:
-                    obj = json.loads(line.decode("utf-8"))
-                except UnicodeDecodeError:
-                    yield Malformed("bad_utf8", fallback_id, file.source, key, _excerpt(line),
-                                    len(line))
-                    continue
-                except json.JSONDecodeError:
-                    yield Malformed("bad_json", fallback_id, file.source, key, _excerpt(line),
-                                    len(line))
-                    continue
-                if not isinstance(obj, dict):
-                    yield Malformed("bad_json", fallback_id, file.source, key, _excerpt(line),
-                                    len(line))
+                obj = _json_object(line)
+                if isinstance(obj, str):
+                    yield Malformed(obj, fallback_id, file.source, key, _excerpt(line), size)
                     continue
                 doc_id = obj.get(self.id_field)
                 metadata = {k: v for k, v in obj.items() if k not in (self.text_field, self.id_field)}
@@ -96,33 +137,48 @@ class Reader:
                                    fallback_id if doc_id is None else str(doc_id), line, metadata)
 
     def _read_parquet(self, file: InputFile) -> Iterator[Record]:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        with contextlib.closing(storage.seekable_copy(file.uri)) as stream:
-            parquet = pq.ParquetFile(stream)
-            names = set(parquet.schema_arrow.names)
-            columns = [c for c in (self.text_field, self.id_field) if c in names]
-            position = 0
-            for batch in parquet.iter_batches(columns=columns or None):
-                rows = batch.to_pydict()
-                texts = rows.get(self.text_field, [None] * batch.num_rows)
-                ids = rows.get(self.id_field, [None] * batch.num_rows)
-                for text, doc_id in zip(texts, ids):
-                    doc_id = f"{file.relative_path}#{position + 1}" if doc_id is None else str(doc_id)
-                    raw = (text or "").encode("utf-8", "replace") if isinstance(text, str) else b""
-                    yield self._record(file, position, text, doc_id, raw)
-                    position += 1
+        with seekable_capped(file.uri, self.limits.max_file_bytes) as stream:
+            try:
+                yield from self._parquet_rows(file, pq.ParquetFile(stream))
+            # OSError: Arrow's IO errors (ArrowIOError is OSError), e.g. a footer that does not
+            # parse; the bytes are on local disk by now. UnicodeDecodeError: Arrow making Python
+            # objects of a nested id column with non-UTF-8 strings (text and string ids are
+            # decoded here, per record).
+            except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
+                raise FileProblem("bad_parquet", f"{type(err).__name__}: {err}") from None
+
+    def _parquet_rows(self, file: InputFile, parquet) -> Iterator[Record]:
+        footer = parquet.metadata
+        decoded = sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups))
+        if decoded > self.limits.max_file_bytes:
+            raise FileProblem("file_too_large", f"{decoded:,} bytes in its row groups")
+        names = set(parquet.schema_arrow.names)
+        columns = [c for c in (self.text_field, self.id_field) if c in names]
+        position = 0
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns or None):
+            for text, doc_id in zip(_column(batch, self.text_field), _column(batch, self.id_field)):
+                if doc_id is None:
+                    doc_id = f"{file.relative_path}#{position + 1}"
+                elif isinstance(doc_id, bytes):
+                    doc_id = doc_id.decode("utf-8", "replace")   # a label: keep it readable
+                else:
+                    doc_id = str(doc_id)
+                if isinstance(text, bytes):
+                    oversized = len(text) > self.limits.max_record_bytes
+                    yield self._utf8_record(file, position, None if oversized else text,
+                                            len(text), doc_id)
+                else:
+                    yield self._record(file, position, text, doc_id, b"")
+                position += 1
 
     def _whole_file(self, file: InputFile, metadata: dict) -> Iterator[Record]:
-        with _decompressed(file.uri) as stream:
-            raw = stream.read()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            yield Malformed("bad_utf8", file.relative_path, file.source, make_key(file.index, 0),
-                            _excerpt(raw), len(raw))
-            return
-        yield self._record(file, 0, text, file.relative_path, raw, metadata)
+        with open_capped(file.uri, self.limits.max_file_bytes) as stream:
+            raw = read_capped(stream, self.limits.max_record_bytes)
+        size = self.limits.max_record_bytes + 1 if raw is None else len(raw)
+        yield self._utf8_record(file, 0, raw, size, file.relative_path, metadata)
 
     def _read_text(self, file: InputFile) -> Iterator[Record]:
         yield from self._whole_file(file, {"path": file.relative_path})
@@ -131,35 +187,45 @@ class Reader:
         yield from self._whole_file(file, {"path": file.relative_path, "format": "html"})
 
     def _read_warc(self, file: InputFile) -> Iterator[Record]:
-        from warcio.archiveiterator import ArchiveIterator
+        from crucible.trainer.corpus.warc import html_responses, web_codec
 
-        with contextlib.closing(storage.open_read(file.uri)) as stream:
-            position = 0
-            for record in ArchiveIterator(stream):
-                if record.rec_type != "response" or record.http_headers is None:
+        with open_capped(file.uri, self.limits.max_file_bytes) as stream:
+            responses = html_responses(stream, self.limits.max_record_bytes,
+                                       "arc" if stem(file.uri).endswith(".arc") else "warc")
+            for position, response in enumerate(responses):
+                doc_id = response.record_id or f"{file.relative_path}#{position + 1}"
+                key = _key(file, position)
+                raw = response.body
+                if raw is None:
+                    yield Malformed("record_too_large", doc_id, file.source, key, "",
+                                    response.size)
                     continue
-                content_type = record.http_headers.get_header("Content-Type") or ""
-                if "html" not in content_type.lower():
+                codec = web_codec(response.content_type)
+                if codec is None:
+                    yield Malformed("unknown_charset", doc_id, file.source, key,
+                                    _excerpt(response.content_type.encode()), len(raw))
                     continue
-                raw = record.content_stream().read()
-                doc_id = record.rec_headers.get_header("WARC-Record-ID") or \
-                    f"{file.relative_path}#{position + 1}"
-                url = record.rec_headers.get_header("WARC-Target-URI")
-                key = make_key(file.index, position)
-                position += 1
                 try:
-                    text = raw.decode(_charset(content_type))
-                except (UnicodeDecodeError, LookupError):
-                    yield Malformed("bad_utf8", doc_id, file.source, key, _excerpt(raw), len(raw))
+                    text = raw.decode(codec)
+                except UnicodeError:
+                    yield Malformed("bad_encoding", doc_id, file.source, key, _excerpt(raw),
+                                    len(raw))
                     continue
-                yield self._record(file, position - 1, text, doc_id, raw,
-                                   {"url": url, "format": "html"})
+                yield self._record(file, position, text, doc_id, raw,
+                                   {"url": response.url, "format": "html"})
 
 
-def _charset(content_type: str) -> str:
-    """The charset named in an HTTP Content-Type, UTF-8 when none is named."""
-    for part in content_type.split(";")[1:]:
-        name, _, value = part.strip().partition("=")
-        if name.lower() == "charset" and value:
-            return value.strip('"\' ')
-    return "utf-8"
+def _column(batch, name: str) -> list[Any]:
+    """A batch's column as Python values, or all None when it has none. Strings come as bytes:
+    Arrow does not check that Parquet strings are UTF-8, so the reader decodes them per record
+    (text in a binary column is decoded the same way)."""
+    import pyarrow as pa
+
+    if name not in batch.schema.names:
+        return [None] * batch.num_rows
+    column = batch.column(name)
+    if pa.types.is_string(column.type):
+        column = column.view(pa.binary())
+    elif pa.types.is_large_string(column.type):
+        column = column.view(pa.large_binary())
+    return column.to_pylist()

@@ -1,5 +1,6 @@
 """The run report as data: per step and per source, what came in, what went out, and why the rest
-was removed; duplicate-cluster sizes; mixture epochs; and a check that the numbers add up.
+was removed; the input files that could not be read to their end; duplicate-cluster sizes;
+mixture epochs; and a check that the numbers add up.
 
 Owns: `build_report` (merged stats of every stage -> one JSON-able dict), `check_totals` (in -
 removed = out at every step and source, and each step's output is the next one's input) and
@@ -47,6 +48,8 @@ def step_entry(stats: StepStats, stage: str) -> dict[str, Any]:
         "samples": {r: [{"key": s[0], "source": s[1], "id": s[2], "text": s[3]} for s in samples]
                     for r, samples in sorted(stats.samples.items())},
         "counters": stats.counters,
+        "problem_files": [{"key": p[0], "source": p[1], "file": p[2], "reason": p[3],
+                           "detail": p[4]} for p in stats.problem_files],
         "time_s": round(stats.time_s, 3),
         "docs_per_s": round(totals.docs_in / stats.time_s, 1) if stats.time_s > 0 else None,
     }
@@ -94,7 +97,8 @@ def build_report(job) -> dict[str, Any]:
         "summary": {"docs_in": first["docs_in"], "bytes_in": first["bytes_in"],
                     "docs_out": last["docs_out"], "bytes_out": last["bytes_out"],
                     "docs_kept_share": round(last["docs_out"] / first["docs_in"], 6)
-                    if first["docs_in"] else 0.0},
+                    if first["docs_in"] else 0.0,
+                    "problem_files": sum(len(step["problem_files"]) for step in steps)},
         "steps": steps,
         "dedup": clusters,
         "checks": {"adds_up": not problems, "problems": problems},

@@ -5,7 +5,8 @@ Owns: `render_html(report) -> str` and its small SVG chart helpers. Must not: co
 elsewhere, so the page opens the same from an air-gapped laptop or an S3 console.
 
 Plots: the document funnel (documents left after each step), the top removal reasons of each step,
-the duplicate-cluster size histogram, and the mixture's epochs per source.
+the duplicate-cluster size histogram, and the mixture's epochs per source; a table of the input
+files that could not be read to their end.
 """
 
 from __future__ import annotations
@@ -75,6 +76,14 @@ def _step_section(step: dict[str, Any]) -> str:
                      f"{len(samples)} sample(s)</summary>{body}</details>")
     if step["counters"]:
         parts.append(f'<p>counters: <code>{_e(step["counters"])}</code></p>')
+    if step.get("problem_files"):
+        rows = "".join(f'<tr><td class="l">{_e(p["source"])}</td><td class="l">{_e(p["file"])}'
+                       f'</td><td class="l">{_e(p["reason"])}</td><td class="l">{_e(p["detail"])}'
+                       "</td></tr>" for p in step["problem_files"])
+        parts.append(f'<p class="bad">{len(step["problem_files"])} file(s) not read to the end; '
+                     "the records before each problem are kept:</p><table><tr>"
+                     '<th class="l">source</th><th class="l">file</th><th class="l">reason</th>'
+                     f'<th class="l">detail</th></tr>{rows}</table>')
     return "\n".join(parts)
 
 
@@ -92,6 +101,8 @@ def render_html(report: dict[str, Any]) -> str:
         f'{100 * summary["docs_kept_share"]:.2f}% of documents kept.</p>',
         '<p class="ok">in - removed = out at every step and source.</p>' if checks["adds_up"]
         else '<p class="bad">totals do not add up: ' + _e("; ".join(checks["problems"])) + "</p>",
+        f'<p class="bad">{summary["problem_files"]} input file(s) not read to the end '
+        '(see the read step).</p>' if summary.get("problem_files") else "",
         "<h2>Documents left after each step</h2>", _bars(funnel, " docs"),
         "<h2>Steps</h2><table>" + _COUNT_HEADER.format("step"),
         *(_counts_row(s["step"], s["totals"]) for s in steps), "</table>",

@@ -72,12 +72,18 @@ class InputFile:
         return rest or self.uri.rsplit("/", 1)[-1]
 
 
-def detect_format(uri: str) -> str:
-    """Format from the file name: .jsonl/.json/.ndjson, .parquet, .html/.htm, .warc; else text.
-    A trailing .gz/.zst is a compression, not a format."""
+def stem(uri: str) -> str:
+    """The file's name in lower case without a compression suffix (.gz/.zst/.zstd)."""
     name = uri.rsplit("/", 1)[-1].lower()
     for suffix in _COMPRESSION:
         name = name.removesuffix(suffix)
+    return name
+
+
+def detect_format(uri: str) -> str:
+    """Format from the file name: .jsonl/.json/.ndjson, .parquet, .html/.htm, .warc; else text.
+    A trailing .gz/.zst is a compression, not a format."""
+    name = stem(uri)
     if name.endswith((".jsonl", ".json", ".ndjson")):
         return "jsonl"
     if name.endswith(".parquet"):

@@ -1,13 +1,15 @@
 """Per-step counters that add up across shards: what came in, what went out, what was dropped why.
 
 Owns: `StepStats` (one step's documents and bytes in/out per source, drops by reason, a few
-removed samples per reason, free-form counters) and `merge_stats`. Must not: read or write files
-(pipeline does) or render anything (report does).
+removed samples per reason, free-form counters, the files a reader could not read to their end)
+and `merge_stats`. Must not: read or write files (pipeline does) or render anything (report
+does).
 
 Follows datatrove's per-block `Stats` (total / forwarded / dropped / dropped_<reason>, merged
 across ranks by `merge_stats`, src/datatrove/utils/stats.py). Two choices make a sharded run's
 merged stats equal a single run's, which a test checks: every field is a sum, and the samples kept
-per reason are the ones with the smallest global document keys, which is independent of sharding.
+per reason (like the list of problem files) are ordered by global document key, which is
+independent of sharding.
 Timing is the one field that is not reproducible; it is kept apart (`time_s`).
 """
 
@@ -53,6 +55,9 @@ class StepStats:
     # reason -> [[key, source, id, excerpt], ...], the SAMPLES_PER_REASON smallest keys.
     samples: dict[str, list[list[Any]]] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
+    # [[key, source, file, reason, detail], ...] for every file not read to its end, by key. All
+    # of them, not samples: they are few (one per file) and each may be worth fetching again.
+    problem_files: list[list[Any]] = field(default_factory=list)
     time_s: float = 0.0
 
     def source(self, name: str) -> SourceCounts:
@@ -82,6 +87,11 @@ class StepStats:
             kept.sort(key=lambda sample: sample[0])
             del kept[SAMPLES_PER_REASON:]
 
+    def record_problem_file(self, key: int, source: str, file: str, reason: str,
+                            detail: str) -> None:
+        self.problem_files.append([key, source, file, reason, detail])
+        self.problem_files.sort(key=lambda entry: entry[0])
+
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
 
@@ -95,14 +105,16 @@ class StepStats:
         return {"step": self.step, "why": self.why, "params": self.params,
                 "sources": {name: vars(c) for name, c in sorted(self.sources.items())},
                 "samples": self.samples, "counters": dict(sorted(self.counters.items())),
-                "time_s": self.time_s}
+                "problem_files": self.problem_files, "time_s": self.time_s}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "StepStats":
         return cls(step=data["step"], why=data.get("why", ""), params=data.get("params", {}),
                    sources={k: SourceCounts(**v) for k, v in data.get("sources", {}).items()},
                    samples={k: [list(s) for s in v] for k, v in data.get("samples", {}).items()},
-                   counters=dict(data.get("counters", {})), time_s=data.get("time_s", 0.0))
+                   counters=dict(data.get("counters", {})),
+                   problem_files=[list(p) for p in data.get("problem_files", [])],
+                   time_s=data.get("time_s", 0.0))
 
 
 def merge_stats(parts: Iterable[StepStats]) -> StepStats:
@@ -123,7 +135,9 @@ def merge_stats(parts: Iterable[StepStats]) -> StepStats:
             del kept[SAMPLES_PER_REASON:]
         for name, n in part.counters.items():
             merged.count(name, n)
+        merged.problem_files.extend(part.problem_files)
         merged.time_s += part.time_s
+    merged.problem_files.sort(key=lambda entry: entry[0])
     return merged
 
 

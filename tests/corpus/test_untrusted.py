@@ -1,0 +1,313 @@
+"""Hostile and broken inputs: every one is counted under its own reason, none reads more than the
+caps allow into memory, the records before a file's problem are kept, and a run over a folder of
+them completes with the good records of every file.
+
+The big inputs cost little disk or time: the 2 GB JSONL line is a sparse file, the bombs are
+zeros compressed as they are generated (4 GiB of zeros are ~130 kB of zstd)."""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import io
+import json
+import time
+import tracemalloc
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from crucible.api.spec import ConfigError
+from crucible.trainer.corpus import config as corpus_config
+from crucible.trainer.corpus import pipeline
+from crucible.trainer.corpus.bounded import MiB, ReadLimits
+from crucible.trainer.corpus.document import Document, Malformed
+from crucible.trainer.corpus.readers import Reader
+from crucible.trainer.corpus.shards import InputFile, detect_format
+from crucible.trainer.corpus.warc import WEB_CODECS, web_codec
+from tests.corpus import realtext
+
+COOKIES = [t for t in realtext.fortunes("en") if realtext.is_prose(t)][:4]
+GiB = 1 << 30
+
+
+def read(path: Path, limits: ReadLimits = ReadLimits()) -> list:
+    uri = str(path)
+    return list(Reader(limits=limits).read(InputFile("src", uri, str(path.parent),
+                                                     detect_format(uri), 0)))
+
+
+def summary(records: list) -> list[str]:
+    """Each record as "doc" or its reason ("reason!" for a file's problem)."""
+    return ["doc" if isinstance(r, Document) else r.reason + "!" * r.file_problem for r in records]
+
+
+def jsonl(texts: list[str]) -> bytes:
+    return "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+
+
+def warc(responses: list[tuple[str, bytes]], compress: bool = True) -> bytes:
+    """A WARC of HTTP responses, each (Content-Type, body)."""
+    from warcio.statusandheaders import StatusAndHeaders
+    from warcio.warcwriter import WARCWriter
+
+    out = io.BytesIO()
+    writer = WARCWriter(out, gzip=compress)
+    for i, (content_type, body) in enumerate(responses):
+        headers = StatusAndHeaders("200 OK", [("Content-Type", content_type)], protocol="HTTP/1.1")
+        writer.write_record(writer.create_warc_record(f"http://site.example/{i}", "response",
+                                                      payload=io.BytesIO(body),
+                                                      http_headers=headers))
+    return out.getvalue()
+
+
+def page(text: str) -> str:
+    return f"<html><body><p>{text}</p></body></html>"
+
+
+def zeros_compressed(pack: str, size: int, prefix: bytes) -> bytes:
+    """`prefix` then `size` zero bytes, compressed as a stream: the output stays small."""
+    out = io.BytesIO()
+    writer = (gzip.GzipFile(fileobj=out, mode="wb", compresslevel=1) if pack == "gz" else
+              zstandard.ZstdCompressor(level=1).stream_writer(out, closefd=False))
+    writer.write(prefix)
+    chunk = bytes(4 * MiB)
+    for _ in range(size // len(chunk)):
+        writer.write(chunk)
+    writer.close()
+    return out.getvalue()
+
+
+def peak_memory(fn):
+    """fn()'s result and the most memory Python held at once while it ran."""
+    tracemalloc.start()
+    try:
+        result = fn()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+# ---- decoding ------------------------------------------------------------------------------------
+def test_warc_charsets_that_are_no_web_encoding_are_counted_not_raised(tmp_path):
+    html = page(COOKIES[0])
+    (tmp_path / "crawl.warc.gz").write_bytes(warc([
+        ("text/html; charset=utf-8", html.encode()),
+        ("text/html; charset=punycode", b"caf\xc3\xa9-bombe"),   # raised UnicodeError before
+        ("text/html; charset=hex", b"<p>not hex</p>"),             # LookupError
+        ("text/html; charset=x-no-such-charset", html.encode()),
+        ("text/html; charset=unicode_escape", b"\\N{BULLET} Python syntax, not a charset"),
+        ("text/html; charset=shift_jis", b"\x81\x39 invalid double byte"),
+        ("text/html; charset=ISO-8859-1", page("Stra\xdfe").encode("latin-1")),
+        ("text/html; charset=windows-874",
+         page("\u0e2a\u0e27\u0e31\u0e2a\u0e14\u0e35").encode("cp874")),
+    ]))
+    records = read(tmp_path / "crawl.warc.gz")
+    assert summary(records) == ["doc", "unknown_charset", "unknown_charset", "unknown_charset",
+                                "unknown_charset", "bad_encoding", "doc", "doc"]
+    assert records[1].raw == "text/html; charset=punycode"
+    assert "Stra\xdfe" in records[6].text and "\u0e2a" in records[7].text
+
+
+def test_web_codecs_are_python_codec_names():
+    assert all(codecs.lookup(name).name == name for name in WEB_CODECS)
+    assert web_codec("text/html") == "utf-8"
+    assert web_codec('text/html; charset="UTF8"') == "utf-8"
+    assert web_codec("text/html; charset=utf\x00-8") is None
+
+
+def test_json_lines_that_crash_parsers_are_counted(tmp_path):
+    lines = [json.dumps({"text": COOKIES[0]}).encode(),
+             b"[" * 100_000,                                        # RecursionError
+             b'{"text": "big", "n": ' + b"9" * 5000 + b"}",         # over Python's int digits
+             b'{"text": "lone \\ud800 surrogate"}',                  # cannot be written as UTF-8
+             b'{"text": "a pair is fine: \\ud83d\\ude00"}']
+    (tmp_path / "j.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    records = read(tmp_path / "j.jsonl")
+    assert summary(records) == ["doc", "bad_json", "bad_json", "lone_surrogate", "doc"]
+    assert records[4].text == "a pair is fine: \U0001f600"
+
+
+# ---- truncated and corrupt files -----------------------------------------------------------------
+@pytest.mark.parametrize("pack", ["gz", "zst"])
+def test_truncated_file_keeps_the_records_before_the_cut(tmp_path, pack):
+    texts = [f"{COOKIES[i % 4]} ({i})" for i in range(2000)]
+    packed = gzip.compress(jsonl(texts)) if pack == "gz" else zstandard.compress(jsonl(texts))
+    path = tmp_path / f"cut.jsonl.{pack}"
+    path.write_bytes(packed[:len(packed) // 2])
+    records = read(path)
+    *docs, problem = records
+    assert docs and all(isinstance(d, Document) for d in docs)
+    assert [d.text for d in docs] == texts[:len(docs)] and len(docs) < len(texts)
+    assert (problem.reason, problem.file_problem, problem.id) == ("truncated_file", True, path.name)
+    assert problem.key == docs[-1].key + 1
+
+
+def test_multi_frame_zstd_is_read_to_the_end(tmp_path):
+    (tmp_path / "frames.jsonl.zst").write_bytes(zstandard.compress(jsonl(COOKIES[:2]))
+                                                + zstandard.compress(jsonl(COOKIES[2:])))
+    assert [r.text for r in read(tmp_path / "frames.jsonl.zst")] == COOKIES
+
+
+@pytest.mark.parametrize("name,content,reason", [
+    ("fake.jsonl.gz", b"plain text, not gzip\n", "bad_compression"),
+    ("fake.jsonl.zst", b"plain text, not zstd\n", "bad_compression"),
+    ("junk.parquet", b"PAR1" + b"\x00" * 64 + b"PAR1", "bad_parquet"),
+    ("junk.warc", b"this is not a WARC record\r\n\r\n", "bad_warc"),   # nor parsed as ARC
+])
+def test_a_file_that_cannot_be_parsed_is_one_counted_problem(tmp_path, name, content, reason):
+    (tmp_path / name).write_bytes(content)
+    [problem] = read(tmp_path / name)
+    assert (problem.reason, problem.file_problem, problem.id) == (reason, True, name)
+    assert problem.raw                     # says what was wrong, for the report
+
+
+@pytest.mark.parametrize("tail", [
+    b"\x00garbage where a record should start\r\n",
+    # A response without WARC-Target-URI: warcio raises AttributeError on it.
+    b"WARC/1.0\r\nWARC-Type: response\r\nContent-Length: 20\r\n\r\nHTTP/1.1 200\r\n\r\n",
+])
+def test_bad_warc_record_keeps_the_responses_before_it(tmp_path, tail):
+    good = warc([("text/html", page(COOKIES[0]).encode())], compress=False)
+    (tmp_path / "mixed.warc").write_bytes(good + tail)
+    records = read(tmp_path / "mixed.warc")
+    assert summary(records) == ["doc", "bad_warc!"]
+    assert records[0].text == page(COOKIES[0])
+
+
+def test_warc_header_bomb_stops_at_the_record_cap(tmp_path):
+    # One 64 MiB header line, gzipped to ~64 kB: warcio alone would read all of it into memory.
+    good = warc([("text/html", page(COOKIES[0]).encode())], compress=False)
+    header = b"WARC/1.0\r\nWARC-Type: response\r\nX-Bomb: " + b"a" * (64 * MiB) + b"\r\n\r\n"
+    (tmp_path / "bomb.warc.gz").write_bytes(gzip.compress(good + header, compresslevel=1))
+    records, peak = peak_memory(lambda: read(tmp_path / "bomb.warc.gz",
+                                             ReadLimits(max_record_bytes=1 * MiB)))
+    assert summary(records) == ["doc", "bad_warc!"]
+    assert peak < 16 * MiB
+
+
+def test_parquet_values_are_checked_per_record(tmp_path):
+    text = pa.array([COOKIES[0].encode(), b"\xff\xfe not UTF-8", b"x" * (2 * MiB), None],
+                    type=pa.binary()).view(pa.string())   # Arrow writes what it is given
+    pq.write_table(pa.table({"id": ["a", "b", "c", "d"], "text": text}), tmp_path / "t.parquet")
+    records = read(tmp_path / "t.parquet", ReadLimits(max_record_bytes=1 * MiB))
+    assert summary(records) == ["doc", "bad_utf8", "record_too_large", "missing_text"]
+    assert [r.id for r in records] == ["a", "b", "c", "d"]
+    assert records[2].size_bytes == 2 * MiB
+
+
+# ---- size caps -----------------------------------------------------------------------------------
+def test_a_2_gb_json_line_is_skipped_with_bounded_memory(tmp_path):
+    path = tmp_path / "huge.jsonl"
+    with open(path, "wb") as out:       # sparse: 2 GiB of NULs without a newline, then a record
+        out.write(b'{"text": "')
+        out.seek(2 * GiB)
+        out.write(b'"}\n' + jsonl(COOKIES[:1]))
+    assert path.stat().st_blocks * 512 < 1 * MiB
+    started = time.perf_counter()
+    records, peak = peak_memory(lambda: read(path))
+    assert summary(records) == ["record_too_large", "doc"]
+    assert records[0].size_bytes == 2 * GiB + 3 and records[1].text == COOKIES[0]
+    # The default cap is 8 MiB: at most the cap, a read-ahead buffer and a skip step at once.
+    assert peak < 32 * MiB
+    assert time.perf_counter() - started < 60
+
+
+@pytest.mark.parametrize("pack,size", [("zst", 4 * GiB), ("gz", 1 * GiB)])
+def test_decompression_bomb_stops_at_the_file_cap(tmp_path, pack, size):
+    path = tmp_path / f"bomb.jsonl.{pack}"
+    path.write_bytes(zeros_compressed(pack, size, prefix=jsonl(COOKIES)))
+    assert path.stat().st_size < size / 200       # gzip tops out near 1000:1, zstd far above
+    limits = ReadLimits(max_file_bytes=64 * MiB)
+    records, peak = peak_memory(lambda: read(path, limits))
+    assert summary(records) == ["doc"] * 4 + ["file_too_large!"]
+    assert [r.text for r in records[:4]] == COOKIES
+    assert peak < 48 * MiB           # the 8 MiB record cap, buffers and an 8 MiB zstd step
+
+
+def test_whole_files_over_the_record_cap_are_not_read(tmp_path):
+    (tmp_path / "big.txt").write_bytes(b"word " * (1 * MiB))
+    (tmp_path / "small.html").write_text(page(COOKIES[0]))
+    limits = ReadLimits(max_record_bytes=1 * MiB)
+    [big] = read(tmp_path / "big.txt", limits)
+    assert (big.reason, big.size_bytes) == ("record_too_large", MiB + 1)
+    assert summary(read(tmp_path / "small.html", limits)) == ["doc"]
+
+
+def test_limits_in_the_config():
+    base = {"output": "/tmp/x", "sources": [{"name": "a", "paths": ["/tmp/a"]}]}
+    assert corpus_config.from_dict(base).limits == ReadLimits(8 * MiB, 16 * GiB)
+    cfg = corpus_config.from_dict({**base, "limits": {"max_record_bytes": 1024}})
+    assert cfg.limits == ReadLimits(1024, 16 * GiB)
+    assert corpus_config.describe(cfg)["limits"] == {"max_record_bytes": 1024,
+                                                     "max_file_bytes": 16 * GiB}
+    for bad in ({"max_record_bytes": 0}, {"max_file_bytes": "1G"}, {"max_line": 1}):
+        with pytest.raises(ConfigError):
+            corpus_config.from_dict({**base, "limits": bad})
+
+
+# ---- a whole run ---------------------------------------------------------------------------------
+def test_a_run_over_hostile_files_completes_and_keeps_every_good_record(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "a-good.jsonl").write_bytes(jsonl(COOKIES[:2]))
+    (raw / "b-punycode.warc.gz").write_bytes(warc([
+        ("text/html; charset=punycode", b"bombe"), ("text/html", page(COOKIES[2]).encode())]))
+    cut = gzip.compress(jsonl([f"{COOKIES[3]} ({i})" for i in range(2000)]))
+    (raw / "c-cut.jsonl.gz").write_bytes(cut[:len(cut) // 2])
+    (raw / "d-bomb.jsonl.zst").write_bytes(zeros_compressed("zst", 1 * GiB,
+                                                            prefix=jsonl(COOKIES[:1])))
+    with open(raw / "e-huge-line.jsonl", "wb") as out:
+        out.write(b'{"text": "')
+        out.seek(4 * MiB)
+        out.write(b'"}\n' + jsonl(COOKIES[1:2]))
+    (raw / "f-junk.parquet").write_bytes(b"PAR1 not really PAR1")
+    output = tmp_path / "out"
+    cfg = corpus_config.from_dict({
+        "output": str(output), "sources": [{"name": "web", "paths": [str(raw)]}],
+        "steps": [], "dedup": {"exact": False, "near": False},
+        "limits": {"max_record_bytes": 1 * MiB, "max_file_bytes": 32 * MiB}})
+    pipeline.run_local(cfg, 2)
+
+    report = json.loads((output / "report.json").read_text())
+    assert report["checks"]["adds_up"]
+    [read_step] = report["steps"]
+    reasons = {r["reason"]: r["docs"] for r in read_step["reasons"]}
+    assert reasons == {"unknown_charset": 1, "truncated_file": 1, "file_too_large": 1,
+                       "record_too_large": 1, "bad_parquet": 1}
+    assert [(p["file"], p["reason"]) for p in read_step["problem_files"]] == [
+        ("c-cut.jsonl.gz", "truncated_file"), ("d-bomb.jsonl.zst", "file_too_large"),
+        ("f-junk.parquet", "bad_parquet")]
+    assert report["summary"]["problem_files"] == 3
+    assert "f-junk.parquet" in (output / "report.html").read_text()
+    kept = [doc.text for shard in sorted((output / "filtered").glob("shard-*.jsonl.zst"))
+            for doc in pipeline.read_docs(str(shard))]
+    cut_kept = [t for t in kept if t.startswith(COOKIES[3])]
+    assert len(cut_kept) > 100                                     # the cut file's first half
+    # a-good's two, the WARC's good page (no extract step here), the bomb's and the huge line's
+    # neighbour.
+    assert sorted(t for t in kept if t not in cut_kept) == sorted(
+        [COOKIES[0], COOKIES[1], page(COOKIES[2]), COOKIES[0], COOKIES[1]])
+
+
+@pytest.mark.stack
+def test_s3_parquet_is_spooled_within_the_file_cap(s3, monkeypatch, tmp_path):
+    from crucible.trainer import storage
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret_key)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", s3.region)
+    storage.s3_client.cache_clear()
+    pq.write_table(pa.table({"text": COOKIES}), tmp_path / "t.parquet")
+    uri = f"s3://{s3.bucket}/corpus-test/{time.time_ns()}/t.parquet"
+    storage.upload_file(tmp_path / "t.parquet", uri)
+    file = InputFile("s3src", uri, uri.rsplit("/", 1)[0], "parquet", 0)
+    assert [r.text for r in Reader().read(file)] == COOKIES
+    size = (tmp_path / "t.parquet").stat().st_size
+    [problem] = Reader(limits=ReadLimits(max_file_bytes=size - 1)).read(file)
+    assert (problem.reason, problem.file_problem) == ("file_too_large", True)
+    storage.s3_client.cache_clear()
