@@ -9,6 +9,8 @@ Layout under `checkpoint.uri` (docs/checkpoints.md, "Layout and the commit proto
   step_<N>/manifest.json       step, tokens, global batch, world size, every file with size and checksum, the
                                model/config hashes: written by rank 0 once every rank's marker is
                                there. No manifest (or a checksum mismatch) = no checkpoint.
+                               With CRUCIBLE_CHECKPOINT_SIGNING_KEY set, also an HMAC-SHA256
+                               `signature` over all that (docs/checkpoints.md, "Signed manifests").
   step_<N>/quarantine.json     a commit that could not be loaded, and why: no longer a commit.
   incarnation.json             the token of the start that owns the URI: only it commits or prunes.
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -73,6 +76,13 @@ FORMAT_VERSION = 1
 SHARD_FILE = re.compile(r"^(__\d+_\d+\.distcp|\.metadata)$")
 _MANIFEST_FIELDS = {"step": int, "tokens": int, "world_size": int, "time": (int, float),
                     "files": dict, "model_hash": str, "config_hash": str}
+# The HMAC key that signs manifests (and rank markers) and that a load demands a valid signature
+# from: set by the operator from a Secret the job names. Never logged; its key id is.
+SIGNING_KEY_ENV = "CRUCIBLE_CHECKPOINT_SIGNING_KEY"
+SIGNATURE_ALG = "hmac-sha256"
+# What is signed is prefixed with what it is, so a rank marker's signature is never a manifest's.
+_SIGNING_CONTEXT = {"manifest": b"crucible checkpoint manifest v1\n",
+                    "marker": b"crucible checkpoint rank marker v1\n"}
 
 
 class CheckpointError(RuntimeError):
@@ -180,6 +190,67 @@ def manifest_problem(manifest, step: int) -> str | None:
     return None
 
 
+def signing_key_from_env(environ=os.environ) -> bytes | None:
+    """The signing key (UTF-8 bytes of the variable, surrounding whitespace such as a Secret
+    file's trailing newline dropped), or None when unset or empty."""
+    key = environ.get(SIGNING_KEY_ENV, "").strip()
+    return key.encode() if key else None
+
+
+def key_id(key: bytes) -> str:
+    """Names a key without revealing it: the first 8 hex digits of its SHA-256, so the log can say
+    which key signed a commit and which key a run holds (a rotated key is recognisable)."""
+    return hashlib.sha256(key).hexdigest()[:8]
+
+
+def signed_bytes(doc: dict, kind: str = "manifest") -> bytes:
+    """The canonical encoding a signature covers: every field of `doc` but `signature` (so step,
+    tokens, world size, hashes, batch, and every file's name, size and checksum, `.metadata`'s
+    included), as JSON with sorted keys, no whitespace and ASCII only, after a context prefix."""
+    body = {k: v for k, v in doc.items() if k != "signature"}
+    return _SIGNING_CONTEXT[kind] + json.dumps(body, sort_keys=True, separators=(",", ":"),
+                                               ensure_ascii=True, allow_nan=False).encode()
+
+
+def _mac(doc: dict, key: bytes, kind: str) -> str:
+    return hmac.new(key, signed_bytes(doc, kind), hashlib.sha256).hexdigest()
+
+
+def sign(doc: dict, key: bytes, kind: str = "manifest") -> dict:
+    """`doc` with a `signature` field: {"alg": "hmac-sha256", "key_id": ..., "value": hex}."""
+    return {**doc, "signature": {"alg": SIGNATURE_ALG, "key_id": key_id(key),
+                                 "value": _mac(doc, key, kind)}}
+
+
+def signature_problem(doc: dict, key: bytes, kind: str = "manifest") -> str | None:
+    """Why `doc` is not validly signed with `key` (a sentence saying what to do), or None (pure).
+    An unsigned document, a signature by another key and a wrong value are all refused."""
+    mine = key_id(key)
+    sig = doc.get("signature")
+    if sig is None:
+        return (f"the {kind} is not signed, and this run holds signing key id {mine} "
+                f"({SIGNING_KEY_ENV}): it was written without the key (before signing was enabled, "
+                "or by someone who does not hold it); only a run without the key loads it")
+    if not (isinstance(sig, dict) and isinstance(sig.get("value"), str)
+            and isinstance(sig.get("key_id"), str)):
+        return f"the {kind}'s signature is malformed (this run holds key id {mine})"
+    if sig.get("alg") != SIGNATURE_ALG:
+        return (f"the {kind} is signed with {sig.get('alg')!r}, not {SIGNATURE_ALG} (this run "
+                f"holds key id {mine})")
+    if sig["key_id"] != mine:
+        return (f"the {kind} is signed with key id {sig['key_id']!r}, this run holds key id "
+                f"{mine}: give the job the key it was written with ({SIGNING_KEY_ENV}), or the "
+                "commit was not written by this job")
+    try:
+        expected = _mac(doc, key, kind)
+    except (ValueError, TypeError, RecursionError) as err:  # NaN, say: nothing signs that
+        return f"the {kind} cannot be encoded to check its signature ({err})"
+    if not hmac.compare_digest(sig["value"].encode(), expected.encode()):
+        return (f"the {kind}'s signature (key id {mine}) does not match its contents: it was "
+                "changed after it was signed")
+    return None
+
+
 def describe_problems(problems: list[str | None]) -> str:
     """One line saying what each rank (list index) found wrong with a commit: for the log and the
     quarantine marker, which rank 0 writes though another rank may be the one that saw it (each
@@ -268,6 +339,17 @@ class Checkpointer:
                  marker_timeout_s: float = 600.0, upload_attempts: int = 6,
                  batch_tokens: int | None = None):
         assert spec.uri, "Checkpointer needs checkpoint.uri"
+        # Manifests are signed and a load demands a valid signature when a key is set; private:
+        # no message, marker or manifest ever holds it, only its key id.
+        key = signing_key_from_env()
+        if spec.signing_key_secret and key is None:
+            # The operator maps the Secret's key onto the variable: an empty one is a Secret
+            # without that key, and running unsigned would be the opposite of what was asked.
+            raise CheckpointError(
+                f"checkpoint.signingKeySecret is {spec.signing_key_secret!r} but {SIGNING_KEY_ENV} "
+                f"is empty: put the key under {SIGNING_KEY_ENV} in that Secret (e.g. kubectl "
+                f"create secret generic {spec.signing_key_secret} "
+                f"--from-literal={SIGNING_KEY_ENV}=$(openssl rand -hex 32))")
         # Recorded in each manifest: the batch the steps so far were taken with, which a resume
         # compares against its own (a state's tokens/step is an average once it has changed).
         self.batch_tokens = batch_tokens
@@ -291,6 +373,15 @@ class Checkpointer:
         # Bytes of the last loaded commit each rank fetched (S3) or verified in place (local),
         # by rank; the commit's total is last_commit.bytes.
         self.last_load_bytes: list[int] = []
+        self._key = key
+        self._unchecked_noted = False  # "signature not checked" is logged once per process
+        if self._key is not None and self.rank == 0:
+            log.info("checkpoint manifests are signed and verified with key id %s (%s)",
+                     key_id(self._key), SIGNING_KEY_ENV)
+            if len(self._key) < 16:
+                log.warning("%s is only %d bytes: a short key can be guessed from a signed "
+                            "manifest; use 32 random bytes (openssl rand -hex 32)",
+                            SIGNING_KEY_ENV, len(self._key))
 
     # -- start-up checks ----------------------------------------------------------------------
     def probe(self) -> None:
@@ -346,17 +437,45 @@ class Checkpointer:
                       and storage.exists(storage.join(self.uri, step_name(s), MANIFEST))
                       and not storage.exists(storage.join(self.uri, step_name(s), QUARANTINE)))
 
-    def _read_commit(self, step: int) -> tuple[dict | None, str | None]:
-        """(manifest, None), or (None, why the commit cannot be read)."""
+    def _read_commit(self, step: int) -> tuple[dict | None, str | None, bool]:
+        """(manifest, None, False), or (None, why the commit cannot be read, whether only the key
+        is in question: unsigned, or signed with another key than this run holds)."""
         try:
             manifest = json.loads(storage.read_bytes(storage.join(self.uri, step_name(step),
                                                                   MANIFEST)))
         except ValueError as err:
-            return None, f"the manifest is not valid JSON ({err})"
+            return None, f"the manifest is not valid JSON ({err})", False
         except Exception as err:  # noqa: BLE001 - any storage error: the reason is kept
-            return None, f"the manifest cannot be read ({storage.explain(err, self.uri)})"
+            return None, f"the manifest cannot be read ({storage.explain(err, self.uri)})", False
         problem = manifest_problem(manifest, step)
-        return (None, problem) if problem else (manifest, None)
+        if problem:
+            return None, problem, False
+        problem = self._signature_problem(manifest, step)
+        if problem:
+            sig = manifest.get("signature")
+            return None, problem, (sig is None or (isinstance(sig, dict) and sig.get("key_id")
+                                                   != key_id(self._key)))
+        return manifest, None, False
+
+    def _signature_problem(self, manifest: dict, step: int) -> str | None:
+        """With a key: why the manifest is not validly signed with it (the commit is then refused
+        like a corrupt one), or None. Without: None, saying once that a signature went unchecked.
+        The manifest's checksums cover every file a load reads (`.metadata` before it is
+        unpickled), so a valid signature covers their contents too."""
+        if self._key is None:
+            if manifest.get("signature") is not None and not self._unchecked_noted:
+                self._unchecked_noted = True
+                sig = manifest["signature"]
+                kid = sig.get("key_id") if isinstance(sig, dict) else None
+                log.warning("%s/%s is signed (key id %r), but %s is not set: its signature is not "
+                            "checked", self.uri, step_name(step), kid, SIGNING_KEY_ENV)
+            return None
+        problem = signature_problem(manifest, self._key)
+        if problem is None:
+            log.info("%s/%s: manifest signature verified (key id %s)", self.uri, step_name(step),
+                     key_id(self._key))
+            return None
+        return problem
 
     def _quarantine(self, step: int, problem: str) -> None:
         """Mark a commit that cannot be loaded so no later resume, and no retention count, takes
@@ -393,10 +512,19 @@ class Checkpointer:
         if self.rank == 0:
             box[0] = [s for s in self.committed_steps() if max_step is None or s <= max_step]
         dist.broadcast_object_list(box, src=0)
+        other_key = []   # (step, why): commits this run's key cannot vouch for, left as they are
         for step in reversed(box[0]):
             read_box = [self._read_commit(step) if self.rank == 0 else None]
             dist.broadcast_object_list(read_box, src=0)
-            manifest, problem = read_box[0]
+            manifest, problem, key_in_question = read_box[0]
+            if key_in_question:
+                # Unsigned, or signed with another key: perhaps planted, perhaps genuine and this
+                # job holds the wrong key (or turned signing on over older commits). Skipped, not
+                # quarantined: once the key is right it is a commit again.
+                if self.rank == 0:
+                    log.warning("%s/%s skipped: %s", self.uri, step_name(step), problem)
+                other_key.append((step, problem))
+                continue
             if manifest is not None and manifest["model_hash"] != self.model_hash:
                 raise CheckpointError(
                     f"{self.uri}/{step_name(step)} was written for a different model architecture "
@@ -423,6 +551,15 @@ class Checkpointer:
                 log.warning("resuming from step %d of a run with different training settings", step)
             return manifest
         self._clear_restore()
+        if other_key:
+            # Starting over here would let the next saves prune those commits: a wrong key
+            # would cost the run. Stop and say what to do instead.
+            step, why = other_key[0]
+            raise CheckpointError(
+                f"no commit under {self.uri} can be verified with this run's signing key (key id "
+                f"{key_id(self._key)}): {len(other_key)} skipped, the newest {step_name(step)}: "
+                f"{why}. Fix checkpoint.signingKeySecret, or move them out of checkpoint.uri to "
+                "start over")
         return None
 
     def _gather(self, value) -> list:
@@ -569,7 +706,11 @@ class Checkpointer:
                 for path in mine:
                     with_retries(lambda p=path: storage.upload_file(p, storage.join(step_uri, p.name)),
                                  f"upload of {path.name}", self.upload_attempts)
-            marker = json.dumps({"rank": self.rank, "files": files}).encode()
+            marker = {"rank": self.rank, "step": step, "incarnation": self.incarnation,
+                      "files": files}
+            if self._key is not None:  # rank 0 signs only checksums their own ranks vouched for
+                marker = sign(marker, self._key, "marker")
+            marker = json.dumps(marker).encode()
             with_retries(lambda: storage.write_bytes(storage.join(step_uri, f"rank_{self.rank}.json"),
                                                      marker), "rank marker", self.upload_attempts)
         except Exception as err:  # noqa: BLE001 - a failed save must not kill training
@@ -596,6 +737,17 @@ class Checkpointer:
                 key = storage.join(step_uri, f"rank_{r}.json")
                 if r not in markers and storage.exists(key):
                     markers[r] = json.loads(storage.read_bytes(key))
+                    # With a key, a marker is signed by the rank that wrote it: someone who can
+                    # write the bucket cannot swap a shard and its marker's checksum between the
+                    # upload and this commit and have rank 0 sign the swap.
+                    problem = (signature_problem(markers[r], self._key, "marker")
+                               if self._key is not None else None)
+                    if problem is None and self._key is not None and (
+                            markers[r].get("rank"), markers[r].get("step"),
+                            markers[r].get("incarnation")) != (r, step, self.incarnation):
+                        problem = "the marker was written for another rank, step or start"
+                    if problem is not None:
+                        raise CheckpointError(f"rank_{r}.json: {problem}")
             if len(markers) < self.world_size:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"ranks {sorted(set(range(self.world_size)) - set(markers))} "
@@ -608,6 +760,8 @@ class Checkpointer:
                     "world_size": self.world_size, "time": time.time(), "files": files,
                     "model_hash": self.model_hash, "config_hash": self.config_hash,
                     "incarnation": self.incarnation, "global_batch_tokens": self.batch_tokens}
+        if self._key is not None:
+            manifest = sign(manifest, self._key)
         storage.write_bytes(storage.join(step_uri, MANIFEST), json.dumps(manifest, indent=1).encode())
         commit = Commit(step, tokens, step_uri, manifest["time"], sum(f["size"] for f in files.values()))
         self.last_commit = commit

@@ -271,7 +271,8 @@ def explain(err: BaseException, uri: str) -> str:
     code = getattr(err, "response", {}).get("Error", {}).get("Code", "")
     if name in ("NoCredentialsError", "PartialCredentialsError"):
         return (f"no S3 credentials for {uri}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-                "(in a PretrainJob: checkpoint.credentialsSecret)")
+                "(in a PretrainJob: checkpoint.credentialsSecret), or give the pods a workload "
+                "identity (serviceAccount.annotations, e.g. eks.amazonaws.com/role-arn)")
     if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403"):
         return (f"S3 refused the credentials for {uri} ({code}): check AWS_ACCESS_KEY_ID / "
                 "AWS_SECRET_ACCESS_KEY and the key's permissions on the bucket")
