@@ -66,3 +66,29 @@ def test_a_missing_priority_class_holds_the_pods_until_it_exists(cluster, run_op
             scheduling.delete_priority_class(name)
         except client.exceptions.ApiException:
             pass
+
+
+def test_every_child_the_operator_renders_passes_a_strict_server_side_dry_run(cluster):
+    """Each object a job owns, as the operator would create it (metrics scrapers set, workload
+    identity and bounded volumes on), is exactly what the apiserver's schema accepts."""
+    from crucible.operator import manifests as m
+    from crucible.operator.cluster_policy import ClusterPolicy
+    from tests.operator import builders as b
+    from tests.support.apply import strict_dry_run
+
+    scrapers = ClusterPolicy.from_settings("*", 6, '[{"namespaceSelector": {"matchLabels": '
+                                           '{"kubernetes.io/metadata.name": "monitoring"}}}]')
+    spec = b.spec(serviceAccount={"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}},
+                  checkpoint={"signingKeySecret": "ckpt-hmac"}, shmSizeLimit="2Gi")
+    ns, uid = cluster.namespace, "00000000-0000-0000-0000-000000000001"
+    docs = m.static_children("gpt", ns, uid, spec, scrapers.metrics_from)
+    docs.append(m.pod("gpt", ns, uid, spec, 0, 0, avoid_nodes=["gpu-node-9"]))
+    for doc in docs:   # the owner does not exist: dry run would still check the reference
+        doc["metadata"].pop("ownerReferences")
+    # Pod admission reads the ServiceAccount, which a dry run does not create.
+    [account] = [d for d in docs if d["kind"] == "ServiceAccount"]
+    cluster.core.create_namespaced_service_account(ns, account)
+    assert strict_dry_run(cluster.api, docs, ns) == []
+    # Not a rubber stamp: a misspelt field is refused.
+    docs[-1]["spec"]["containers"][0]["volumeMount"] = []
+    assert strict_dry_run(cluster.api, docs[-1:], ns)

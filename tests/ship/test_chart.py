@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubernetes import client, dynamic
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from crucible.operator import crd
@@ -21,6 +21,7 @@ from crucible.operator import manifests as m
 from crucible.operator import rbac
 from crucible.operator.cluster_policy import parse_peers
 from tests.ship.monitoring_crds import ensure_monitoring_crds
+from tests.support.apply import strict_dry_run
 from tests.support.chart import CHART, by_kind, helm, render
 from tests.support.repo import REPO
 from tests.support.services import Kube, eventually
@@ -218,22 +219,6 @@ def test_schema_rejects_bad_values_naming_the_key(values, message, tmp_path):
     assert message in out.stderr, out.stderr
 
 
-def _dry_run(kube: Kube, docs: list[dict], namespace: str) -> list[str]:
-    """Server-side apply with dryRun=All and fieldValidation=Strict; the apiserver's refusals."""
-    api = dynamic.DynamicClient(kube.client())
-    refused = []
-    for doc in docs:
-        resource = api.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-        try:
-            api.server_side_apply(resource, body=doc, namespace=doc["metadata"].get("namespace"),
-                                  field_manager="crucible-chart-test", dry_run="All",
-                                  force_conflicts=True,
-                                  query_params=[("fieldValidation", "Strict")])
-        except ApiException as err:
-            refused.append(f"{doc['kind']}/{doc['metadata']['name']}: {err.status} {err.body}")
-    return refused
-
-
 @pytest.mark.stack
 def test_rendered_manifests_pass_a_server_side_dry_run(kube, namespace):
     ensure_monitoring_crds(kube)
@@ -244,12 +229,12 @@ def test_rendered_manifests_pass_a_server_side_dry_run(kube, namespace):
         values["dashboard"]["namespace"] = other
         default = render(release="dry", namespace=namespace, include_crds=True)
         custom = render(values, release="dry", namespace=namespace)
-        assert _dry_run(kube, default, namespace) == []
-        assert _dry_run(kube, custom, namespace) == []
+        assert strict_dry_run(kube.client(), default, namespace) == []
+        assert strict_dry_run(kube.client(), custom, namespace) == []
         # The dry run is not a rubber stamp: a misspelt field is refused.
         [deploy] = by_kind(default, "Deployment")
         deploy["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
-        [refusal] = _dry_run(kube, [deploy], namespace)
+        [refusal] = strict_dry_run(kube.client(), [deploy], namespace)
         assert "livenesProbe: field not declared in schema" in refusal
     finally:
         kube.delete_namespace(other)

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.ship.test_chart import _dry_run
+from tests.support.apply import strict_dry_run
 from tests.support.repo import REPO
 
 KIND = REPO / "e2e" / "kind"
@@ -46,4 +46,4 @@ def test_example_job_and_s3_objects_pass_a_server_side_dry_run(kube, namespace):
             for d in yaml.safe_load_all((KIND / f).read_text()) if d]
     for doc in docs:
         doc["metadata"]["namespace"] = namespace
-    assert _dry_run(kube, docs, namespace) == []
+    assert strict_dry_run(kube.client(), docs, namespace) == []

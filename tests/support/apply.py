@@ -46,3 +46,23 @@ def apply(api: client.ApiClient, doc: dict) -> None:
             if read is not None:
                 doc["metadata"]["resourceVersion"] = read().metadata.resource_version
             replace(None)
+
+
+def strict_dry_run(api: client.ApiClient, docs: list[dict], namespace: str | None = None
+                   ) -> list[str]:
+    """Server-side apply with dryRun=All and fieldValidation=Strict (nothing is stored, an
+    unknown field is an error); the apiserver's refusals, one line per document."""
+    from kubernetes import dynamic
+
+    resources = dynamic.DynamicClient(api).resources
+    refused = []
+    for doc in docs:
+        resource = resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        try:
+            resources.client.server_side_apply(
+                resource, body=doc, namespace=doc["metadata"].get("namespace", namespace),
+                field_manager="crucible-test", dry_run="All", force_conflicts=True,
+                query_params=[("fieldValidation", "Strict")])
+        except ApiException as err:
+            refused.append(f"{doc['kind']}/{doc['metadata']['name']}: {err.status} {err.body}")
+    return refused
