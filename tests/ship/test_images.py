@@ -1,7 +1,8 @@
-"""The Dockerfiles, linted here because this machine has no Docker engine to build them.
+"""The Dockerfiles, linted without a Docker engine.
 
-What a build would also prove (that pip resolves, that the images start) is left to `make images`
-on a machine with Docker (e2e/kind/run.sh builds both). Checked here: pinned bases, a numeric
+What a build also proves (that pip installs the locks, that the images start read-only as UID 1000,
+that the trainer can compile) is tests/ship/test_built_images.py's, where a Docker engine answers
+and `make images` has run (e2e/kind/run.sh builds both). Checked here: pinned bases, a numeric
 non-root USER in the final stage, the torch pin equal to pyproject.toml's and the CUDA base
 equal to the CUDA of that wheel, no torch in the operator image, nothing secret in the
 instructions or the build context.
@@ -84,10 +85,12 @@ def test_trainer_image_pins_the_projects_torch_on_the_matching_cuda_base():
 
 
 def test_trainer_runtime_stage_can_compile():
-    """training.compile needs a C compiler and Python's headers where the trainer runs."""
+    """training.compile needs C and C++ compilers (Inductor's CPU code is C++) and Python's
+    headers where the trainer runs. tests/ship/test_built_images.py compiles in the built image."""
     final = stages(DOCKERFILES["trainer"])[-1]
     installs = " ".join(rest for op, rest in final["ops"] if op == "RUN")
-    assert all(f" {pkg}" in installs for pkg in ("python3-dev", "gcc", "libc6-dev")), installs
+    assert all(f" {pkg} " in f"{installs} " for pkg in ("python3-dev", "gcc", "g++", "libc6-dev")), \
+        installs
 
 
 def test_operator_image_has_no_torch():
