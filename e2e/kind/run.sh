@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # End to end on a kind cluster, for users with Docker:
 #   e2e/kind/run.sh [up|chaos|pytest|down|all]      (default: all = up, chaos, pytest)
-# up:     build the images (make images), create the kind cluster, load the images, install the
-#         chart (operator on the control-plane node), start S3 (SeaweedFS), apply the CPU
-#         example PretrainJob (e2e/kind/pretrainjob.yaml);
+# up:     create the kind cluster (e2e/kind/cluster.sh: kind, its node image and every image the
+#         nodes run are built from source on this machine, no registry), build the app images
+#         (make images), load them, install the chart (operator on the control-plane node), start
+#         S3 (SeaweedFS), apply the CPU example PretrainJob (e2e/kind/pretrainjob.yaml);
 # chaos:  once a checkpoint is committed, delete a worker pod, then kill the node container
 #         under pod 0, and check the job resumes from its checkpoint and trains past it;
 # pytest: the repository's cluster tests that need only an apiserver, against this cluster
 #         (tests/conftest.py reads CRUCIBLE_STACK_ENV, written here to e2e/kind/.env);
 # down:   delete the cluster.
-# Needs: docker, kind, kubectl, helm, and the Python venv (`make venv`) for pytest.
-# Written for Docker hosts; it has not been run on the machine it was written on (no Docker
-# engine there), see README.md.
+# Needs: a Docker engine (e2e/host/docker.sh), Go >= 1.26, root (debootstrap), and the Python
+# venv (`make venv`) for pytest. kind, kubectl and helm are built into ~/.cache/crucible (helm by
+# the local stack: e2e/stack.sh). See docs/kind.md.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -23,6 +24,10 @@ operator_image="crucible-operator:$version"
 trainer_image="crucible-trainer:$version"
 example_image="crucible-trainer-example:$version"
 venv="${CRUCIBLE_VENV:-$HOME/.cache/crucible/venv}"
+# kind (bins.sh), helm (the local stack's build) and kubectl (bins.sh) as built here come first.
+cache="${CRUCIBLE_CACHE:-$HOME/.cache/crucible}"
+k8s_version="$(sed -n 's/^K8S_VERSION=//p' "$here/lib.sh")"
+export PATH="$cache/bin:$cache/kind/bin/kube-$k8s_version:$PATH"
 k() { kubectl --context "$ctx" "$@"; }
 say() { printf '\n== %s\n' "$*"; }
 die() { echo "kind e2e: $*" >&2; exit 1; }
@@ -42,17 +47,16 @@ wait_for() {
 status() { k -n "$ns" get ptj example -o jsonpath="{.status.$1}"; }
 
 up() {
-  for tool in docker kind kubectl helm; do
+  command -v docker >/dev/null || die "docker is not on PATH"
+  say "kind cluster $cluster"
+  CRUCIBLE_KIND_CLUSTER="$cluster" "$here/cluster.sh" up
+  for tool in kind kubectl helm; do
     command -v "$tool" >/dev/null || die "$tool is not on PATH"
   done
   say "images"
   make -C "$repo" images
   docker build -f "$here/Dockerfile.example" --build-arg "TRAINER_IMAGE=$trainer_image" \
     -t "$example_image" "$here"
-  say "kind cluster $cluster"
-  if ! kind get clusters | grep -qx "$cluster"; then
-    kind create cluster --name "$cluster" --config "$here/cluster.yaml" --wait 120s
-  fi
   kind load docker-image --name "$cluster" "$operator_image" "$example_image"
   say "chart"
   helm --kube-context "$ctx" upgrade --install crucible "$repo/charts/crucible" \
@@ -129,7 +133,7 @@ ENV
     "$venv/bin/python" -m pytest tests/ship/test_chart.py tests/operator/test_invalid_specs.py -q)
 }
 
-down() { kind delete cluster --name "$cluster"; }
+down() { CRUCIBLE_KIND_CLUSTER="$cluster" "$here/cluster.sh" down; }
 
 case "${1:-all}" in
   up) up ;;
