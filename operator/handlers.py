@@ -110,14 +110,21 @@ def api_client(workers: int) -> client.ApiClient:
     return client.ApiClient(cfg)
 
 
+def bearer_token(header: str) -> str | None:
+    """The token of an Authorization value. The scheme is case-insensitive (RFC 9110 11.1), and
+    the kubernetes client writes it as "bearer" in-cluster and "Bearer" from a kubeconfig."""
+    scheme, _, rest = header.strip().partition(" ")
+    token = rest if scheme.lower() == "bearer" else header
+    return token.strip() or None
+
+
 @kopf.on.login()
 def login(**_) -> kopf.ConnectionInfo:
     """kopf connects with the same identity as our adapter (one place decides credentials)."""
     cfg = client_configuration()
     if cfg.refresh_api_key_hook is not None:  # in-cluster: the projected token rotates
         cfg.refresh_api_key_hook(cfg)
-    bearer = (cfg.auth_settings().get("BearerToken") or {}).get("value") or ""
-    token = bearer.removeprefix("Bearer ").strip() or None
+    token = bearer_token((cfg.auth_settings().get("BearerToken") or {}).get("value") or "")
     return kopf.ConnectionInfo(server=cfg.host, ca_path=cfg.ssl_ca_cert,
                                insecure=not cfg.verify_ssl, scheme="Bearer" if token else None,
                                token=token, certificate_path=cfg.cert_file,

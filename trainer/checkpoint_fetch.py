@@ -22,6 +22,7 @@ fetches every file holding something it reads.
 
 from __future__ import annotations
 
+import enum
 import io
 import pickle
 import queue
@@ -56,6 +57,17 @@ _SAFE_GLOBALS = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
 _TORCH_VALUES = (torch.dtype, torch.layout, torch.memory_format)
 
 
+def _enum_member(owner, name):
+    """`builtins.getattr` as a pickle may use it: newer Pythons pickle an Enum member as
+    `getattr(EnumClass, "NAME")` (DCP's index holds such members). Only that use is answered:
+    a member, by name, of an enum class that itself came through the allow-list."""
+    if (isinstance(owner, type) and issubclass(owner, enum.Enum) and isinstance(name, str)
+            and name in owner.__members__):
+        return owner[name]
+    raise UnsafeCheckpoint(f"{METADATA} would call getattr({owner!r}, {name!r}), which is not an "
+                           "enum member of a DCP index: refusing it")
+
+
 class _IndexUnpickler(pickle.Unpickler):
     """pickle's documented way to restrict globals ("Restricting Globals", the pickle docs):
     `find_class` answers only for the allow-list. torch.load(weights_only=True) has its own
@@ -69,6 +81,8 @@ class _IndexUnpickler(pickle.Unpickler):
                 found = None
         elif module == "torch" and isinstance(getattr(torch, name, None), _TORCH_VALUES):
             found = getattr(torch, name)
+        elif (module, name) == ("builtins", "getattr"):
+            found = _enum_member
         if found is None:
             raise UnsafeCheckpoint(f"{METADATA} would load {module}.{name}, which is not part of "
                                    "a DCP index: refusing it (the file was written by something "

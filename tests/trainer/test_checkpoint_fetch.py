@@ -164,3 +164,54 @@ def test_on_more_ranks_each_rank_fetches_what_its_new_slice_cuts_across(
     # 8 steps on 1 rank then 8 on 2 vs 16 on 2: only float summation order differs.
     np.testing.assert_allclose([r["loss"] for r in records], [r["loss"] for r in straight],
                                rtol=0, atol=1e-3)
+
+
+
+def _index_bytes(obj, *, members_by_name: bool) -> bytes:
+    """`obj` pickled as DCP writes `.metadata`; with `members_by_name`, every Enum member the way
+    newer Pythons pickle them (`getattr(EnumClass, "NAME")`), whatever this Python does
+    (`reducer_override`: the pickle docs, "Custom Reduction for Types, Functions, and Other
+    Objects")."""
+    import enum
+    import io
+    import pickle
+
+    class Writer(pickle.Pickler):
+        def reducer_override(self, value):
+            if members_by_name and isinstance(value, enum.Enum):
+                return getattr, (type(value), value.name)
+            return NotImplemented
+
+    out = io.BytesIO()
+    Writer(out, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return out.getvalue()
+
+
+class _GetattrOnAClass:
+    """Pickles as getattr(PosixPath, "home"): an allow-listed class, but not an enum member."""
+
+    def __reduce__(self):
+        import pathlib
+
+        return getattr, (pathlib.PosixPath, "home")
+
+
+@pytest.mark.parametrize("by_name", [False, True], ids=["by_value", "by_name"])
+def test_the_index_reader_takes_enum_members_however_python_pickles_them(tmp_path, by_name):
+    """A real index (DCP's own save) read back through the allow-list, with its enum members
+    pickled by value (older Pythons) and by name (newer ones: getattr(cls, name))."""
+    import pickle
+
+    from crucible.trainer.checkpoint_fetch import SafeReader, UnsafeCheckpoint
+
+    dcp.save({"w": torch.ones(4, 4)}, storage_writer=FileSystemWriter(str(tmp_path)))
+    with open(tmp_path / METADATA, "rb") as file:
+        metadata = pickle.load(file)
+    (tmp_path / METADATA).write_bytes(_index_bytes(metadata, members_by_name=by_name))
+    assert (b"getattr" in (tmp_path / METADATA).read_bytes()) == by_name
+    read = SafeReader(str(tmp_path)).read_metadata()
+    assert read.state_dict_metadata.keys() == metadata.state_dict_metadata.keys()
+    # getattr for anything but an enum member is still refused.
+    (tmp_path / METADATA).write_bytes(pickle.dumps(_GetattrOnAClass(), protocol=pickle.HIGHEST_PROTOCOL))
+    with pytest.raises(UnsafeCheckpoint, match="not an enum member"):
+        SafeReader(str(tmp_path)).read_metadata()
