@@ -10,6 +10,9 @@
 # pytest: the repository's cluster tests that need only an apiserver, against this cluster
 #         (tests/conftest.py reads CRUCIBLE_STACK_ENV, written here to e2e/kind/.env);
 # down:   delete the cluster.
+# More faults (kill -9, SIGSTOP, docker pause, operator restart, S3 restart, a NetworkPolicy
+# probe): e2e/kind/chaos.sh after `up`. S3 is the local stack's weed on the kind slim base
+# (e2e/kind/s3-image.sh); the example image goes to the workers only, gzipped (e2e/kind/load-image.sh).
 # Needs: a Docker engine (e2e/host/docker.sh), Go >= 1.26, root (debootstrap), and the Python
 # venv (`make venv`) for pytest. kind, kubectl and helm are built into ~/.cache/crucible (helm by
 # the local stack: e2e/stack.sh). See docs/kind.md.
@@ -20,7 +23,8 @@ cluster="${CRUCIBLE_KIND_CLUSTER:-crucible-e2e}"
 ctx="kind-$cluster"
 ns=crucible-e2e
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/pyproject.toml")"
-operator_image="crucible-operator:$version"
+# CRUCIBLE_KIND_OPERATOR_IMAGE: another operator image tag to install (loaded like the default one).
+operator_image="${CRUCIBLE_KIND_OPERATOR_IMAGE:-crucible-operator:$version}"
 trainer_image="crucible-trainer:$version"
 example_image="crucible-trainer-example:$version"
 venv="${CRUCIBLE_VENV:-$HOME/.cache/crucible/venv}"
@@ -44,6 +48,16 @@ wait_for() {
   die "timed out after ${timeout}s waiting for $what"
 }
 
+# True when every node in the comma-separated list $2 already holds image $1 with the ID docker
+# has for it (kind load re-imports 6.6 GB otherwise).
+images_loaded() {
+  local want node
+  want=$(docker image inspect -f '{{.Id}}' "$1")
+  for node in ${2//,/ }; do
+    docker exec "$node" crictl images --no-trunc -o json 2>/dev/null | grep -q "\"$want\"" || return 1
+  done
+}
+
 status() { k -n "$ns" get ptj example -o jsonpath="{.status.$1}"; }
 
 up() {
@@ -54,14 +68,34 @@ up() {
     command -v "$tool" >/dev/null || die "$tool is not on PATH"
   done
   say "images"
-  make -C "$repo" images
+  # --no-print-directory: with -C, make passes -w to the sub-make that streams each image's build
+  # context, whose "Entering directory" line would then lead the tar on stdout (docker: "ambiguous
+  # Dockerfile source").
+  # Built once: `make images` again only when an image is missing or CRUCIBLE_KIND_REBUILD=1 (the
+  # trainer image is ~6.6 GB; a build without a warm layer cache takes many minutes and the disk).
+  if [[ "${CRUCIBLE_KIND_REBUILD:-0}" == 1 ]] || ! docker image inspect "$operator_image" "$trainer_image" >/dev/null 2>&1; then
+    MAKEFLAGS=--no-print-directory make -C "$repo" images
+  else
+    echo "$operator_image and $trainer_image exist (CRUCIBLE_KIND_REBUILD=1 rebuilds them)"
+  fi
   docker build -f "$here/Dockerfile.example" --build-arg "TRAINER_IMAGE=$trainer_image" \
     -t "$example_image" "$here"
-  kind load docker-image --name "$cluster" "$operator_image" "$example_image"
+  s3_image="$("$here/s3-image.sh")"
+  # The trainer image (6.6 GB unpacked) only on the workers, where training runs: loading it into
+  # the control plane too would cost another ~10 GB of disk for nothing. The operator
+  # and S3 run on the control-plane node; they are small and go everywhere.
+  local workers
+  workers=$(k get nodes -l '!node-role.kubernetes.io/control-plane' \
+    -o jsonpath='{range .items[*]}{.metadata.name},{end}')
+  kind load docker-image --name "$cluster" "$operator_image" "$s3_image"
+  if ! images_loaded "$example_image" "${workers%,}"; then
+    # Not `kind load`: its uncompressed layers cost ~13 GB a node (e2e/kind/load-image.sh).
+    "$here/load-image.sh" "$example_image" ${workers//,/ }
+  fi
   say "chart"
   helm --kube-context "$ctx" upgrade --install crucible "$repo/charts/crucible" \
     --namespace crucible-system --create-namespace --wait --timeout 180s \
-    --set image.repository=crucible-operator --set "image.tag=$version" \
+    --set image.repository=crucible-operator --set "image.tag=${operator_image#*:}" \
     --set-json 'operator.nodeSelector={"node-role.kubernetes.io/control-plane":""}' \
     --set-json 'operator.tolerations=[{"key":"node-role.kubernetes.io/control-plane","operator":"Exists","effect":"NoSchedule"}]'
   say "S3 and the example job"
@@ -102,15 +136,24 @@ chaos() {
   docker kill "$node"
   wait_for 300 "a new generation" bash -c \
     "g=\$(kubectl --context $ctx -n $ns get ptj example -o jsonpath='{.status.podGeneration}'); (( g > $gen )) && echo \$g"
-  wait_for 600 "the new generation to train past step $ckpt" bash -c \
-    "s=\$(kubectl --context $ctx -n $ns get ptj example -o jsonpath='{.status.step}'); (( s > $ckpt )) && echo \$s"
+  # status.step still holds the old generation's last step until the new one reports: wait for
+  # the new pod 0's "resumed from" first, then for a step past it.
   pod0="example-$(status podGeneration)-0"
-  k -n "$ns" logs "$pod0" | grep -m1 "resumed from" || die "$pod0 did not resume from a checkpoint"
+  local resumed
+  resumed=$(wait_for 600 "$pod0 to resume from a checkpoint" bash -c \
+    "kubectl --context $ctx -n $ns logs $pod0 2>/dev/null | sed -n 's/.*resumed from .*(step \\([0-9]*\\).*/\\1/p' | head -1")
+  echo "$pod0 resumed from step $resumed"
+  (( resumed >= ckpt )) || die "$pod0 resumed from step $resumed, older than the newest checkpoint $ckpt"
+  wait_for 600 "the new generation to train past step $resumed" bash -c \
+    "s=\$(kubectl --context $ctx -n $ns get ptj example -o jsonpath='{.status.step}'); (( s > $resumed )) && echo \$s"
   restarts=$(k -n "$ns" get ptj example -o jsonpath='{.status.restarts.byCause}')
   echo "restarts by cause: $restarts"
   [[ "$restarts" == *NodeFailure* ]] || die "no NodeFailure restart recorded"
   k get node "$node" -o jsonpath='{.spec.unschedulable}' | grep -qx true || die "$node not cordoned"
+  # The node back, and trusted again (the operator avoids a node it cordoned until uncordoned).
   docker start "$node"
+  k wait --for=condition=Ready "node/$node" --timeout=180s
+  k uncordon "$node"
   say "chaos survived: resumed from step $ckpt after a pod deletion and a node loss"
 }
 

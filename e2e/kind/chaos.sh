@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# More faults for the example job on the kind cluster, after `run.sh up` (and `run.sh chaos`):
+#   e2e/kind/chaos.sh [fault ...]     default: all, in this order
+#     sigkill    kill -9 the training process (torchrun's worker) in pod 0
+#     sigstop    SIGSTOP the training process in pod 0: a hang (faultTolerance.hangTimeoutSeconds)
+#     pause      `docker pause` the node under pod 0 for $CRUCIBLE_CHAOS_PAUSE_S (60 s), unpause
+#     operator   delete the operator pod (Deployment recreates it); the job should train on
+#     s3         stop the S3 server's container right after a checkpoint is due (kubelet restarts it;
+#                its emptyDir keeps the data)
+#     netpol     a pod in another namespace cannot reach pod 0's c10d store (port 29400)
+# For each fault one line goes to ~/.cache/crucible/kind/logs/chaos-results.tsv: fault, restart
+# causes recorded (status.restarts.byCause, before -> after), seconds from the fault to the first
+# step after it (from the trainer's log), the step at the fault, the step resumed from (trainer log
+# "resumed from"; 0 for a start from scratch), steps lost, whether a node got cordoned, and the most
+# pods of the current generation seen (pending ones included) over nodes.max.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cluster="${CRUCIBLE_KIND_CLUSTER:-crucible-e2e}"
+ctx="kind-$cluster"
+ns=crucible-e2e
+cache="${CRUCIBLE_CACHE:-$HOME/.cache/crucible}"
+k8s_version="$(sed -n 's/^K8S_VERSION=//p' "$here/lib.sh")"
+export PATH="$cache/bin:$cache/kind/bin/kube-$k8s_version:$PATH"
+results="${CRUCIBLE_CHAOS_RESULTS:-${CRUCIBLE_CACHE:-$HOME/.cache/crucible}/kind/logs/chaos-results.tsv}"
+k() { kubectl --context "$ctx" "$@"; }
+say() { printf '\n== %s  %s\n' "$(date -u +%T)" "$*"; }
+die() { echo "kind chaos: $*" >&2; exit 1; }
+st() { k -n "$ns" get ptj example -o jsonpath="{.status.$1}" 2>/dev/null || true; }
+max_pods() { k -n "$ns" get ptj example -o jsonpath='{.spec.nodes.max}'; }
+
+# The training process in a pod: torchrun's worker (a python whose command line is not torchrun's).
+train_pids() {
+  k -n "$ns" exec "$1" -- python3 -c '
+import os
+for p in os.listdir("/proc"):
+    if not p.isdigit() or int(p) in (1, os.getpid(), os.getppid()):
+        continue
+    try:
+        cmd = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
+    except OSError:
+        continue
+    s = b" ".join(cmd)
+    if b"python" in cmd[0] and b"torchrun" not in s and b"torch.distributed.run" not in s and b"-c" not in cmd[1:2]:
+        print(p)'
+}
+
+# The steps the trainer in pod $1 resumed from, oldest first.
+# A start from scratch (the first step logged is 1, no checkpoint restored) counts as step 0.
+resumes() {
+  k -n "$ns" logs "$1" 2>/dev/null | sed -n -e 's/.*resumed from .*(step \([0-9]*\).*/\1/p' \
+    -e 's/^step  *1\/.*/0/p'
+}
+
+# Steps pod $1 logged since its newest resume ("resumed from", or a fresh start's step 1).
+steps_since_resume() {
+  k -n "$ns" logs "$1" 2>/dev/null | awk '/resumed from/ {n = 0; next} /^step +1\// {n = 0} /^step +[0-9]+\// {n++} END {print n + 0}'
+}
+
+# Wait until a checkpoint is committed and training is running in every pod of the generation.
+settle() {
+  local deadline=$((SECONDS + 600))
+  while ((SECONDS < deadline)); do
+    [[ "$(st phase)" == Running && -n "$(st lastCheckpoint.step)" ]] && return 0
+    sleep 3
+  done
+  die "the job did not settle (phase $(st phase))"
+}
+
+# Run a fault and measure: $1 name, $2.. the command that injects it (may block, e.g. pause).
+measure() {
+  local name=$1; shift
+  settle
+  local r0 r gen0 step0 causes0 t0 cordoned=no resumed="-" first="" seen=0 n s g deadline
+  gen0=$(st podGeneration); step0=$(st step); causes0=$(st restarts.byCause)
+  say "$name: generation $gen0, step $step0, newest checkpoint $(st lastCheckpoint.step)"
+  mapfile -t r < <(resumes "example-$gen0-0"); r0=${#r[@]}
+  if declare -F "$1_pre" >/dev/null; then "$1_pre"; fi   # e.g. wait for the moment, off the clock
+  t0=$SECONDS
+  "$@"
+  # The first step after the fault: status.step above the step the trainer resumed from (its log's
+  # newest "resumed from", in pod 0 of the new generation or, for a restart inside the pod, in the
+  # same pod), or above step0 when nothing restarted (after min_quiet seconds).
+  deadline=$((SECONDS + ${CRUCIBLE_CHAOS_WAIT_S:-600}))
+  while ((SECONDS < deadline)); do
+    g=$(st podGeneration); s=$(st step)
+    n=$(k -n "$ns" get pods -l "crucible.dev/job=example" --no-headers 2>/dev/null \
+        | awk -v g="example-$g-" 'index($1, g) == 1 && $3 != "Terminating"' | wc -l)
+    ((n > seen)) && seen=$n
+    mapfile -t r < <(resumes "example-$g-0")
+    if [[ "$g" != "$gen0" && ${#r[@]} -gt 0 ]] || ((${#r[@]} > r0)); then resumed=${r[-1]}; fi
+    if [[ "$resumed" != "-" ]]; then
+      # From the trainer's own log, not status.step (which holds the old generation's last step
+      # until the new one reports): a step logged after the newest resume (a fresh start's step 1
+      # counts).
+      if (($(steps_since_resume "example-$g-0") > 0)); then first=$((SECONDS - t0)); break; fi
+    elif [[ -n "$s" ]] && ((s > step0 && SECONDS - t0 >= ${min_quiet:-0})); then
+      first=$((SECONDS - t0)); break
+    fi
+    sleep 2
+  done
+  k get nodes -o jsonpath='{range .items[*]}{.metadata.name}={.spec.unschedulable}{"\n"}{end}' | grep -q '=true' && cordoned=yes
+  local lost="-"
+  [[ "$resumed" != "-" ]] && lost=$((step0 > resumed ? step0 - resumed : 0))
+  [[ "$resumed" == "-" ]] && lost=0
+  printf '%s\t%s -> %s\t%s\t%s\t%s\t%s\t%s\t%s/%s\n' "$name" "${causes0:-{\}}" "$(st restarts.byCause)" \
+    "${first:-timeout}" "$step0" "$resumed" "$lost" "$cordoned" "$seen" "$(max_pods)" | tee -a "$results"
+  [[ -n "$first" ]] || die "$name: no step after the fault within the wait"
+}
+
+f_sigkill() {
+  local pod pids; pod="example-$(st podGeneration)-0"
+  pids=$(train_pids "$pod"); echo "kill -9 $pids in $pod"
+  k -n "$ns" exec "$pod" -- sh -c "kill -9 $pids"
+}
+f_sigstop() {
+  local pod pids; pod="example-$(st podGeneration)-0"
+  pids=$(train_pids "$pod"); echo "kill -STOP $pids in $pod (hangTimeoutSeconds $(k -n "$ns" get ptj example -o jsonpath='{.spec.faultTolerance.hangTimeoutSeconds}'))"
+  k -n "$ns" exec "$pod" -- sh -c "kill -STOP $pids"
+}
+f_pause() {
+  local node; node=$(k -n "$ns" get pod "example-$(st podGeneration)-0" -o jsonpath='{.spec.nodeName}')
+  echo "docker pause $node for ${CRUCIBLE_CHAOS_PAUSE_S:-60}s"
+  docker pause "$node"; sleep "${CRUCIBLE_CHAOS_PAUSE_S:-60}"; docker unpause "$node"
+  k uncordon "$node" >/dev/null 2>&1 || true
+}
+f_operator() {
+  k -n crucible-system delete pod -l app.kubernetes.io/name=crucible-operator --wait=false
+}
+f_s3_pre() {
+  # Stop S3 when a save is due: the step just below a multiple of checkpoint.everySteps.
+  local every s; every=$(k -n "$ns" get ptj example -o jsonpath='{.spec.checkpoint.everySteps}')
+  for _ in $(seq 300); do s=$(st step); (( s % every >= every - 3 )) && break; sleep 0.5; done
+}
+f_s3() {
+  local s cid; s=$(st step)
+  cid=$(docker exec "$cluster-control-plane" crictl ps --name seaweedfs -q | head -1)
+  echo "step $s: crictl stop seaweedfs container $cid"
+  docker exec "$cluster-control-plane" crictl stop "$cid" >/dev/null
+}
+
+netpol() {
+  local pod0 ip other=crucible-netpol-probe code
+  pod0="example-$(st podGeneration)-0"; ip=$(k -n "$ns" get pod "$pod0" -o jsonpath='{.status.podIP}')
+  k create namespace "$other" --dry-run=client -o yaml | k apply -f - >/dev/null
+  k -n "$other" delete pod probe --ignore-not-found >/dev/null
+  k -n "$other" run probe --restart=Never --image "registry.k8s.io/kube-proxy:$k8s_version" \
+    --image-pull-policy=Never --command -- bash -c "timeout 5 bash -c 'exec 3<>/dev/tcp/$ip/29400' && echo OPEN || echo BLOCKED"
+  k -n "$other" wait --for=jsonpath='{.status.phase}'=Succeeded pod/probe --timeout=120s >/dev/null
+  code=$(k -n "$other" logs probe | tail -1)
+  local s0 s1; s0=$(st step); sleep 20; s1=$(st step)
+  printf 'netpol\tfrom %s to %s:29400: %s; job steps %s -> %s in 20 s\n' "$other" "$ip" "$code" "$s0" "$s1" | tee -a "$results"
+  k delete namespace "$other" --wait=false >/dev/null
+  [[ "$code" == BLOCKED ]] && ((s1 > s0)) || die "netpol: expected BLOCKED from $other and a training job"
+}
+
+(($#)) || set -- sigkill sigstop pause operator s3 netpol
+for fault in "$@"; do
+  case "$fault" in
+    sigkill) measure sigkill f_sigkill ;;
+    sigstop) measure sigstop f_sigstop ;;
+    pause) measure "docker pause ${CRUCIBLE_CHAOS_PAUSE_S:-60}s" f_pause ;;
+    operator) min_quiet=5 measure "operator pod deleted" f_operator ;;
+    s3) min_quiet=5 measure "S3 restarted mid-save" f_s3 ;;
+    netpol) netpol ;;
+    *) die "unknown fault $fault" ;;
+  esac
+done
