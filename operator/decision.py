@@ -126,7 +126,7 @@ def _name_conflict(p: Pass, foreign: tuple[PodView, ...]) -> bool:
     Either way the pass stops here and looks again in a while: never a hot loop."""
     mine = {m.pod_name(p.job.name, p.gen, i) for i in range(p.spec.nodes.max)}
     clashes = [("Pod", pod.name, pod.deleting) for pod in foreign if pod.name in mine]
-    for child in p.static_children():
+    for child in p.static_children:
         kind, name = child["kind"], child["metadata"]["name"]
         owner = p.obs.child_owner(kind, name)
         if p.obs.has_child(kind, name) and owner != p.job.uid:
@@ -158,7 +158,7 @@ def _name_conflict(p: Pass, foreign: tuple[PodView, ...]) -> bool:
 
 def _ensure_children(p: Pass):
     """Create what is missing, replace a drifted ConfigMap."""
-    for child in p.static_children():
+    for child in p.static_children:
         kind, name = child["kind"], child["metadata"]["name"]
         if not p.obs.has_child(kind, name):
             p.act("create", kind, name, child)

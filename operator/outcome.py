@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import functools
 from dataclasses import dataclass, field
 
 from crucible.api.progress import format_time, parse_time
@@ -95,8 +96,10 @@ class Pass:
         return f.node_failure(name, self.obs.nodes[name], self.spec.fault_tolerance,
                               self.cluster_policy.allowed_conditions)
 
+    @functools.cached_property
     def static_children(self) -> list[dict]:
-        """The job's once-per-job children as this pass wants them."""
+        """The job's once-per-job children as this pass wants them: rendered once per pass,
+        though both the name-conflict check and the creation read them."""
         return m.static_children(self.job.name, self.job.namespace, self.job.uid, self.spec,
                                  self.cluster_policy.metrics_from)
 
