@@ -307,13 +307,30 @@ def replace_and_create(p: Pass, current: dict[int, PodView]):
             p.delete(pod)
             if pod.deleting:
                 p.wake(ft.terminating_timeout_seconds - (p.now - pod.deletion).total_seconds())
+    avoid = bad_nodes(p)
+    _recreate_if_trusted_again(p, current, avoid)
     # The adapter posts a "Created" event for each pod the API actually created.
     for index in _to_create(p, current):
         body = m.pod(p.job.name, p.job.namespace, p.job.uid, p.spec, p.gen, index,
-                     avoid_nodes=bad_nodes(p))
+                     avoid_nodes=avoid)
         p.act("create", "Pod", body["metadata"]["name"], body)
         p.status.setdefault("startTime", format_time(p.now))
     p.track["members"] = {str(i): pod.uid for i, pod in current.items() if i is not None}
+
+
+def _recreate_if_trusted_again(p: Pass, current: dict[int, PodView], avoid: list[str]):
+    """A pod's node affinity is fixed at creation. One still waiting for a node while its
+    affinity keeps it off a node the job trusts again (repaired, uncordoned) is deleted,
+    uncounted, and recreated by a later pass without it: otherwise, in a pool as small as the
+    job, it would stay Pending beside the very node it needs."""
+    for pod in current.values():
+        trusted = sorted(set(pod.avoided_nodes) - set(avoid))
+        if pod.node or pod.deleting or pod.terminated or not trusted:
+            continue
+        p.mark_handled(pod.uid)                # its deletion is not a failure
+        p.event("Normal", "NodeTrusted", f"{pod.name} waits for a node and avoids "
+                f"{', '.join(trusted)}, trusted again: recreating it without that constraint")
+        p.delete(pod)
 
 
 def _to_create(p: Pass, current: dict[int, PodView]) -> list[int]:

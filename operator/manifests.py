@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Mapping
 
 import yaml
 
@@ -31,6 +32,7 @@ from crucible.api.spec import PretrainJobSpec, TrainJobConfig, pod_facing
 CHILD_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGER},{LABEL_JOB}"
 SCRATCH_DIR = "/scratch"     # writable emptyDir: HOME, TMPDIR and the run's output folder
 RUN_UID = 1000               # non-root; the trainer image's user
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
 # --- metadata ---------------------------------------------------------------------------------
@@ -229,10 +231,22 @@ def container_env(job: str, spec: PretrainJobSpec, generation: int, index: int) 
 def _affinity(avoid_nodes: list[str]) -> dict | None:
     if not avoid_nodes:
         return None
-    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+    term = {"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "NotIn",
                                   "values": sorted(avoid_nodes)}]}
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [term]}}}
+
+
+def avoided_nodes(pod_spec: Mapping) -> tuple[str, ...]:
+    """The nodes a pod rendered by `pod` keeps off (`_affinity` read back): its affinity is
+    fixed at creation, so a pod still Pending when one of them is trusted again must be
+    recreated to use it."""
+    required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or {}
+    return tuple(sorted({value for term in required.get("nodeSelectorTerms") or []
+                         for expr in term.get("matchExpressions") or []
+                         if expr.get("key") == HOSTNAME_LABEL and expr.get("operator") == "NotIn"
+                         for value in expr.get("values") or []}))
 
 
 def _resources(spec: PretrainJobSpec) -> dict:

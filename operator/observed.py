@@ -51,6 +51,7 @@ class PodView:
     waiting_reason: str | None = None   # e.g. ImagePullBackOff, CreateContainerConfigError
     waiting_message: str | None = None
     owner_uid: str | None = None        # the controlling owner's UID: which job it belongs to
+    avoided_nodes: tuple[str, ...] = ()  # nodes its required affinity keeps it off
 
     @property
     def deleting(self) -> bool:
@@ -101,6 +102,7 @@ def pod_view(body: Mapping) -> PodView:
         deletion=parse_time(meta.get("deletionTimestamp")),
         deletion_grace_s=_int(meta.get("deletionGracePeriodSeconds")), finished=finished,
         spec_hash=(meta.get("annotations") or {}).get(m.ANNOTATION_SPEC_HASH),
+        avoided_nodes=m.avoided_nodes(spec),
         exit_code=exit_code, terminated_reason=terminated_reason,
         terminated_message=terminated_message,
         reason=status.get("reason"), message=status.get("message"),

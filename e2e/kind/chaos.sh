@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # More faults for the example job on the kind cluster, after `run.sh up` (and `run.sh chaos`):
 #   e2e/kind/chaos.sh [fault ...]     default: all, in this order
+#     pod        delete pod 1 (a worker): the survivors re-rendezvous, the operator recreates it
+#     node       `docker kill` the node container under pod 0 (real node loss: its kubelet stops,
+#                the node controller taints it); the operator cordons it and restarts the group;
+#                then the node is started again and uncordoned, and the job must use it again
 #     sigkill    kill -9 the training process (torchrun's worker) in pod 0
 #     sigstop    SIGSTOP the training process in pod 0: a hang (faultTolerance.hangTimeoutSeconds)
 #     pause      `docker pause` the node under pod 0 for $CRUCIBLE_CHAOS_PAUSE_S (60 s), unpause
@@ -70,8 +74,9 @@ settle() {
 measure() {
   local name=$1; shift
   settle
-  local r0 r gen0 step0 causes0 t0 cordoned=no resumed="-" first="" seen=0 n s g deadline
+  local r0 r gen0 step0 ckpt0 loss0 causes0 t0 cordoned=no resumed="-" first="" seen=0 n s g deadline
   gen0=$(st podGeneration); step0=$(st step); causes0=$(st restarts.byCause)
+  ckpt0=$(st lastCheckpoint.step); loss0=$(st loss)
   say "$name: generation $gen0, step $step0, newest checkpoint $(st lastCheckpoint.step)"
   mapfile -t r < <(resumes "example-$gen0-0"); r0=${#r[@]}
   if declare -F "$1_pre" >/dev/null; then "$1_pre"; fi   # e.g. wait for the moment, off the clock
@@ -105,8 +110,62 @@ measure() {
   printf '%s\t%s -> %s\t%s\t%s\t%s\t%s\t%s\t%s/%s\n' "$name" "${causes0:-{\}}" "$(st restarts.byCause)" \
     "${first:-timeout}" "$step0" "$resumed" "$lost" "$cordoned" "$seen" "$(max_pods)" | tee -a "$results"
   [[ -n "$first" ]] || die "$name: no step after the fault within the wait"
+  check_recovery "$name" "$ckpt0" "$resumed" "$lost" "$seen" "$loss0"
+  if declare -F "$1_post" >/dev/null; then "$1_post"; fi   # e.g. bring a node back
 }
 
+# What every fault must leave: a restart resumed from the newest commit at the fault (or a newer
+# one), at most one checkpoint interval of steps lost, never more pods of a generation than
+# nodes.max, and a loss that carries on (below 1.5x the loss at the fault, once 10 more steps
+# have been reported: a restart from scratch or a corrupt restore would jump back up).
+check_recovery() {
+  local name=$1 ckpt0=$2 resumed=$3 lost=$4 seen=$5 loss0=$6 every s0 loss1
+  every=$(k -n "$ns" get ptj example -o jsonpath='{.spec.checkpoint.everySteps}')
+  if [[ "$resumed" != "-" ]]; then
+    ((resumed >= ckpt0)) || die "$name: resumed from step $resumed, older than the newest commit $ckpt0"
+    ((lost <= every)) || die "$name: $lost steps lost, more than one checkpoint interval ($every)"
+  fi
+  ((seen <= $(max_pods))) || die "$name: $seen pods of one generation, more than nodes.max"
+  s0=$(st step)
+  for _ in $(seq 150); do (($(st step) >= s0 + 10)) && break; sleep 2; done
+  loss1=$(st loss)
+  python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(not b < 1.5 * a)' "$loss0" "$loss1" \
+    || die "$name: loss $loss1 after the fault, from $loss0 before it"
+  echo "$name: resumed from ${resumed/-/no restart} (newest commit $ckpt0), $lost steps lost, loss $loss0 -> $loss1"
+}
+
+f_pod() {
+  local pod; pod="example-$(st podGeneration)-1"
+  echo "kubectl delete pod $pod"
+  k -n "$ns" delete pod "$pod" --wait=false
+}
+f_node() {
+  local node; node=$(k -n "$ns" get pod "example-$(st podGeneration)-0" -o jsonpath='{.spec.nodeName}')
+  echo "docker kill $node (under pod 0)"
+  echo "$node" > "$state/killed-node"
+  docker kill "$node" >/dev/null
+}
+f_node_post() {
+  # The node controller's taint and the operator's cordon, then the node back and repaired: the
+  # job trusts it again and its pods fill both workers (a pod created to avoid that node while it
+  # was down is recreated without the constraint).
+  local node causes; node=$(cat "$state/killed-node")
+  causes=$(st restarts.byCause)
+  [[ "$causes" == *NodeFailure* ]] || die "node kill: no NodeFailure restart recorded ($causes)"
+  [[ "$(k get node "$node" -o jsonpath='{.spec.unschedulable}')" == true ]] || die "node kill: $node not cordoned"
+  docker start "$node" >/dev/null
+  k wait --for=condition=Ready "node/$node" --timeout=180s >/dev/null
+  k uncordon "$node" >/dev/null
+  local deadline=$((SECONDS + 300)) running g
+  while ((SECONDS < deadline)); do
+    g=$(st podGeneration)
+    running=$(k -n "$ns" get pods -l crucible.dev/job=example --field-selector=status.phase=Running \
+      --no-headers 2>/dev/null | awk -v g="example-$g-" 'index($1, g) == 1' | wc -l)
+    ((running == $(max_pods))) && { echo "$node back: $running pods of generation $g Running"; return 0; }
+    sleep 3
+  done
+  die "node kill: $node is back and uncordoned, but the job has not filled its $(max_pods) pods"
+}
 f_sigkill() {
   local pod pids; pod="example-$(st podGeneration)-0"
   pids=$(train_pids "$pod"); echo "kill -9 $pids in $pod"
@@ -153,9 +212,12 @@ netpol() {
   [[ "$code" == BLOCKED ]] && ((s1 > s0)) || die "netpol: expected BLOCKED from $other and a training job"
 }
 
-(($#)) || set -- sigkill sigstop pause operator s3 netpol
+(($#)) || set -- pod node sigkill sigstop pause operator s3 netpol
+state=$(mktemp -d); trap 'rm -rf "$state"' EXIT
 for fault in "$@"; do
   case "$fault" in
+    pod) measure "worker pod deleted" f_pod ;;
+    node) measure "docker kill node" f_node ;;
     sigkill) measure sigkill f_sigkill ;;
     sigstop) measure sigstop f_sigstop ;;
     pause) measure "docker pause ${CRUCIBLE_CHAOS_PAUSE_S:-60}s" f_pause ;;

@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # End to end on a kind cluster, for users with Docker:
 #   e2e/kind/run.sh [up|chaos|pytest|down|all]      (default: all = up, chaos, pytest)
-# up:     create the kind cluster (e2e/kind/cluster.sh: kind, its node image and every image the
-#         nodes run are built from source on this machine, no registry), build the app images
-#         (make images), load them, install the chart (operator on the control-plane node), start
-#         S3 (SeaweedFS), apply the CPU example PretrainJob (e2e/kind/pretrainjob.yaml);
-# chaos:  once a checkpoint is committed, delete a worker pod, then kill the node container
-#         under pod 0, and check the job resumes from its checkpoint and trains past it;
+# up:     start a Docker engine if none answers (e2e/host/docker.sh), create the kind cluster
+#         unless it exists (e2e/kind/cluster.sh: kind, its node image and every image the nodes
+#         run are built from source on this machine, no registry), build the app images (make
+#         images; Docker's layer cache makes a rebuild seconds when nothing changed), load those
+#         the nodes lack, install the chart (operator on the control-plane node), start S3
+#         (SeaweedFS), and start the CPU example PretrainJob (e2e/kind/pretrainjob.yaml) afresh:
+#         an earlier run's job and its checkpoints are deleted first. Then checks that the
+#         operator's and the trainer's pods run the images `docker images` lists (same image ID);
+# chaos:  every fault of e2e/kind/chaos.sh (pod deletion, node loss, kill -9, a hang, a frozen
+#         node, operator and S3 restarts, the NetworkPolicy probe), each checked from outside;
 # pytest: the repository's cluster tests that need only an apiserver, against this cluster
 #         (tests/conftest.py reads CRUCIBLE_STACK_ENV, written here to e2e/kind/.env);
 # down:   delete the cluster.
-# More faults (kill -9, SIGSTOP, docker pause, operator restart, S3 restart, a NetworkPolicy
-# probe): e2e/kind/chaos.sh after `up`. S3 is the local stack's weed on the kind slim base
-# (e2e/kind/s3-image.sh); the example image goes to the workers only, gzipped (e2e/kind/load-image.sh).
-# Needs: a Docker engine (e2e/host/docker.sh), Go >= 1.26, root (debootstrap), and the Python
-# venv (`make venv`) for pytest. kind, kubectl and helm are built into ~/.cache/crucible (helm by
-# the local stack: e2e/stack.sh). See docs/kind.md.
+# The cluster is kept after a run, so the next one reuses it (and the images its nodes hold).
+# S3 is the local stack's weed on the kind slim base (e2e/kind/s3-image.sh); the example image
+# goes to the workers only, gzipped (e2e/kind/load-image.sh). Seconds per part are appended to
+# ~/.cache/crucible/kind/logs/timings.
+# Needs: root (the Docker engine, debootstrap), Go >= 1.26, the local stack's binaries
+# (e2e/stack.sh: weed and helm) and the Python venv (`make venv`) for pytest. kind, kubectl and
+# helm are built into ~/.cache/crucible. See docs/kind.md.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -33,8 +38,18 @@ cache="${CRUCIBLE_CACHE:-$HOME/.cache/crucible}"
 k8s_version="$(sed -n 's/^K8S_VERSION=//p' "$here/lib.sh")"
 export PATH="$cache/bin:$cache/kind/bin/kube-$k8s_version:$PATH"
 k() { kubectl --context "$ctx" "$@"; }
-say() { printf '\n== %s\n' "$*"; }
+say() { printf '\n== %s  %s\n' "$(date -u +%T)" "$*"; }
 die() { echo "kind e2e: $*" >&2; exit 1; }
+klog="$cache/kind/logs"
+mkdir -p "$klog"
+
+# part NAME CMD...: run one part of the run and append its seconds to $klog/timings.
+part() {
+  local name=$1 start=$SECONDS; shift
+  "$@"
+  printf '%s %s %ds rc=0\n' "$(date -Is)" "$name" $((SECONDS - start)) >>"$klog/timings"
+  say "$name: $((SECONDS - start))s"
+}
 
 # Poll a command until it prints something non-empty, or fail after $1 seconds.
 wait_for() {
@@ -60,113 +75,168 @@ images_loaded() {
 
 status() { k -n "$ns" get ptj example -o jsonpath="{.status.$1}"; }
 
-up() {
-  command -v docker >/dev/null || die "docker is not on PATH"
-  say "kind cluster $cluster"
-  CRUCIBLE_KIND_CLUSTER="$cluster" "$here/cluster.sh" up
-  for tool in kind kubectl helm; do
-    command -v "$tool" >/dev/null || die "$tool is not on PATH"
-  done
-  say "images"
+workers() {
+  k get nodes -l '!node-role.kubernetes.io/control-plane' \
+    -o jsonpath='{range .items[*]}{.metadata.name}{" "}{end}'
+}
+
+# Images on node $2 that an earlier load left, other than image ID $3: those of repository $1, and
+# those only named by digest by an import (`ctr images import --digests` adds an import-DATE@sha256
+# name, which outlives the tag once a newer image takes it).
+stale_images() {
+  docker exec "$2" crictl images -o json | python3 -c '
+import json, sys
+repo, keep = sys.argv[1], sys.argv[2]
+for image in json.load(sys.stdin)["images"]:
+    names = (image.get("repoTags") or []) + (image.get("repoDigests") or [])
+    ours = [n for n in names if n.split("@")[0].rsplit(":", 1)[0].endswith("/" + repo)]
+    imported = names and all(n.split("@")[0].rsplit("/", 1)[-1].startswith("import-") for n in names)
+    if image["id"] != keep and (ours or imported):
+        print(image["id"])' "$1" "$3"
+}
+
+build_images() {
   # --no-print-directory: with -C, make passes -w to the sub-make that streams each image's build
   # context, whose "Entering directory" line would then lead the tar on stdout (docker: "ambiguous
   # Dockerfile source").
-  # Built once: `make images` again only when an image is missing or CRUCIBLE_KIND_REBUILD=1 (the
-  # trainer image is ~6.6 GB; a build without a warm layer cache takes many minutes and the disk).
-  if [[ "${CRUCIBLE_KIND_REBUILD:-0}" == 1 ]] || ! docker image inspect "$operator_image" "$trainer_image" >/dev/null 2>&1; then
-    MAKEFLAGS=--no-print-directory make -C "$repo" images
-  else
-    echo "$operator_image and $trainer_image exist (CRUCIBLE_KIND_REBUILD=1 rebuilds them)"
-  fi
-  docker build -f "$here/Dockerfile.example" --build-arg "TRAINER_IMAGE=$trainer_image" \
+  MAKEFLAGS=--no-print-directory make -C "$repo" images
+  docker build -q -f "$here/Dockerfile.example" --build-arg "TRAINER_IMAGE=$trainer_image" \
     -t "$example_image" "$here"
   s3_image="$("$here/s3-image.sh")"
-  # The trainer image (6.6 GB unpacked) only on the workers, where training runs: loading it into
-  # the control plane too would cost another ~10 GB of disk for nothing. The operator
-  # and S3 run on the control-plane node; they are small and go everywhere.
-  local workers
-  workers=$(k get nodes -l '!node-role.kubernetes.io/control-plane' \
-    -o jsonpath='{range .items[*]}{.metadata.name},{end}')
-  kind load docker-image --name "$cluster" "$operator_image" "$s3_image"
-  if ! images_loaded "$example_image" "${workers%,}"; then
-    # Not `kind load`: its uncompressed layers cost ~13 GB a node (e2e/kind/load-image.sh).
-    "$here/load-image.sh" "$example_image" ${workers//,/ }
+  docker images --format '{{.Repository}}:{{.Tag}} {{.ID}} {{.Size}}' \
+    | grep -E "^(${operator_image%:*}|${trainer_image%:*}|${example_image%:*}|${s3_image%:*}):"
+}
+
+# The example job and its checkpoints from an earlier run, gone (its pods too: the image they
+# hold cannot be replaced on the nodes while they run).
+reset_job() {
+  if k -n "$ns" get ptj example >/dev/null 2>&1; then
+    k -n "$ns" delete ptj example --wait=true --timeout=180s
   fi
-  say "chart"
+  k -n "$ns" delete pod make-bucket --ignore-not-found --wait=true --timeout=120s
+  k -n "$ns" wait --for=delete pod -l crucible.dev/job=example --timeout=180s 2>/dev/null || true
+}
+
+# What an earlier import left on node $1 besides images: the import-DATE@sha256 names `ctr images
+# import --digests` gives (kind load's, and older loads'), and leases of an import that was cut
+# off (they keep its content from containerd's garbage collection for 24 hours).
+clean_node() {
+  docker exec "$1" sh -c '
+    for ref in $(ctr -n k8s.io images ls -q | grep "^import-"); do ctr -n k8s.io images rm "$ref"; done
+    now=$(date +%s)
+    ctr -n k8s.io leases ls | tail -n +2 | while read -r id created _; do
+      [ $((now - $(date -d "$created" +%s))) -gt 600 ] && ctr -n k8s.io leases rm "$id"
+    done' >/dev/null 2>&1 || true
+}
+
+load_images() {
+  local node id
+  # The trainer image (6.6 GB unpacked) only on the workers, where training runs: loading it into
+  # the control plane too would cost another ~10 GB of disk for nothing. The operator and S3 run
+  # on the control-plane node; they are small and go everywhere.
+  for image in "$operator_image" "$s3_image"; do
+    images_loaded "$image" "$(k get nodes -o jsonpath='{range .items[*]}{.metadata.name},{end}')" \
+      || kind load docker-image --name "$cluster" "$image"
+  done
+  id=$(docker image inspect -f '{{.Id}}' "$example_image")
+  # An earlier example image is dropped from the workers first: each costs ~10 GB a node.
+  for node in $(workers); do
+    clean_node "$node"
+    for stale in $(stale_images "${example_image%:*}" "$node" "$id"); do
+      # One still in use (a pod of another job, say) stays; the load then needs more room.
+      docker exec "$node" crictl rmi "$stale" >/dev/null 2>&1 || echo "$node: $stale is in use; kept"
+    done
+  done
+  local w; w=$(workers)
+  if ! images_loaded "$example_image" "${w// /,}"; then
+    # Not `kind load`: its uncompressed layers cost ~13 GB a node (e2e/kind/load-image.sh).
+    "$here/load-image.sh" "$example_image" $w
+  fi
+}
+
+install_chart() {
   helm --kube-context "$ctx" upgrade --install crucible "$repo/charts/crucible" \
     --namespace crucible-system --create-namespace --wait --timeout 180s \
     --set image.repository=crucible-operator --set "image.tag=${operator_image#*:}" \
     --set-json 'operator.nodeSelector={"node-role.kubernetes.io/control-plane":""}' \
     --set-json 'operator.tolerations=[{"key":"node-role.kubernetes.io/control-plane","operator":"Exists","effect":"NoSchedule"}]'
-  say "S3 and the example job"
+  k -n crucible-system rollout status deployment -l app.kubernetes.io/name=crucible-operator --timeout=180s
+}
+
+start_job() {
   k create namespace "$ns" --dry-run=client -o yaml | k apply -f -
   k apply -f "$here/seaweedfs.yaml"
   k -n "$ns" rollout status deployment/seaweedfs --timeout 180s
+  # The bucket, empty of the example's earlier checkpoints.
   k -n "$ns" delete pod make-bucket --ignore-not-found
   k -n "$ns" run make-bucket --image "$example_image" --restart Never \
-    --overrides '{"spec":{"containers":[{"name":"make-bucket","image":"'"$example_image"'","envFrom":[{"secretRef":{"name":"s3-creds"}}],"command":["python3","-c","import boto3; s3 = boto3.client(\"s3\"); s3.create_bucket(Bucket=\"crucible\") if \"crucible\" not in [b[\"Name\"] for b in s3.list_buckets()[\"Buckets\"]] else None"]}]}}'
+    --overrides '{"spec":{"containers":[{"name":"make-bucket","image":"'"$example_image"'","envFrom":[{"secretRef":{"name":"s3-creds"}}],"command":["python3","-c","import boto3; b = boto3.resource(\"s3\").Bucket(\"crucible\"); b.create() if b.creation_date is None else None; b.objects.filter(Prefix=\"runs/example/\").delete()"]}]}}'
   wait_for 180 "the bucket (kubectl -n $ns logs make-bucket)" bash -c \
     "kubectl --context $ctx -n $ns get pod make-bucket -o jsonpath='{.status.phase}' | grep -x Succeeded"
+  k -n "$ns" delete pod make-bucket --wait=false   # it would hold the image on its node
   k apply -f "$here/pretrainjob.yaml"
   wait_for 300 "the example job Running" bash -c \
     "kubectl --context $ctx -n $ns get ptj example -o jsonpath='{.status.phase}' | grep -x Running"
 }
 
+# The image ID a pod's container runs, from its node's container runtime (CRI ContainerStatus
+# imageId: the config digest, which `docker images` shows). The pod status's imageID is a
+# repository digest instead, which `docker save` + import changes.
+pod_image_id() {
+  local node cid
+  node=$(k -n "$1" get pod "$2" -o jsonpath='{.spec.nodeName}')
+  cid=$(k -n "$1" get pod "$2" -o jsonpath='{.status.containerStatuses[0].containerID}')
+  docker exec "$node" crictl inspect -o go-template --template '{{.status.imageId}}' "${cid#*://}"
+}
+
+check_image_ids() {
+  local pod want got
+  wait_for 300 "pod example-$(status podGeneration)-0 Running" bash -c \
+    "kubectl --context $ctx -n $ns get pod example-\$(kubectl --context $ctx -n $ns get ptj example -o jsonpath='{.status.podGeneration}')-0 -o jsonpath='{.status.phase}' | grep -x Running" >/dev/null
+  for pair in "crucible-system $(k -n crucible-system get pod -l app.kubernetes.io/name=crucible-operator \
+      -o jsonpath='{.items[0].metadata.name}') $operator_image" \
+      "$ns example-$(status podGeneration)-0 $example_image"; do
+    read -r pns pod image <<<"$pair"
+    want=$(docker image inspect -f '{{.Id}}' "$image")
+    got=$(pod_image_id "$pns" "$pod")
+    [[ "$got" == "$want" ]] || die "$pns/$pod runs image $got, but docker has $image as $want"
+    echo "$pns/$pod runs $image, image ID $got (= docker images)"
+  done
+}
+
+up() {
+  part docker-engine "$repo/e2e/host/docker.sh"
+  say "kind cluster $cluster"
+  part cluster env CRUCIBLE_KIND_CLUSTER="$cluster" "$here/cluster.sh" up
+  for tool in kind kubectl helm; do
+    command -v "$tool" >/dev/null || die "$tool is not on PATH"
+  done
+  say "images"
+  part app-images build_images
+  part reset-job reset_job
+  part load-images load_images
+  say "chart"
+  part chart install_chart
+  say "S3 and the example job"
+  part start-job start_job
+  part image-ids check_image_ids
+}
+
 chaos() {
-  say "wait for a committed checkpoint"
-  local ckpt gen step pod0 node restarts
-  ckpt=$(wait_for 900 "a checkpoint" status lastCheckpoint.step)
-  echo "checkpoint at step $ckpt"
-
-  say "delete a worker pod: the survivors re-rendezvous, the operator recreates it"
-  gen=$(status podGeneration)
-  step=$(status step)
-  k -n "$ns" delete pod "example-$gen-1" --wait=false
-  wait_for 300 "step to pass $step after the pod deletion" bash -c \
-    "s=\$(kubectl --context $ctx -n $ns get ptj example -o jsonpath='{.status.step}'); (( s > $step )) && echo \$s"
-  wait_for 300 "the pod recreated and Running" bash -c \
-    "kubectl --context $ctx -n $ns get pod example-$gen-1 -o jsonpath='{.status.phase}' | grep -x Running"
-
-  say "kill the node under pod 0: the operator restarts the group elsewhere, it resumes"
-  gen=$(status podGeneration)
-  pod0="example-$gen-0"
-  node=$(k -n "$ns" get pod "$pod0" -o jsonpath='{.spec.nodeName}')
-  ckpt=$(status lastCheckpoint.step)
-  echo "pod 0 on $node; newest checkpoint step $ckpt"
-  docker kill "$node"
-  wait_for 300 "a new generation" bash -c \
-    "g=\$(kubectl --context $ctx -n $ns get ptj example -o jsonpath='{.status.podGeneration}'); (( g > $gen )) && echo \$g"
-  # status.step still holds the old generation's last step until the new one reports: wait for
-  # the new pod 0's "resumed from" first, then for a step past it.
-  pod0="example-$(status podGeneration)-0"
-  local resumed
-  resumed=$(wait_for 600 "$pod0 to resume from a checkpoint" bash -c \
-    "kubectl --context $ctx -n $ns logs $pod0 2>/dev/null | sed -n 's/.*resumed from .*(step \\([0-9]*\\).*/\\1/p' | head -1")
-  echo "$pod0 resumed from step $resumed"
-  (( resumed >= ckpt )) || die "$pod0 resumed from step $resumed, older than the newest checkpoint $ckpt"
-  wait_for 600 "the new generation to train past step $resumed" bash -c \
-    "s=\$(kubectl --context $ctx -n $ns get ptj example -o jsonpath='{.status.step}'); (( s > $resumed )) && echo \$s"
-  restarts=$(k -n "$ns" get ptj example -o jsonpath='{.status.restarts.byCause}')
-  echo "restarts by cause: $restarts"
-  [[ "$restarts" == *NodeFailure* ]] || die "no NodeFailure restart recorded"
-  k get node "$node" -o jsonpath='{.spec.unschedulable}' | grep -qx true || die "$node not cordoned"
-  # The node back, and trusted again (the operator avoids a node it cordoned until uncordoned).
-  docker start "$node"
-  k wait --for=condition=Ready "node/$node" --timeout=180s
-  k uncordon "$node"
-  say "chaos survived: resumed from step $ckpt after a pod deletion and a node loss"
+  say "chaos (e2e/kind/chaos.sh); results in $klog/chaos-results.tsv"
+  part chaos env CRUCIBLE_KIND_CLUSTER="$cluster" "$here/chaos.sh"
 }
 
 pytest_suite() {
   say "pytest against the kind cluster"
   local kubeconfig="$here/.kubeconfig"
   kind get kubeconfig --name "$cluster" > "$kubeconfig"
-  local workers
-  workers=$(k get nodes -l '!node-role.kubernetes.io/control-plane' \
-    -o jsonpath='{range .items[*]}{.metadata.name},{end}')
+  local names
+  names=$(workers)
+  names=${names% }
   cat > "$here/.env" <<ENV
 export KUBECONFIG=$kubeconfig
-export CRUCIBLE_KWOK_NODE_NAMES=${workers%,}
+export CRUCIBLE_KWOK_NODE_NAMES=${names// /,}
 export CRUCIBLE_KWOK_LABEL=crucible.dev/kwok-not-used
 ENV
   # The chart tests install a second release serving their own namespace, with the real operator
@@ -181,8 +251,9 @@ down() { CRUCIBLE_KIND_CLUSTER="$cluster" "$here/cluster.sh" down; }
 case "${1:-all}" in
   up) up ;;
   chaos) chaos ;;
-  pytest) pytest_suite ;;
+  pytest) part pytest pytest_suite ;;
   down) down ;;
-  all) up; chaos; pytest_suite ;;
+  all) start=$SECONDS; up; chaos; part pytest pytest_suite
+       say "kind end to end passed in $((SECONDS - start))s" ;;
   *) die "usage: $0 [up|chaos|pytest|down|all]" ;;
 esac

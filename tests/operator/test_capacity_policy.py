@@ -16,6 +16,7 @@ from crucible.operator import capacity
 from crucible.operator import manifests as m
 from crucible.operator.decision import decide
 from crucible.operator.cluster_policy import ClusterPolicy
+from crucible.operator.observed import pod_view
 from tests.operator import builders as b
 from tests.operator.test_decision import acts, cond, reasons, running_status
 
@@ -263,3 +264,55 @@ def test_one_node_failure_under_several_pods_counts_once_toward_an_infrastructur
 def test_a_failed_job_says_why_in_its_message():
     out = decide(b.job(nodes={"min": 5, "max": 2}), b.observed(), b.at(0))
     assert out.status["message"].startswith("Failed: InvalidSpec:")
+
+
+def _waiting_avoiding(node: str):
+    """Pod 1 of a running 2-pod job, still waiting for a node, rendered to keep off `node`."""
+    body = b.pod_body(0, 1, phase="Pending", node=None, spec_hash=HD,
+                      unschedulable="0/4 nodes are available: 1 node(s) didn't match Pod's "
+                                    "node affinity/selector, 3 Insufficient nvidia.com/gpu.")
+    body["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [node]}]}]}}}
+    return [b.pod(0, 0, node="gpu-node-0", spec_hash=HD), pod_view(body)]
+
+
+def test_a_pending_pod_kept_off_a_node_trusted_again_is_recreated_uncounted():
+    entry = {"node": "gpu-node-2", "since": b.ts(100), "cordoned": True}
+    pods = _waiting_avoiding("gpu-node-2")
+    assert pods[1].avoided_nodes == ("gpu-node-2",)
+    # Still cordoned: the pod keeps waiting as it is.
+    cordoned = b.healthy_nodes()
+    cordoned["gpu-node-2"] = b.node("gpu-node-2", unschedulable=True)
+    held = decide(b.job(status=_bad(entry)), b.observed(pods, nodes=cordoned,
+                                                        lease_view_=b.lease(10, 200)), b.at(200))
+    assert not acts(held, "delete") and "NodeTrusted" not in reasons(held)
+    # Uncordoned and Ready: the waiting pod is deleted, not counted as a failure...
+    out = decide(b.job(status=_bad(entry)), b.observed(pods, nodes=b.healthy_nodes(),
+                                                       lease_view_=b.lease(10, 210)), b.at(210))
+    assert acts(out, "delete") == [("delete", "Pod", "gpt-0-1")]
+    assert "NodeTrusted" in reasons(out)
+    assert out.status["tracking"]["badNodes"] == []
+    # ...nor when its deletion is observed; once gone it comes back without the constraint.
+    deleting = [pods[0], b.pod(0, 1, phase="Pending", node=None, spec_hash=HD, deletion=215)]
+    seen = decide(b.job(status=out.status), b.observed(deleting, nodes=b.healthy_nodes(),
+                                                       lease_view_=b.lease(11, 215)), b.at(215))
+    gone = decide(b.job(status=seen.status), b.observed(pods[:1], nodes=b.healthy_nodes(),
+                                                        lease_view_=b.lease(12, 220)), b.at(220))
+    for later in (seen, gone):
+        assert later.status["restarts"]["total"] == 0
+    created = {a.name: a.body for a in gone.actions if a.verb == "create" and a.kind == "Pod"}
+    assert "affinity" not in created["gpt-0-1"]["spec"]
+
+
+def test_a_running_pod_is_never_recreated_for_its_affinity():
+    pods = _waiting_avoiding("gpu-node-2")
+    body = b.pod_body(0, 1, node="gpu-node-1", spec_hash=HD)
+    body["spec"]["affinity"] = {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+                                   "values": ["gpu-node-2"]}]}]}}}
+    out = decide(b.job(status=running_status()),
+                 b.observed([pods[0], pod_view(body)], nodes=b.healthy_nodes(),
+                            lease_view_=b.lease(10, 200)), b.at(200))
+    assert not acts(out, "delete") and "NodeTrusted" not in reasons(out)

@@ -166,6 +166,9 @@ def test_scheduling_fields_and_anti_affinity_to_bad_nodes():
     assert expr == {"key": "kubernetes.io/hostname", "operator": "NotIn",
                     "values": ["gpu-node-2", "gpu-node-7"]}
     assert "affinity" not in _pod()["spec"]
+    # Read back from the pod as the operator observes it, to recreate a waiting pod.
+    assert m.avoided_nodes(spec) == ("gpu-node-2", "gpu-node-7")
+    assert m.avoided_nodes(_pod()["spec"]) == ()
     assert _pod()["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "8"}}
 
 
