@@ -1,6 +1,7 @@
 # Crucible: set-up and tests. Everything heavy is cached under ~/.cache/crucible, not in the repo.
 #   make demo    install everything and run `crucible demo` (outputs under runs/demo)
-#   make test    install everything, start the local stack, run the whole test suite
+#   make test    install everything, start the local stack and a Docker engine, build the images, run
+#                the whole test suite, then the kind end to end with its chaos (KIND=0: without it)
 #   make venv    only the Python environment
 #   make stack   only build and start the local stack (e2e/stack.sh up)
 #   make test-data  Debian packages whose real text the corpus tests read (installs only what is missing)
@@ -21,7 +22,7 @@ STAMP := $(VENV)/.crucible-$(DEPS_KEY)
 PYTEST_ARGS ?=
 
 .PHONY: test demo venv stack stack-down test-data images images-push operator-context trainer-context \
-	requirements base
+	requirements base local-images
 
 # Images: tagged with the package version; REGISTRY (e.g. registry.example/team) prefixes them.
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
@@ -30,8 +31,23 @@ IMAGE_PREFIX := $(if $(REGISTRY),$(REGISTRY)/,)
 OPERATOR_IMAGE := $(IMAGE_PREFIX)crucible-operator:$(VERSION)
 TRAINER_IMAGE := $(IMAGE_PREFIX)crucible-trainer:$(VERSION)
 
-test: venv stack test-data
+# The whole suite: the images are built first (so the `docker` tests check these very images),
+# then pytest against the local stack, then the kind end to end with its chaos (e2e/kind/run.sh;
+# its cluster is kept for the next run). KIND=0 leaves the kind part out (for a quick local loop;
+# CI runs all of it).
+KIND ?= 1
+test: venv stack test-data local-images
 	$(PY) -m pytest $(PYTEST_ARGS)
+ifeq ($(KIND),1)
+	e2e/kind/run.sh all
+endif
+
+# A Docker engine (started when `docker info` fails) and both images, on the Debian base made here
+# when the Dockerfiles' public bases are not in the image store (no registry is reachable here).
+local-images:
+	e2e/host/docker.sh
+	$(MAKE) --no-print-directory base
+	MAKEFLAGS=--no-print-directory $(MAKE) --no-print-directory images
 
 # The main job, offline on this machine: corpus -> tokenizer -> FSDP training on 2 CPU processes.
 demo: venv

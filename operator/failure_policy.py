@@ -19,7 +19,7 @@ from crucible.operator import failures as f
 from crucible.operator import manifests as m
 from crucible.operator import progress
 from crucible.operator.observed import PodView
-from crucible.operator.outcome import RUNNING, Pass
+from crucible.operator.outcome import FAILED, RUNNING, Pass
 
 MAX_BAD_NODES = 32     # anti-affinity list per job; older entries drop off
 
@@ -50,6 +50,8 @@ def restart_needed(p: Pass, current: dict[int, PodView]) -> bool:
             return True
         if failure and failure.counted:
             _application_failure(p, failure)
+            if pod.index != 0 and p.status.get("phase") != FAILED:
+                _suspect_store_host(p, current.get(0))
             return True
     for index, uid in (p.track.get("members") or {}).items():
         pod = current.get(int(index))
@@ -90,6 +92,64 @@ def _store_lost(p: Pass, current: dict[int, PodView]) -> f.Failure | None:
         return f.Failure("NodeFailure", f.INFRASTRUCTURE, f"{broken.message} under pod "
                          f"{pod.name}, and {exited[0].name} exited without its store")
     return None
+
+
+# How long after a survivor's exit the store host's node may still be found dead for the exit to
+# be its loss: the node controller marks a silent node Unknown after its monitor grace (40-50 s by
+# default), and a node failure is judged after nodeFailureGraceSeconds on top.
+STORE_LOSS_WINDOW_S = 120
+
+
+def _suspect_store_host(p: Pass, pod0: PodView | None):
+    """A pod other than pod 0 failed while pod 0, the c10d store's host, still looked alive. When
+    pod 0's whole node dies, the survivors can exit within seconds (their connections to it are
+    reset), long before the node controller marks the node: the restart then reads as the
+    program's. Remember pod 0's node; `recount_store_loss` settles it."""
+    if pod0 is None or pod0.terminated or not pod0.node:
+        p.track.pop("storeHostSuspect", None)
+        return
+    p.track["storeHostSuspect"] = {"node": pod0.node, "pod": pod0.name,
+                                   "at": format_time(p.now)}
+
+
+def recount_store_loss(p: Pass):
+    """A restart counted as an application failure whose store host's node is found dead within
+    STORE_LOSS_WINDOW_S (and stays dead past nodeFailureGraceSeconds) was the node's loss:
+    counted again as a NodeFailure (the restart budget gets its restart back), and the node is
+    quarantined as any failed node is."""
+    suspect = p.track.get("storeHostSuspect")
+    if not suspect:
+        return
+    at, grace = parse_time(suspect["at"]), p.spec.fault_tolerance.node_failure_grace_seconds
+    age = (p.now - at).total_seconds()
+    broken = p.node_broken(suspect["node"])
+    if broken is None or (broken.since is not None
+                          and (broken.since - at).total_seconds() > STORE_LOSS_WINDOW_S):
+        if age > STORE_LOSS_WINDOW_S:
+            p.track.pop("storeHostSuspect")         # the node lived: the exit was the program's
+        else:
+            p.wake(STORE_LOSS_WINDOW_S - age)
+        return
+    if broken.age_s(p.now) < grace:
+        p.wake(grace - broken.age_s(p.now))
+        return
+    p.track.pop("storeHostSuspect")
+    r = p.status.setdefault("restarts", {})
+    by = r.setdefault("byCause", {})
+    if r.get("application", 0) < 1 or by.get("ApplicationError", 0) < 1:
+        return
+    r["application"] -= 1
+    r[f.INFRASTRUCTURE] = r.get(f.INFRASTRUCTURE, 0) + 1
+    by["ApplicationError"] -= 1
+    if not by["ApplicationError"]:
+        del by["ApplicationError"]
+    by["NodeFailure"] = by.get("NodeFailure", 0) + 1
+    if p.track.get("noProgressFailures"):
+        p.track["noProgressFailures"] -= 1
+    p.event("Warning", "NodeFailure", f"{broken.message}: it hosted {suspect['pod']}, the c10d "
+            f"store, when another pod exited at {suspect['at']}; that restart is counted as a "
+            "NodeFailure, not as the program's")
+    _quarantine(p, broken, p.obs.nodes.get(suspect["node"]))
 
 
 def _application_failure(p: Pass, failure: f.Failure):

@@ -84,7 +84,9 @@ measure() {
   "$@"
   # The first step after the fault: status.step above the step the trainer resumed from (its log's
   # newest "resumed from", in pod 0 of the new generation or, for a restart inside the pod, in the
-  # same pod), or above step0 when nothing restarted (after min_quiet seconds).
+  # same pod), or above step0 when nothing restarted (after min_quiet seconds). With
+  # expect_restart set, only a step after a restart counts: a fault that must restart the group
+  # (the survivors of a lost peer step on until their collective fails) and never does times out.
   deadline=$((SECONDS + ${CRUCIBLE_CHAOS_WAIT_S:-600}))
   while ((SECONDS < deadline)); do
     g=$(st podGeneration); s=$(st step)
@@ -98,7 +100,7 @@ measure() {
       # until the new one reports): a step logged after the newest resume (a fresh start's step 1
       # counts).
       if (($(steps_since_resume "example-$g-0") > 0)); then first=$((SECONDS - t0)); break; fi
-    elif [[ -n "$s" ]] && ((s > step0 && SECONDS - t0 >= ${min_quiet:-0})); then
+    elif [[ -z "${expect_restart:-}" && -n "$s" ]] && ((s > step0 && SECONDS - t0 >= ${min_quiet:-0})); then
       first=$((SECONDS - t0)); break
     fi
     sleep 2
@@ -149,10 +151,18 @@ f_node_post() {
   # The node controller's taint and the operator's cordon, then the node back and repaired: the
   # job trusts it again and its pods fill both workers (a pod created to avoid that node while it
   # was down is recreated without the constraint).
-  local node causes; node=$(cat "$state/killed-node")
-  causes=$(st restarts.byCause)
+  # The survivor may exit (its connections to the dead node reset) before the node controller
+  # marks the node: the operator then counts the restart again once the node is judged.
+  local node causes cordoned; node=$(cat "$state/killed-node")
+  for _ in $(seq 60); do
+    causes=$(st restarts.byCause)
+    cordoned=$(k get node "$node" -o jsonpath='{.spec.unschedulable}')
+    [[ "$causes" == *NodeFailure* && "$cordoned" == true ]] && break
+    sleep 3
+  done
   [[ "$causes" == *NodeFailure* ]] || die "node kill: no NodeFailure restart recorded ($causes)"
-  [[ "$(k get node "$node" -o jsonpath='{.spec.unschedulable}')" == true ]] || die "node kill: $node not cordoned"
+  [[ "$cordoned" == true ]] || die "node kill: $node not cordoned"
+  echo "node kill: restarts by cause $causes; $node cordoned"
   docker start "$node" >/dev/null
   k wait --for=condition=Ready "node/$node" --timeout=180s >/dev/null
   k uncordon "$node" >/dev/null
@@ -216,11 +226,11 @@ netpol() {
 state=$(mktemp -d); trap 'rm -rf "$state"' EXIT
 for fault in "$@"; do
   case "$fault" in
-    pod) measure "worker pod deleted" f_pod ;;
-    node) measure "docker kill node" f_node ;;
-    sigkill) measure sigkill f_sigkill ;;
-    sigstop) measure sigstop f_sigstop ;;
-    pause) measure "docker pause ${CRUCIBLE_CHAOS_PAUSE_S:-60}s" f_pause ;;
+    pod) expect_restart=1 measure "worker pod deleted" f_pod ;;
+    node) expect_restart=1 measure "docker kill node" f_node ;;
+    sigkill) expect_restart=1 measure sigkill f_sigkill ;;
+    sigstop) expect_restart=1 measure sigstop f_sigstop ;;
+    pause) expect_restart=1 measure "docker pause ${CRUCIBLE_CHAOS_PAUSE_S:-60}s" f_pause ;;
     operator) min_quiet=5 measure "operator pod deleted" f_operator ;;
     s3) min_quiet=5 measure "S3 restarted mid-save" f_s3 ;;
     netpol) netpol ;;

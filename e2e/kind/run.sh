@@ -64,12 +64,14 @@ wait_for() {
 }
 
 # True when every node in the comma-separated list $2 already holds image $1 with the ID docker
-# has for it (kind load re-imports 6.6 GB otherwise).
+# has for it (a load re-imports gigabytes otherwise): looked up by name through the CRI.
 images_loaded() {
-  local want node
+  local want node ref=$1
   want=$(docker image inspect -f '{{.Id}}' "$1")
+  [[ "$ref" == */* ]] || ref="docker.io/library/$ref"
   for node in ${2//,/ }; do
-    docker exec "$node" crictl images --no-trunc -o json 2>/dev/null | grep -q "\"$want\"" || return 1
+    [[ "$(docker exec "$node" crictl inspecti -o go-template --template '{{.status.id}}' "$ref" 2>/dev/null)" == "$want" ]] \
+      || return 1
   done
 }
 
@@ -117,12 +119,11 @@ reset_job() {
   k -n "$ns" wait --for=delete pod -l crucible.dev/job=example --timeout=180s 2>/dev/null || true
 }
 
-# What an earlier import left on node $1 besides images: the import-DATE@sha256 names `ctr images
-# import --digests` gives (kind load's, and older loads'), and leases of an import that was cut
-# off (they keep its content from containerd's garbage collection for 24 hours).
-clean_node() {
+# Leases of an import that was cut off on node $1: they keep its content from containerd's
+# garbage collection for 24 hours (images themselves are removed through the CRI, crictl rmi:
+# removing them with ctr behind its back leaves the CRI listing images that are gone).
+clean_leases() {
   docker exec "$1" sh -c '
-    for ref in $(ctr -n k8s.io images ls -q | grep "^import-"); do ctr -n k8s.io images rm "$ref"; done
     now=$(date +%s)
     ctr -n k8s.io leases ls | tail -n +2 | while read -r id created _; do
       [ $((now - $(date -d "$created" +%s))) -gt 600 ] && ctr -n k8s.io leases rm "$id"
@@ -141,7 +142,7 @@ load_images() {
   id=$(docker image inspect -f '{{.Id}}' "$example_image")
   # An earlier example image is dropped from the workers first: each costs ~10 GB a node.
   for node in $(workers); do
-    clean_node "$node"
+    clean_leases "$node"
     for stale in $(stale_images "${example_image%:*}" "$node" "$id"); do
       # One still in use (a pod of another job, say) stays; the load then needs more room.
       docker exec "$node" crictl rmi "$stale" >/dev/null 2>&1 || echo "$node: $stale is in use; kept"

@@ -316,3 +316,59 @@ def test_a_running_pod_is_never_recreated_for_its_affinity():
                  b.observed([pods[0], pod_view(body)], nodes=b.healthy_nodes(),
                             lease_view_=b.lease(10, 200)), b.at(200))
     assert not acts(out, "delete") and "NodeTrusted" not in reasons(out)
+
+
+# --- a survivor's exit that was its store host's node dying --------------------------------------
+TWO = {"nodes": {"min": 1, "max": 2}, "faultTolerance": {"nodeFailureGraceSeconds": 10}}
+H2 = m.spec_hash(b.spec(**TWO))
+
+
+def _survivor_exits(t=100):
+    """Pod 1 exits 1 while pod 0 (the store host) still looks alive on a Ready node."""
+    pods = [b.pod(0, 0, node="gpu-node-0", spec_hash=H2),
+            b.pod(0, 1, node="gpu-node-1", spec_hash=H2, phase="Failed", exit_code=1,
+                  finished=t - 1)]
+    status = running_status(members={"0": "uid-gpt-0-0", "1": "uid-gpt-0-1"})
+    out = decide(b.job(status=status, **TWO), b.observed(pods, nodes=b.healthy_nodes()), b.at(t))
+    assert out.status["restarts"]["application"] == 1 and out.status["podGeneration"] == 1
+    assert out.status["tracking"]["storeHostSuspect"]["node"] == "gpu-node-0"
+    return out
+
+
+def _later(prev, t, nodes):
+    return decide(b.job(status=prev.status, **TWO), b.observed([], nodes=nodes), b.at(t))
+
+
+def test_a_survivors_exit_is_recounted_as_its_store_hosts_node_failure():
+    out = _survivor_exits()
+    dead = b.healthy_nodes()
+    dead["gpu-node-0"] = b.node("gpu-node-0", ready="Unknown", since=150)
+    early = _later(out, 155, dead)                 # within nodeFailureGraceSeconds: not yet
+    assert early.status["restarts"]["application"] == 1 and not acts(early, "patch_node")
+    assert early.wake_in_s == pytest.approx(5)
+    late = _later(early, 160, dead)
+    r = late.status["restarts"]
+    assert (r["application"], r["infrastructure"], r["total"]) == (0, 1, 1)
+    assert r["byCause"] == {"NodeFailure": 1}
+    (patch,) = acts(late, "patch_node")
+    assert patch[2] == "gpu-node-0"
+    assert [e["node"] for e in late.status["tracking"]["badNodes"]] == ["gpu-node-0"]
+    assert "storeHostSuspect" not in late.status["tracking"]
+    assert "NodeFailure" in reasons(late)
+    # Settled once: later passes never recount it again.
+    again = _later(late, 200, dead)
+    assert again.status["restarts"] == r
+
+
+def test_a_survivors_exit_stays_the_programs_when_the_store_host_lives_on():
+    out = _survivor_exits()
+    within = _later(out, 150, b.healthy_nodes())
+    assert within.status["tracking"].get("storeHostSuspect") and within.wake_in_s > 0
+    after = _later(within, 100 + 121, b.healthy_nodes())
+    assert "storeHostSuspect" not in after.status["tracking"]
+    # A node failure well after the window is another story, not this restart's cause.
+    dead = b.healthy_nodes()
+    dead["gpu-node-0"] = b.node("gpu-node-0", ready="Unknown", since=400)
+    much_later = _later(after, 500, dead)
+    assert much_later.status["restarts"]["application"] == 1
+    assert much_later.status["restarts"]["byCause"] == {"ApplicationError": 1}
