@@ -39,7 +39,7 @@ KIND ?= 1
 test: venv stack test-data local-images
 	$(PY) -m pytest $(PYTEST_ARGS)
 ifeq ($(KIND),1)
-	e2e/kind/run.sh all
+	CRUCIBLE_VENV=$(VENV) e2e/kind/run.sh all
 endif
 
 # A Docker engine (started when `docker info` fails) and both images, on the Debian base made here

@@ -200,6 +200,17 @@ f_s3_pre() {
   local every s; every=$(k -n "$ns" get ptj example -o jsonpath='{.spec.checkpoint.everySteps}')
   for _ in $(seq 300); do s=$(st step); (( s % every >= every - 3 )) && break; sleep 0.5; done
 }
+f_s3_post() {
+  # The save that S3's stop interrupted is retried: a newer checkpoint than the one at the fault
+  # gets committed once S3 is back.
+  local before=$ckpt0 now
+  for _ in $(seq 90); do
+    now=$(st lastCheckpoint.step)
+    ((now > before)) && { echo "S3 back: checkpoint step $now committed (newest at the fault: $before)"; return 0; }
+    sleep 2
+  done
+  die "S3 restart: no checkpoint committed after step $before within 180 s"
+}
 f_s3() {
   local s cid; s=$(st step)
   cid=$(docker exec "$cluster-control-plane" crictl ps --name seaweedfs -q | head -1)
