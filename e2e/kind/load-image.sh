@@ -18,5 +18,16 @@ image=$1; shift
 (($#)) || { echo "usage: $0 IMAGE NODE..." >&2; exit 2; }
 cache="${CRUCIBLE_CACHE:-$HOME/.cache/crucible}/kind/layers/$(echo "${image%:*}" | tr '/' '_')"
 start=$SECONDS
-docker save "$image" | python3 "$here/load_image.py" "$cache" "$@"
+digests=- held=-
+if [[ -n "$(ls -A "$cache" 2>/dev/null)" ]]; then   # a warm cache: pass 1 maps layers to entries
+  digests="$(mktemp)" held="$(mktemp)"; trap 'rm -f "$digests" "$held"' EXIT
+  docker save "$image" | python3 "$here/load_image.py" --digests > "$digests"
+  # The blobs every node holds already (listed in each node, kept when in all of them).
+  for node in "$@"; do
+    docker exec "$node" ctr -n k8s.io content ls -q 2>/dev/null | sort -u > "$held.$node"
+  done
+  cat "$held".* | sort | uniq -c | awk -v n=$# '$1 == n {print $2}' > "$held"
+  rm -f "$held".*
+fi
+docker save "$image" | python3 "$here/load_image.py" "$cache" "$digests" "$held" "$@"
 echo "$image: loaded into $* in $((SECONDS - start))s"

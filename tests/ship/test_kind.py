@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import importlib.util
 import io
+import json
 import re
 import subprocess
 import sys
@@ -58,18 +59,22 @@ def test_example_job_and_s3_objects_pass_a_server_side_dry_run(kube, namespace):
 
 
 def _saved_image(layers: dict[str, bytes]) -> bytes:
-    """A `docker save`-shaped archive: one folder per layer (VERSION, json, layer.tar)."""
+    """A `docker save`-shaped archive: one folder per layer (VERSION, json, layer.tar), the
+    image config, manifest.json."""
+    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {
+        "type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(d).hexdigest()
+                                       for d in layers.values()]}}).encode()
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": ["crucible-test:1"],
+                            "Layers": [f"{folder}/layer.tar" for folder in layers]}]).encode()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for folder, data in layers.items():
-            for name, content in (("VERSION", b"1.0"), ("json", b"{}"), ("layer.tar", data)):
-                info = tarfile.TarInfo(f"{folder}/{name}")
-                info.size = len(content)
-                tar.addfile(info, io.BytesIO(content))
-        manifest = b'[{"Layers": []}]'
-        info = tarfile.TarInfo("manifest.json")
-        info.size = len(manifest)
-        tar.addfile(info, io.BytesIO(manifest))
+        files = [(f"{folder}/{name}", content) for folder, data in layers.items()
+                 for name, content in (("VERSION", b"1.0"), ("json", b"{}"), ("layer.tar", data))]
+        for name, content in sorted(files) + [(config_name, config), ("manifest.json", manifest)]:
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
     return buf.getvalue()
 
 
@@ -79,16 +84,50 @@ def test_the_image_loader_caches_gzipped_layers_by_digest(tmp_path, monkeypatch,
     spec.loader.exec_module(loader)
     base, app, app2 = b"base layer " * 1000, b"app layer v1", b"app layer v2"
 
-    def load(layers):  # no node: the archive is made and checked, then dropped
-        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(_saved_image(layers))))
-        assert loader.main(str(tmp_path), []) == 0
+    sent = []
+
+    class Collect:  # stands in for the nodes' importers: no kind node here
+        def __init__(self, nodes, free_disk_of):
+            sent.append(io.BytesIO())
+
+        def write(self, data):
+            return sent[-1].write(data)
+
+        def close(self):
+            return []
+
+    monkeypatch.setattr(loader, "FanOut", Collect)
+
+    def load(layers, two_passes):
+        archive = _saved_image(layers)
+        digests = loader.layer_digests(io.BytesIO(archive)) if two_passes else {}
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(archive)))
+        assert loader.main(str(tmp_path), digests, []) == 0
         return capsys.readouterr().err
 
     # Folder names change with every image (Docker folds in its creation time); digests do not.
-    assert "2 layers, 0 of them gzipped" in load({"aaa": base, "bbb": app})
-    assert "2 layers, 1 of them gzipped" in load({"zzz": base, "yyy": app2})
+    assert "2 layers, 0 of them gzipped" in load({"aaa": base, "bbb": app}, two_passes=False)
+    assert "2 layers, 1 of them gzipped" in load({"zzz": base, "yyy": app2}, two_passes=True)
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == sorted(hashlib.sha256(d).hexdigest() + ".gz" for d in (base, app2))
+    assert names == sorted(hashlib.sha256(d).hexdigest() + ext for d in (base, app2)
+                           for ext in (".gz", ".digest"))
     for data in (base, app2):   # the old app layer is gone; each entry holds its layer
         assert gzip.decompress((tmp_path / (hashlib.sha256(data).hexdigest() + ".gz"))
                                .read_bytes()) == data
+    # What the nodes get: an OCI layout naming the image, its config (the image ID) and each
+    # layer gzipped under its own digest, in the config's layer order.
+    with tarfile.open(fileobj=io.BytesIO(sent[-1].getvalue())) as oci:
+        blobs = {m.name: oci.extractfile(m).read() for m in oci.getmembers()}
+    (entry,) = json.loads(blobs["index.json"])["manifests"]
+    assert entry["annotations"]["io.containerd.image.name"] == "docker.io/library/crucible-test:1"
+    manifest = json.loads(blobs["blobs/sha256/" + entry["digest"].split(":")[1]])
+    config = blobs["blobs/sha256/" + manifest["config"]["digest"].split(":")[1]]
+    assert manifest["config"]["digest"] == "sha256:" + hashlib.sha256(config).hexdigest()
+    layers = [blobs["blobs/sha256/" + d["digest"].split(":")[1]] for d in manifest["layers"]]
+    assert [gzip.decompress(layer) for layer in layers] == [base, app2]
+    assert all(d["digest"] == "sha256:" + hashlib.sha256(layer).hexdigest()
+               for d, layer in zip(manifest["layers"], layers))
+    # A layer that differs from what pass 1 saw (an image rebuilt in between) stops the load.
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(_saved_image({"q": b"new"}))))
+    with pytest.raises(SystemExit, match="changed between two"):
+        loader.main(str(tmp_path), {"q/layer.tar": hashlib.sha256(b"old").hexdigest()}, [])
