@@ -134,16 +134,9 @@ def recount_store_loss(p: Pass):
         p.wake(grace - broken.age_s(p.now))
         return
     p.track.pop("storeHostSuspect")
-    r = p.status.setdefault("restarts", {})
-    by = r.setdefault("byCause", {})
-    if r.get("application", 0) < 1 or by.get("ApplicationError", 0) < 1:
+    if not p.recount(f.Failure("ApplicationError", f.APPLICATION, ""),
+                     f.Failure("NodeFailure", f.INFRASTRUCTURE, broken.message)):
         return
-    r["application"] -= 1
-    r[f.INFRASTRUCTURE] = r.get(f.INFRASTRUCTURE, 0) + 1
-    by["ApplicationError"] -= 1
-    if not by["ApplicationError"]:
-        del by["ApplicationError"]
-    by["NodeFailure"] = by.get("NodeFailure", 0) + 1
     if p.track.get("noProgressFailures"):
         p.track["noProgressFailures"] -= 1
     p.event("Warning", "NodeFailure", f"{broken.message}: it hosted {suspect['pod']}, the c10d "

@@ -126,6 +126,21 @@ class Pass:
         self.restarts.append(failure)
         self.lose_work()
 
+    def recount(self, was: f.Failure, now: f.Failure) -> bool:
+        """A restart counted as `was` turns out to have been `now`: moved between kinds and
+        causes (no new restart, no work lost again). False when there is no such count."""
+        r = self.status.setdefault("restarts", {})
+        by = r.setdefault("byCause", {})
+        if r.get(was.kind, 0) < 1 or by.get(was.cause, 0) < 1:
+            return False
+        r[was.kind] -= 1
+        by[was.cause] -= 1
+        if not by[was.cause]:
+            del by[was.cause]
+        r[now.kind] = r.get(now.kind, 0) + 1
+        by[now.cause] = by.get(now.cause, 0) + 1
+        return True
+
     def lose_work(self):
         """Every restart sends the trainer back to its last committed checkpoint."""
         self.track["lastDisruption"] = format_time(self.now)
