@@ -256,7 +256,10 @@ def test_helm_install_puts_the_operator_and_its_rbac_in_place(kube, release):
     name = f"{release.name}-crucible-operator"
     deploy = apps.read_namespaced_deployment(name, release.namespace)
     assert deploy.spec.replicas == 2 and deploy.spec.strategy.type == "RollingUpdate"
-    assert deploy.status.available_replicas == 2  # helm --wait saw it Available (KWOK runs it)
+    # helm --wait counts a Deployment ready at replicas - maxUnavailable (1 of 2 here), so the
+    # second replica may still be starting when it returns (on kind it is a real container).
+    assert eventually(lambda: apps.read_namespaced_deployment(name, release.namespace)
+                      .status.available_replicas == 2, 120, "both operator replicas Available")
     assert f"--leader-election-namespace={release.namespace}" in \
         deploy.spec.template.spec.containers[0].args
     leader_role = rbac_api.read_namespaced_role(f"{name}-leader", release.namespace)
