@@ -31,6 +31,8 @@ COMMANDS: list[tuple[str, str]] = [
      "--emit-job prints a PretrainJob."),
     ("review", "Review a PretrainJob, torchtitan or nanoGPT config stage by stage; exits 1 on "
      "errors."),
+    ("simulate", "Goodput of a job at scale under failures (discrete-event simulation): where the "
+     "wall time goes, S3-only vs in-memory checkpoints, Llama 3's failure mix."),
     ("decide", "Pretrain, continue pretraining or fine-tune: costs side by side, a recommendation "
      "and what would flip it."),
     ("corpus", "Build a filtered, deduplicated, mixed text corpus from raw sources, with a report "
