@@ -11,6 +11,10 @@ PretrainJob) and the trainer only patches it, every few seconds, with a `Progres
   crucible.dev/checkpoint-step  newest committed checkpoint: its step, URI and commit time
   crucible.dev/checkpoint-uri
   crucible.dev/checkpoint-time
+  crucible.dev/restore-source   the last restore: where from (memory, peer, s3, disk), its step,
+  crucible.dev/restore-step     how long it took and when it ended
+  crucible.dev/restore-seconds
+  crucible.dev/restore-time
 
 `to_annotations` and `from_annotations` are the only writer and reader of these keys, and
 `format_time` is the only way a time is written: RFC 3339 in UTC with a "Z" suffix, as the
@@ -72,6 +76,15 @@ class CommitRef(NamedTuple):
     time: dt.datetime
 
 
+class RestoreRef(NamedTuple):
+    """The last restore, as the report tells it."""
+
+    source: str
+    step: int
+    seconds: float
+    time: dt.datetime
+
+
 # Per field: (annotation key, text -> value, value -> text).
 _CODECS = {
     "step": ("step", _int, str),
@@ -82,6 +95,10 @@ _CODECS = {
     "checkpoint_step": ("checkpoint-step", _int, str),
     "checkpoint_uri": ("checkpoint-uri", lambda text: text or None, str),
     "checkpoint_time": ("checkpoint-time", parse_time, format_time),
+    "restore_source": ("restore-source", lambda text: text or None, str),
+    "restore_step": ("restore-step", _int, str),
+    "restore_seconds": ("restore-seconds", _float, lambda v: f"{v:.3f}"),
+    "restore_time": ("restore-time", parse_time, format_time),
 }
 
 
@@ -97,6 +114,10 @@ class ProgressReport:
     checkpoint_step: int | None = None
     checkpoint_uri: str | None = None
     checkpoint_time: dt.datetime | None = None
+    restore_source: str | None = None
+    restore_step: int | None = None
+    restore_seconds: float | None = None
+    restore_time: dt.datetime | None = None
 
     def to_annotations(self) -> dict[str, str]:
         out = {}

@@ -243,6 +243,15 @@ class CheckpointSpec(Spec):
                             "(spike rollbacks need older checkpoints); 0: off.")
     async_: bool = Field(True, alias="async", description="Stage in memory, upload in the "
                          "background: training blocks only for the copy.")
+    in_memory_every_steps: int = Field(0, ge=0, description="Steps between in-memory "
+                                       "snapshots: each rank keeps its shard in host memory "
+                                       "(the pod's /dev/shm) and a copy on the next node, and a "
+                                       "restart at the same world size restores from them in "
+                                       "seconds, reading S3 only when both copies of a shard "
+                                       "are gone. 0: off. Each node needs 2 x inMemoryKeep x its "
+                                       "shards' size in spec.shmSizeLimit.")
+    in_memory_keep: int = Field(2, ge=1, le=16, description="In-memory snapshots kept per node "
+                                "(a guard rollback may restore an older one).")
     accept_changed_batch: bool = Field(False, description="Resume even though "
                                        "training.globalBatchTokens changed since the checkpoint: "
                                        "training continues at the first sample not yet trained "

@@ -172,6 +172,13 @@ def status_schema() -> dict:
         "uri": _str("Where it is."),
         "time": _str("When it was committed (RFC 3339)."),
     })
+    restore = _obj("The trainer's last restore of its state.", {
+        "source": _str("Where it read from: memory (each node's own), peer (a replaced node's "
+                       "shards from another node's copy), s3 or disk (checkpoint.uri)."),
+        "step": _int("The step restored."),
+        "seconds": _num("How long the restore took."),
+        "time": _str("When it finished (RFC 3339)."),
+    })
     pods = _obj("Worker pods of the current generation.", {
         "desired": _int("nodes.max"), "running": _int("Running."), "pending": _int("Pending."),
         "failed": _int("Failed, not yet replaced."), "lost": _int("On a failed node."),
@@ -196,6 +203,7 @@ def status_schema() -> dict:
         "lastProgressTime": _str("When `step` last advanced (from the progress Lease)."),
         "restarts": restarts,
         "lastCheckpoint": checkpoint,
+        "lastRestore": restore,
         "cordonedNodes": {"type": "array", "items": {"type": "string"},
                           "description": "Nodes this job cordoned after they failed under it."},
         "goodput": _num("Share of wall time (since start, suspended time excluded) that produced "

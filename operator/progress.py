@@ -2,7 +2,8 @@
 
 Owns three pure computations over `ProgressReport` and the job's status:
 
-- `report`: step, tokensSeen, loss, worldSize, lastProgressTime and lastCheckpoint for status;
+- `report`: step, tokensSeen, loss, worldSize, lastProgressTime, lastCheckpoint and lastRestore
+  for status;
 - goodput, the share of wall time that produced kept progress (docs/operator.md, "Status").
   Time counts as productive when the step counter advanced across it: between two Lease readings
   with steps s1 < s2 at step-times t1 < t2, the t2 - t1 seconds were spent on kept work. When the
@@ -43,6 +44,12 @@ def report(lease: ProgressReport | None, status: dict) -> dict:
         out["lastCheckpoint"] = {k: v for k, v in {
             "step": lease.checkpoint_step, "uri": lease.checkpoint_uri,
             "time": lease.checkpoint_time and format_time(lease.checkpoint_time)}.items()
+            if v is not None}
+    if lease.restore_source is not None:
+        out["lastRestore"] = {k: v for k, v in {
+            "source": lease.restore_source, "step": lease.restore_step,
+            "seconds": lease.restore_seconds,
+            "time": lease.restore_time and format_time(lease.restore_time)}.items()
             if v is not None}
     return out
 

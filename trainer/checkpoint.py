@@ -437,6 +437,16 @@ class Checkpointer:
                       and storage.exists(storage.join(self.uri, step_name(s), MANIFEST))
                       and not storage.exists(storage.join(self.uri, step_name(s), QUARANTINE)))
 
+    def newest_committed(self, max_step: int | None = None) -> int:
+        """The newest committed step (at or below `max_step`), 0 if none: rank 0 lists, every
+        rank learns it. Reads no checkpoint bytes."""
+        box = [None]
+        if self.rank == 0:
+            box[0] = max((s for s in self.committed_steps() if max_step is None or s <= max_step),
+                         default=0)
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def _read_commit(self, step: int) -> tuple[dict | None, str | None, bool]:
         """(manifest, None, False), or (None, why the commit cannot be read, whether only the key
         is in question: unsigned, or signed with another key than this run holds)."""

@@ -22,7 +22,7 @@ import threading
 
 from crucible.api import launch
 from crucible.api.names import progress_lease_name
-from crucible.api.progress import CommitRef, ProgressReport
+from crucible.api.progress import CommitRef, ProgressReport, RestoreRef
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,8 @@ class ProgressLease:
         self._thread.start()
 
     def update(self, *, step: int, tokens: int, loss: float | None = None,
-               checkpoint: CommitRef | None = None, world_size: int | None = None) -> None:
+               checkpoint: CommitRef | None = None, world_size: int | None = None,
+               restore: RestoreRef | None = None) -> None:
         """Record the newest progress; cheap, called every step from the training loop."""
         with self._lock:
             report = self._report
@@ -67,6 +68,9 @@ class ProgressLease:
             if checkpoint is not None:
                 changes.update(checkpoint_step=checkpoint.step, checkpoint_uri=checkpoint.uri,
                                checkpoint_time=checkpoint.time)
+            if restore is not None:
+                changes.update(restore_source=restore.source, restore_step=restore.step,
+                               restore_seconds=restore.seconds, restore_time=restore.time)
             self._report = dataclasses.replace(report, **changes)
 
     def flush(self) -> None:

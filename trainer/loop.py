@@ -19,6 +19,7 @@ here beside the step they act on, which puts the module a little over ~400 lines
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import os
@@ -31,6 +32,7 @@ from pathlib import Path
 import torch
 
 from crucible.api import arch
+from crucible.api.progress import RestoreRef
 from crucible.api.spec import TrainJobConfig
 from crucible.trainer import optim, parallel
 from crucible.trainer.checkpoint import AppState, Checkpointer, Commit, job_hashes, should_save
@@ -39,6 +41,7 @@ from crucible.trainer.evaluate import EvalResult, evaluate
 from crucible.trainer.faults import Faults
 from crucible.trainer.guard import Guard, Verdict
 from crucible.trainer.lease import progress_lease
+from crucible.trainer.memory_checkpoint import MemoryTier
 from crucible.trainer.metrics import Metrics, StepMetrics, device_peak_flops
 
 
@@ -261,17 +264,23 @@ class Run:
         self.peak_flops, peak_source = device_peak_flops(env.device)
         log(f"MFU peak: {self.peak_flops / 1e12:.2f} TFLOP/s per device ({peak_source})")
 
+        self.memory = self._memory_tier()
         self.resumed_from = None
-        if self.ckpt is not None:
+        restored = self._restore_from_memory() if self.memory is not None else None
+        if restored is None and self.ckpt is not None:
+            started = time.perf_counter()
             restored = self.ckpt.load(self.app)  # a commit manifest (not a `Commit`), or None
             if restored is not None:
-                self._continue_from(restored)
-                self.resumed_from = restored["step"]
+                self._continue_from(restored, self.ckpt.last_commit.uri)
                 log(f"resumed from {self.ckpt.last_commit.uri} (step {restored['step']}, saved by "
                     f"{restored['world_size']} ranks, now {env.world_size})")
                 self._on_commit(self.ckpt.last_commit, None)
+                self._report_restore("s3" if self.ckpt.remote else "disk", restored["step"],
+                                     time.perf_counter() - started)
+        if restored is not None:
+            self.resumed_from = restored["step"]
 
-    def _continue_from(self, restored: dict) -> None:
+    def _continue_from(self, restored: dict, where: str) -> None:
         """Check (and, where the job accepts a change, adjust) the state just loaded."""
         spec, p = self.cfg.checkpoint, self.shape
         plan = plan_resume(self.state, saved_batch_tokens=restored.get("global_batch_tokens"),
@@ -283,7 +292,7 @@ class Run:
                            accept_batch=spec.accept_changed_batch,
                            accept_data=spec.accept_changed_data)
         if plan.problem:
-            raise DataError(f"cannot resume from {self.ckpt.last_commit.uri}: {plan.problem}")
+            raise DataError(f"cannot resume from {where}: {plan.problem}")
         for note in plan.notes:
             self.log(f"resume: {note}")
         self.sampler.sample_offset = plan.sample_offset
@@ -300,6 +309,53 @@ class Run:
                             model_hash=model_hash, config_hash=config_hash,
                             on_commit=self._on_commit,
                             batch_tokens=self.shape.tokens_per_step)
+
+    def _memory_tier(self) -> MemoryTier | None:
+        spec = self.cfg.checkpoint
+        if not spec.in_memory_every_steps:
+            return None
+        model_hash, _ = job_hashes(self.cfg)
+        return MemoryTier(job=self.cfg.name, rank=self.env.rank,
+                          world_size=self.env.world_size,
+                          local_world_size=self.env.local_world_size, model_hash=model_hash,
+                          keep=spec.in_memory_keep)
+
+    def _restore_from_memory(self, max_step: int | None = None) -> dict | None:
+        """Restore the newest in-memory snapshot (at or below `max_step`) unless storage holds a
+        newer commit; what was restored (step and the snapshot's notes), or None."""
+        # Only a listing: no checkpoint bytes are read from storage on this path.
+        floor = self.ckpt.newest_committed(max_step) if self.ckpt is not None else 0
+        mesh = next(iter(self.model.parameters())).device_mesh
+        report = self.memory.restore(self.app, mesh, self.env.device, max_step=max_step,
+                                     min_step=floor)
+        if report is None:
+            return None
+        restored = {"step": report.step, **report.notes}
+        where = f"the in-memory snapshot of step {report.step}"
+        self._continue_from(restored, where)
+        if self.ckpt is not None:
+            self.ckpt.last_save_step = report.step  # the next save keeps its schedule
+        self.log(f"restored step {report.step} from {report.source} in {report.seconds:.2f}s: "
+                 f"{report.local_bytes} bytes from the nodes' own memory, {report.peer_bytes} "
+                 f"from peers, 0 from storage")
+        self._report_restore(report.source, report.step, report.seconds)
+        return restored
+
+    def _report_restore(self, source: str, step: int, seconds: float) -> None:
+        self.metrics.set(restore_seconds=seconds)
+        self.metrics.write({"kind": "restore", "source": source, "step": step,
+                            "seconds": seconds})
+        if self.lease is not None:
+            self.lease.update(step=step, tokens=self.state.tokens_seen,
+                              restore=RestoreRef(source, step, seconds,
+                                                 dt.datetime.now(dt.timezone.utc)))
+
+    def snapshot(self) -> None:
+        """An in-memory snapshot of this step (every rank, at the same steps)."""
+        blocking_s = self.memory.snapshot(self.app, self.state.step,
+                                          notes={"global_batch_tokens": self.shape.tokens_per_step,
+                                                 "tokens": self.state.tokens_seen})
+        self.metrics.set(memory_snapshot_blocking_seconds=blocking_s)
 
     def _on_commit(self, commit: Commit, upload_s: float | None) -> None:
         """Rank 0, from the checkpoint thread (or at resume): publish the newest commit."""
@@ -381,8 +437,13 @@ class Run:
             raise GuardAbort(f"{verdict.reason}; a rollback needs checkpoint.uri")
         self.ckpt.wait()
         guard_state = self.guard.state_dict()  # the guard remembers across the rollback
-        # A commit manifest (a dict, not a `Commit`), or None when no commit is old enough.
-        commit = self.ckpt.load(self.app, max_step=verdict.onset - spec.rollback_margin_steps)
+        target = verdict.onset - spec.rollback_margin_steps
+        # An in-memory snapshot if one is old enough and no commit is newer, else a commit
+        # manifest (a dict, not a `Commit`), or None when no commit is old enough.
+        commit = (self._restore_from_memory(max_step=target) if self.memory is not None
+                  else None)
+        if commit is None:
+            commit = self.ckpt.load(self.app, max_step=target)
         if commit is None:
             commit = self.ckpt.load(self.app, max_step=verdict.onset - 1)
             if commit is not None:
@@ -396,6 +457,8 @@ class Run:
         self.guard.rolled_back(verdict)
         restored = commit["step"]
         self.ckpt.discard_after(restored)
+        if self.memory is not None:
+            self.memory.discard_after(restored)
         skip_steps = (spec.data_skip_steps if spec.data_skip_steps is not None
                       else verdict.onset - restored)
         self.sampler.skip(skip_steps * self.shape.global_batch_seqs)
@@ -441,6 +504,8 @@ class Run:
     def close(self) -> None:
         if self.ckpt is not None:
             self.ckpt.wait()
+        if self.memory is not None:
+            self.memory.wait()
         if self.lease is not None:
             self.lease.close()
         self.metrics.close()
@@ -523,6 +588,8 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None,
                                  "checkpoint in flight")
             if agreed.save:
                 run.save()
+            if run.memory is not None and state.step % cfg.checkpoint.in_memory_every_steps == 0:
+                run.snapshot()
             if run.lease is not None:
                 run.lease.update(step=m.step, tokens=m.tokens_total, loss=m.train_loss,
                                  world_size=m.world_size)
@@ -537,6 +604,8 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None,
                 last_eval = run.evaluate()
         if run.ckpt is not None and run.ckpt.last_save_step < state.step:
             run.save(wait=True)  # the final (or cut-short) state is always committed
+        if run.memory is not None and state.step >= shape.total_steps:
+            run.memory.clear()  # a finished run has nothing to restart: free the memory
         last_eval = run.evaluate() or last_eval
     finally:
         if bar is not None:

@@ -78,6 +78,8 @@ EVENT_GAUGES = {
     "checkpoint_upload_seconds": "Write + upload + commit time of the last checkpoint (s)",
     "checkpoint_bytes": "Size of the last committed checkpoint (bytes)",
     "last_checkpoint_step": "Step of the newest committed checkpoint",
+    "memory_snapshot_blocking_seconds": "Training time blocked by the last in-memory snapshot (s)",
+    "restore_seconds": "Time the last restore took, from any source (s)",
     "restarts_total": "Worker-group restarts by torchrun in this agent "
                       "(TORCHELASTIC_RESTART_COUNT)",
 }

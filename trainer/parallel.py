@@ -38,6 +38,7 @@ class DistEnv:
     local_rank: int
     device: torch.device
     backend: str
+    local_world_size: int = 1  # processes on this node (torchrun's LOCAL_WORLD_SIZE)
 
     @property
     def is_main(self) -> bool:
@@ -67,7 +68,8 @@ def init_distributed(timeout_s: float = 600.0) -> DistEnv:
         _warn_if_store_shared()
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
                                 device_id=device if backend == "nccl" else None)
-    return DistEnv(rank, world, local_rank, device, backend)
+    return DistEnv(rank, world, local_rank, device, backend,
+                   int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def _warn_if_store_shared() -> None:

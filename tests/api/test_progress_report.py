@@ -55,6 +55,22 @@ def test_the_trainers_report_reads_back_unchanged_through_the_operator():
     assert read.loss == 3.14159 and read.checkpoint_time == commit.for_lease().time
 
 
+def test_a_restore_is_reported_and_read_back():
+    from crucible.api.progress import RestoreRef
+
+    lease = trainer_lease()
+    when = dt.datetime(2026, 12, 1, 10, 0, 0, 500000, tzinfo=UTC)
+    lease.update(step=38, tokens=100, restore=RestoreRef("memory", 38, 0.125, when))
+    annotations = lease._report.to_annotations()
+    assert annotations[PREFIX + "restore-source"] == "memory"
+    assert annotations[PREFIX + "restore-time"] == "2026-12-01T10:00:00.500000Z"
+    read = lease_view({"metadata": {"annotations": annotations}, "spec": {}})
+    assert (read.restore_source, read.restore_step, read.restore_seconds, read.restore_time) == \
+        ("memory", 38, 0.125, when)
+    lease.update(step=39, tokens=200)  # a later step keeps the last restore
+    assert lease._report.restore_step == 38
+
+
 def test_a_checkpoint_commit_keeps_the_last_loss_and_moves_step_time_only_on_a_new_step():
     lease = trainer_lease()
     lease.update(step=5, tokens=50, loss=2.5)

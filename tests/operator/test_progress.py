@@ -56,3 +56,18 @@ def test_status_merge_patch_deletes_nested_keys_the_new_status_dropped():
     patch = merge_patch(old, new)
     assert patch == {"message": None, "phase": "Restarting",
                      "tracking": {"members": {"0": None, "1": None}, "handled": ["u", "v"]}}
+
+
+def test_the_last_restore_reaches_status_with_its_source():
+    import dataclasses
+
+    from crucible.api.progress import ProgressReport
+    from crucible.operator.observed import lease_view
+
+    report = dataclasses.replace(ProgressReport(step=40), restore_source="peer", restore_step=38,
+                                 restore_seconds=1.23456, restore_time=b.at(30))
+    read = lease_view({"metadata": {"annotations": report.to_annotations()}, "spec": {}})
+    out = progress.report(read, {})
+    assert out["lastRestore"] == {"source": "peer", "step": 38, "seconds": 1.235,
+                                  "time": b.ts(30)}
+    assert "lastRestore" not in progress.report(b.lease(120, 30), {})
