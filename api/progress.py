@@ -15,6 +15,7 @@ PretrainJob) and the trainer only patches it, every few seconds, with a `Progres
   crucible.dev/restore-step     how long it took and when it ended
   crucible.dev/restore-seconds
   crucible.dev/restore-time
+  crucible.dev/stragglers       ranks reported slow now, "rank@host:ratio,..." ("" once none is)
 
 `to_annotations` and `from_annotations` are the only writer and reader of these keys, and
 `format_time` is the only way a time is written: RFC 3339 in UTC with a "Z" suffix, as the
@@ -85,6 +86,31 @@ class RestoreRef(NamedTuple):
     time: dt.datetime
 
 
+class Straggler(NamedTuple):
+    """A rank the trainer reports slower than the others (trainer/straggler.py)."""
+
+    rank: int
+    host: str
+    ratio: float
+
+
+def _stragglers_text(stragglers: tuple[Straggler, ...]) -> str:
+    return ",".join(f"{s.rank}@{s.host}:{s.ratio:g}" for s in stragglers)
+
+
+def _stragglers(text) -> tuple[Straggler, ...] | None:
+    """Read `_stragglers_text`; None when absent, malformed entries skipped."""
+    if text is None:
+        return None
+    out = []
+    for item in filter(None, str(text).split(",")):
+        rank, _, rest = item.partition("@")
+        host, _, ratio = rest.rpartition(":")
+        if _int(rank) is not None and host and _float(ratio) is not None:
+            out.append(Straggler(int(rank), host, float(ratio)))
+    return tuple(out)
+
+
 # Per field: (annotation key, text -> value, value -> text).
 _CODECS = {
     "step": ("step", _int, str),
@@ -99,6 +125,7 @@ _CODECS = {
     "restore_step": ("restore-step", _int, str),
     "restore_seconds": ("restore-seconds", _float, lambda v: f"{v:.3f}"),
     "restore_time": ("restore-time", parse_time, format_time),
+    "stragglers": ("stragglers", _stragglers, _stragglers_text),
 }
 
 
@@ -118,6 +145,7 @@ class ProgressReport:
     restore_step: int | None = None
     restore_seconds: float | None = None
     restore_time: dt.datetime | None = None
+    stragglers: tuple[Straggler, ...] | None = None
 
     def to_annotations(self) -> dict[str, str]:
         out = {}

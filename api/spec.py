@@ -329,6 +329,21 @@ class SpikeGuardSpec(Spec):
                                "before the run aborts.")
 
 
+class StragglerSpec(Spec):
+    """Detection of a rank persistently slower than the others (docs/checkpoints.md,
+    "Stragglers"), from each rank's busy time per step (its step minus its wait in the step's
+    all-reduce)."""
+
+    enabled: bool = Field(True, description="Compare ranks' busy times every step (no extra "
+                          "collective) and report stragglers.")
+    factor: float = Field(1.2, gt=1, le=10, description="A rank is slow when its busy time is "
+                          "this many times the other ranks' median.")
+    window_steps: int = Field(30, ge=1, le=10000, description="Steps whose median ratio is "
+                              "judged (one noisy step decides nothing).")
+    patience_steps: int = Field(10, ge=1, le=100000, description="Steps in a row the windowed "
+                                "ratio must stay above the factor before the rank is reported.")
+
+
 # The kubelet's own node conditions: the operator already reads Ready (NotReady, unreachable),
 # and the pressure conditions are the kubelet's to act on (eviction). As a job's failure
 # condition "Ready" would make every healthy node under it "failed": a tenant could cordon the pool.
@@ -356,6 +371,9 @@ class FaultToleranceSpec(Spec):
         "step this long after starting (rendezvous, restoring a checkpoint, the first compile).")
     spike_guard: SpikeGuardSpec = Field(default_factory=SpikeGuardSpec,
                                         description="Loss-spike and divergence detection.")
+    stragglers: StragglerSpec = Field(default_factory=StragglerSpec,
+                                      description="Straggler detection (reported in status, "
+                                      "events and metrics).")
     # Exit codes follow Kubeflow's ExitCode policy: 1-127 come from the program (application),
     # 128+n means killed by signal n (infrastructure).
     retryable_exit_codes: Annotated[list[int], OPERATOR_ONLY] = Field(
@@ -586,6 +604,8 @@ class TrainerFaultToleranceSpec(Spec):
 
     spike_guard: SpikeGuardSpec = Field(default_factory=SpikeGuardSpec,
                                         description="Loss-spike and divergence detection.")
+    stragglers: StragglerSpec = Field(default_factory=StragglerSpec,
+                                      description="Straggler detection.")
 
 
 class TrainJobConfig(Spec):
@@ -610,7 +630,8 @@ class TrainJobConfig(Spec):
         return cls(name=name, output_dir=launch.output_dir(name), model=spec.model,
                    data=spec.data, training=spec.training, checkpoint=spec.checkpoint,
                    fault_tolerance=TrainerFaultToleranceSpec(
-                       spike_guard=spec.fault_tolerance.spike_guard),
+                       spike_guard=spec.fault_tolerance.spike_guard,
+                       stragglers=spec.fault_tolerance.stragglers),
                    metrics=MetricsSpec(port=launch.METRICS_PORT))
 
 

@@ -6,6 +6,12 @@ makes step 20 train on uniformly random token ids (a corrupt batch), step 40 use
 scheduled learning rate (a bad update), and step 60 produce a NaN loss. Each fault fires once per
 process, so a rollback that re-runs the step does not meet it again (as a transient hardware or
 data glitch would not recur). Unset in production; costs a dict lookup per step.
+
+  CRUCIBLE_SLOW_RANK="1:1.3"
+
+makes rank 1 a straggler: after each stretch of its compute (forward/backward, the optimizer
+step) it computes (spins) for 0.3x that stretch's CPU time, as a device 1.3x slower would take.
+A CPU test tool: on a GPU the host does not wait for the kernels it would measure.
 """
 
 from __future__ import annotations
@@ -31,3 +37,18 @@ class Faults:
     def take(self, step: int) -> set[str]:
         """The faults to inject at `step` (the step being computed), each only once."""
         return self.pending.pop(step, set())
+
+
+def slowdown_from_env(rank: int) -> float:
+    """This rank's injected slowdown factor (1.0: none), from CRUCIBLE_SLOW_RANK=<rank>:<factor>."""
+    spec = os.environ.get("CRUCIBLE_SLOW_RANK", "").strip()
+    if not spec:
+        return 1.0
+    target, _, factor = spec.partition(":")
+    try:
+        target_rank, slow = int(target), float(factor)
+    except ValueError:
+        raise ValueError(f"CRUCIBLE_SLOW_RANK={spec!r}: use <rank>:<factor>, e.g. 1:1.3") from None
+    if slow < 1:
+        raise ValueError(f"CRUCIBLE_SLOW_RANK={spec!r}: the factor must be >= 1")
+    return slow if target_rank == rank else 1.0

@@ -22,7 +22,7 @@ import threading
 
 from crucible.api import launch
 from crucible.api.names import progress_lease_name
-from crucible.api.progress import CommitRef, ProgressReport, RestoreRef
+from crucible.api.progress import CommitRef, ProgressReport, RestoreRef, Straggler
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,8 @@ class ProgressLease:
 
     def update(self, *, step: int, tokens: int, loss: float | None = None,
                checkpoint: CommitRef | None = None, world_size: int | None = None,
-               restore: RestoreRef | None = None) -> None:
+               restore: RestoreRef | None = None,
+               stragglers: tuple[Straggler, ...] | None = None) -> None:
         """Record the newest progress; cheap, called every step from the training loop."""
         with self._lock:
             report = self._report
@@ -71,6 +72,8 @@ class ProgressLease:
             if restore is not None:
                 changes.update(restore_source=restore.source, restore_step=restore.step,
                                restore_seconds=restore.seconds, restore_time=restore.time)
+            if stragglers is not None:
+                changes["stragglers"] = stragglers
             self._report = dataclasses.replace(report, **changes)
 
     def flush(self) -> None:

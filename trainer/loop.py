@@ -24,6 +24,7 @@ import json
 import math
 import os
 import signal
+import socket
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -32,16 +33,17 @@ from pathlib import Path
 import torch
 
 from crucible.api import arch
-from crucible.api.progress import RestoreRef
+from crucible.api.progress import RestoreRef, Straggler
 from crucible.api.spec import TrainJobConfig
 from crucible.trainer import optim, parallel
 from crucible.trainer.checkpoint import AppState, Checkpointer, Commit, job_hashes, should_save
 from crucible.trainer.data import DataError, Sampler, ShardSet
 from crucible.trainer.evaluate import EvalResult, evaluate
-from crucible.trainer.faults import Faults
+from crucible.trainer.faults import Faults, slowdown_from_env
 from crucible.trainer.guard import Guard, Verdict
 from crucible.trainer.lease import progress_lease
 from crucible.trainer.memory_checkpoint import MemoryTier
+from crucible.trainer.straggler import SegmentTimer, StragglerDetector
 from crucible.trainer.metrics import Metrics, StepMetrics, device_peak_flops
 
 
@@ -171,6 +173,7 @@ class StepNumbers:
     update_norm: float   # of the update the step would apply
     save: bool           # rank 0 wants a checkpoint after this step
     stop: bool           # some rank got SIGTERM
+    local_seconds: list[float] = field(default_factory=list)  # each rank's last optimizer step
 
 
 @dataclass
@@ -248,6 +251,19 @@ class Run:
             parts["guard"] = self.guard
         self.app = AppState(self.model, self.optimizer, parts)
         self.faults = Faults.from_env()
+        self.slowdown = slowdown_from_env(env.rank)
+        straggler_spec = cfg.fault_tolerance.stragglers
+        # Every rank times its optimizer step and shares it in the step's all-reduce; rank 0
+        # judges. With one rank there is nobody to be slower than.
+        self.timing_shared = straggler_spec.enabled and env.world_size > 1
+        self.local_timer = SegmentTimer(env.device)
+        self.stragglers = (StragglerDetector(env.world_size, factor=straggler_spec.factor,
+                                             window=straggler_spec.window_steps,
+                                             patience=straggler_spec.patience_steps)
+                           if self.timing_shared and env.is_main else None)
+        self.hosts = [socket.gethostname()] * env.world_size
+        if self.timing_shared:
+            torch.distributed.all_gather_object(self.hosts, socket.gethostname())
 
         out = Path(cfg.output_dir)
         jsonl = Path(cfg.metrics.jsonl) if cfg.metrics.jsonl else out / "metrics.jsonl"
@@ -374,6 +390,8 @@ class Run:
         Returns (this rank's mean loss, global grad norm before clipping, learning rate); the
         two numbers stay on the device for the step's one packed all-reduce (`agree`)."""
         t, p, env = self.cfg.training, self.shape, self.env
+        started = time.thread_time()
+        self.local_timer.start_step()
         step = self.state.step
         faults = self.faults.take(step + 1)
         lr = optim.lr_at(step, t, p.total_steps) * self.lr_scale.at(step)
@@ -401,7 +419,16 @@ class Run:
             (loss / p.accum_steps).backward()
             loss_sum += loss.detach()
         grad_norm = optim.clip_grad_norm(self.model, t.grad_clip)
+        if self.slowdown > 1:
+            self._slow_down(started)
         return loss_sum / p.accum_steps, grad_norm, lr
+
+    def _slow_down(self, started: float) -> None:
+        """The injected straggler (CRUCIBLE_SLOW_RANK): compute (spin) for the extra time a
+        slower device would take, so CPU time sees it as a slow rank's own work."""
+        until = time.thread_time() + (self.slowdown - 1) * (time.thread_time() - started)
+        while time.thread_time() < until:
+            pass
 
     def agree(self, loss_local: torch.Tensor, grad_norm: torch.Tensor, *, save: bool,
               stop: bool) -> "StepNumbers":
@@ -410,16 +437,51 @@ class Run:
         update_sq = optim.next_update_sq(self.optimizer)
         # The grad norm is already global (the same on every rank): rank 0's alone is summed.
         norm = grad_norm if self.env.is_main else 0.0
-        loss_sum, norm, update_sq, saves, stops = parallel.all_reduce_sum(
-            [loss_local, norm, update_sq, float(save), float(stop)], self.env.device)
+        # This rank's last optimizer-step time (0 before the first) rides along, one slot per
+        # rank.
+        slot = ((self.env.rank, self.env.world_size, self.local_timer.seconds() or 0.0)
+                if self.timing_shared else None)
+        (loss_sum, norm, update_sq, saves, stops), local_s = parallel.all_reduce_sum(
+            [loss_local, norm, update_sq, float(save), float(stop)], self.env.device, slot)
+        self.local_timer.collect()  # after the host read: the GPU events before it are complete
         return StepNumbers(loss=loss_sum / self.env.world_size, grad_norm=norm,
-                           update_norm=math.sqrt(update_sq), save=saves > 0, stop=stops > 0)
+                           update_norm=math.sqrt(update_sq), save=saves > 0, stop=stops > 0,
+                           local_seconds=local_s)
 
     def apply_update(self, apply: bool) -> None:
-        """Take the optimizer step, or (a skipped step) drop the gradients: no state changes."""
+        """Take the optimizer step, or (a skipped step) drop the gradients: no state changes.
+        The step is this rank's own work (no collective): its time is the straggler signal."""
         if apply:
+            self.local_timer.start_optimizer()
+            started = time.thread_time()
             self.optimizer.step()
+            if self.slowdown > 1:
+                self._slow_down(started)
+            self.local_timer.stop()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def judge_stragglers(self, step: int, local_seconds: list[float]) -> None:
+        """Rank 0: fold in every rank's optimizer-step time of the previous step; report a rank
+        that turned slow or recovered (log, metrics, progress Lease)."""
+        events = self.stragglers.observe(step - 1, local_seconds)
+        self.metrics.set(slowest_rank_ratio=float(self.stragglers.last_windowed.max()))
+        for e in events:
+            host = self.hosts[e.rank]
+            if e.flagged:
+                self.metrics.count("stragglers")
+                self.log(f"straggler: rank {e.rank} on {host} takes {e.ratio:.2f}x the other "
+                         f"ranks' median for its own work (median of "
+                         f"{self.stragglers.window} steps, above "
+                         f"{self.stragglers.factor:g}x for {self.stragglers.patience} steps)")
+            else:
+                self.log(f"straggler: rank {e.rank} on {host} is back to {e.ratio:.2f}x")
+            self.metrics.write({"kind": "straggler", "step": e.step, "rank": e.rank,
+                                "host": host, "ratio": e.ratio, "flagged": e.flagged})
+        if events and self.lease is not None:
+            self.lease.update(step=self.state.step, tokens=self.state.tokens_seen,
+                              stragglers=tuple(Straggler(r, self.hosts[r], round(float(
+                                  self.stragglers.last_windowed[r]), 3))
+                                  for r in sorted(self.stragglers.flagged)))
 
     def record(self, verdict: Verdict) -> None:
         """Count, log and write a non-ok guard verdict (every rank reaches the same ones)."""
@@ -551,6 +613,8 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None,
             agreed = run.agree(loss_local, grad_norm, save=run.wants_save(state.step + 1),
                                stop=stop is not None and stop.is_set())
             loss_mean, grad_norm = agreed.loss, agreed.grad_norm
+            if run.stragglers is not None:
+                run.judge_stragglers(state.step + 1, agreed.local_seconds)
             # The guard sees only all-reduced numbers, so every rank reaches the same verdicts.
             pre = (run.guard.check_update(state.step + 1, loss_mean, grad_norm)
                    if run.guard else None)

@@ -80,6 +80,8 @@ EVENT_GAUGES = {
     "last_checkpoint_step": "Step of the newest committed checkpoint",
     "memory_snapshot_blocking_seconds": "Training time blocked by the last in-memory snapshot (s)",
     "restore_seconds": "Time the last restore took, from any source (s)",
+    "slowest_rank_ratio": "Largest rank's optimizer-step time over the other ranks' median "
+                          "(median over the straggler window)",
     "restarts_total": "Worker-group restarts by torchrun in this agent "
                       "(TORCHELASTIC_RESTART_COUNT)",
 }
@@ -95,6 +97,7 @@ COUNTERS = {
     "spikes": ("Loss/gradient-norm anomalies by the stability guard's verdict", ("verdict",)),
     "rollbacks": ("Rollbacks to an earlier checkpoint by the stability guard", ()),
     "skipped_steps": ("Optimizer updates the stability guard did not apply", ()),
+    "stragglers": ("Ranks reported as stragglers (each time one turned slow)", ()),
 }
 # Label values known in advance (the guard's verdicts other than ok, trainer/guard.py): their
 # series exist at 0 from the start, so the first verdict is an increase Prometheus can see.

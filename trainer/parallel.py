@@ -150,13 +150,24 @@ def build_sharded_model(cfg, env: DistEnv, mesh: DeviceMesh, *, precision: str, 
     return materialize(model, env.device, seed)
 
 
-def all_reduce_sum(values: list[float | torch.Tensor], device: torch.device) -> list[float]:
+def all_reduce_sum(values: list[float | torch.Tensor], device: torch.device,
+                   slot: tuple[int, int, float] | None = None) -> tuple[list[float], list[float]]:
     """Sum a few numbers over all ranks in one collective on `device` (the loss, flags every
     rank must agree on such as "save now", and the stability guard's signals), read back with
-    one host sync. A value may be a 0-dim tensor still on the device: it is not read first."""
+    one host sync. A value may be a 0-dim tensor still on the device: it is not read first.
+
+    `slot` = (rank, world size, value) adds a per-rank vector to the same collective: this
+    rank's value in its own slot, zeros elsewhere, so every rank learns every rank's value
+    without a collective of its own. Returns the sums and that vector (empty without a slot)."""
     t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device) for v in values])
+    if slot is not None:
+        rank, world, value = slot
+        vector = torch.zeros(world, dtype=torch.float64, device=device)
+        vector[rank] = value
+        t = torch.cat([t, vector])
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t.tolist()
+    out = t.tolist()
+    return out[:len(values)], out[len(values):]
 
 
 def shutdown() -> None:
