@@ -329,10 +329,9 @@ class SpikeGuardSpec(Spec):
                                "before the run aborts.")
 
 
-class StragglerSpec(Spec):
-    """Detection of a rank persistently slower than the others (docs/checkpoints.md,
-    "Stragglers"), from each rank's busy time per step (its step minus its wait in the step's
-    all-reduce)."""
+class TrainerStragglerSpec(Spec):
+    """Detection of a rank persistently slower than the others, by the trainer
+    (docs/checkpoints.md, "Stragglers"), from each rank's time for its own work per step."""
 
     enabled: bool = Field(True, description="Compare ranks' busy times every step (no extra "
                           "collective) and report stragglers.")
@@ -342,6 +341,15 @@ class StragglerSpec(Spec):
                               "judged (one noisy step decides nothing).")
     patience_steps: int = Field(10, ge=1, le=100000, description="Steps in a row the windowed "
                                 "ratio must stay above the factor before the rank is reported.")
+
+
+class StragglerSpec(TrainerStragglerSpec):
+    """Straggler detection (the trainer's part) and what the operator does about one."""
+
+    replace_after_minutes: Annotated[int, OPERATOR_ONLY] = Field(
+        0, ge=0, le=10080, description="A rank still reported slow after this long has its "
+        "node quarantined like a failed node (cordonFailedNodes applies) and its pod replaced "
+        "elsewhere; 0: report only (status, event, metric).")
 
 
 # The kubelet's own node conditions: the operator already reads Ready (NotReady, unreachable),
@@ -604,8 +612,8 @@ class TrainerFaultToleranceSpec(Spec):
 
     spike_guard: SpikeGuardSpec = Field(default_factory=SpikeGuardSpec,
                                         description="Loss-spike and divergence detection.")
-    stragglers: StragglerSpec = Field(default_factory=StragglerSpec,
-                                      description="Straggler detection.")
+    stragglers: TrainerStragglerSpec = Field(default_factory=TrainerStragglerSpec,
+                                             description="Straggler detection.")
 
 
 class TrainJobConfig(Spec):
@@ -631,7 +639,9 @@ class TrainJobConfig(Spec):
                    data=spec.data, training=spec.training, checkpoint=spec.checkpoint,
                    fault_tolerance=TrainerFaultToleranceSpec(
                        spike_guard=spec.fault_tolerance.spike_guard,
-                       stragglers=spec.fault_tolerance.stragglers),
+                       stragglers=TrainerStragglerSpec.model_validate(
+                           spec.fault_tolerance.stragglers.model_dump(
+                               include=set(TrainerStragglerSpec.model_fields)))),
                    metrics=MetricsSpec(port=launch.METRICS_PORT))
 
 

@@ -179,6 +179,10 @@ def status_schema() -> dict:
         "seconds": _num("How long the restore took."),
         "time": _str("When it finished (RFC 3339)."),
     })
+    straggler = _obj("A rank the trainer reports slower than the others.", {
+        "rank": _int("Its rank."), "pod": _str("Its pod."), "node": _str("The pod's node."),
+        "ratio": _num("Its own work per step over the other ranks' median (windowed)."),
+    })
     pods = _obj("Worker pods of the current generation.", {
         "desired": _int("nodes.max"), "running": _int("Running."), "pending": _int("Pending."),
         "failed": _int("Failed, not yet replaced."), "lost": _int("On a failed node."),
@@ -204,6 +208,8 @@ def status_schema() -> dict:
         "restarts": restarts,
         "lastCheckpoint": checkpoint,
         "lastRestore": restore,
+        "stragglers": {"type": "array", "items": straggler,
+                       "description": "Ranks reported slow now (empty once none is)."},
         "cordonedNodes": {"type": "array", "items": {"type": "string"},
                           "description": "Nodes this job cordoned after they failed under it."},
         "goodput": _num("Share of wall time (since start, suspended time excluded) that produced "

@@ -28,6 +28,9 @@ What each failure does (docs/operator.md has the why):
   capacityTimeoutSeconds the job releases its pods and retries later (capacity.py);
 - failed node: cordon it (cordonFailedNodes) and annotate it with the job and reason at once;
   keep new pods off it (node anti-affinity); after the grace, force-delete the job's pods there;
+- a straggler the trainer reports (status, event); with stragglers.replaceAfterMinutes, one slow
+  that long is handled as a failed node (quarantine, replace its pod; pod 0: restart the group),
+  not counted;
 - pods Terminating past their grace + terminatingTimeoutSeconds: force-delete;
 - pods Pending past pendingTimeoutSeconds: image/config errors fail the job, unschedulable
   pods are reported with the scheduler's reason;
@@ -47,7 +50,7 @@ from crucible.operator import capacity
 from crucible.operator import conditions as c
 from crucible.operator import failure_policy as policy
 from crucible.operator import manifests as m
-from crucible.operator import progress, references
+from crucible.operator import progress, references, stragglers
 from crucible.operator.cluster_policy import ClusterPolicy
 from crucible.operator.observed import JobView, Observed, PodView
 from crucible.operator.outcome import (FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, SUSPENDED,
@@ -97,6 +100,8 @@ def _run(p: Pass):
     _stale(p)
     policy.recount_store_loss(p)
     if _succeeded(p, current) or capacity.held(p):
+        return
+    if stragglers.act(p, current):
         return
     if policy.restart_needed(p, current):
         policy.infrastructure_loop(p)

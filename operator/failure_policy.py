@@ -142,7 +142,7 @@ def recount_store_loss(p: Pass):
     p.event("Warning", "NodeFailure", f"{broken.message}: it hosted {suspect['pod']}, the c10d "
             f"store, when another pod exited at {suspect['at']}; that restart is counted as a "
             "NodeFailure, not as the program's")
-    _quarantine(p, broken, p.obs.nodes.get(suspect["node"]))
+    quarantine(p, broken, p.obs.nodes.get(suspect["node"]))
 
 
 def _application_failure(p: Pass, failure: f.Failure):
@@ -189,7 +189,7 @@ def _node_failures(p: Pass, current: dict[int, PodView]) -> bool:
                    f"replaced in {wait_s:.0f}s unless the node recovers")
             p.wake(wait_s)
             continue
-        _quarantine(p, broken, p.obs.nodes.get(pod.node))
+        quarantine(p, broken, p.obs.nodes.get(pod.node))
         failure = f.Failure("NodeFailure", f.INFRASTRUCTURE,
                             f"{broken.message} under pod {pod.name}")
         p.mark_handled(pod.uid)
@@ -203,7 +203,7 @@ def _node_failures(p: Pass, current: dict[int, PodView]) -> bool:
     return False
 
 
-def _quarantine(p: Pass, broken: f.NodeFailure, node):
+def quarantine(p: Pass, broken: f.NodeFailure, node, event_reason: str = "NodeFailure"):
     """Cordon and annotate a failed node once; remember it for this job's anti-affinity."""
     if broken.node not in [entry["node"] for entry in bad_entries(p.track)]:
         bad = bad_entries(p.track) + [{"node": broken.node, "since": format_time(p.now),
@@ -234,7 +234,7 @@ def _quarantine(p: Pass, broken: f.NodeFailure, node):
         patch["metadata"]["annotations"]["crucible.dev/cordoned-by"] = this_job
         _list_cordoned(p, broken.node)
     p.act("patch_node", "Node", broken.node, patch, reason="Cordon" if cordon else "Annotate")
-    p.event("Warning", "NodeFailure", f"{broken.message}: " + (
+    p.event("Warning", event_reason, f"{broken.message}: " + (
         "cordoned and annotated it" if cordon else f"annotated it ({why_not})"))
 
 

@@ -295,6 +295,9 @@ class Run:
                                      time.perf_counter() - started)
         if restored is not None:
             self.resumed_from = restored["step"]
+        if self.lease is not None and self.timing_shared:
+            # A new start has judged no one yet: clear what an earlier start reported.
+            self.lease.update(step=self.state.step, tokens=self.state.tokens_seen, stragglers=())
 
     def _continue_from(self, restored: dict, where: str) -> None:
         """Check (and, where the job accepts a change, adjust) the state just loaded."""

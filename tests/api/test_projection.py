@@ -36,7 +36,7 @@ OPERATOR_ONLY_PATHS = {
     "faultTolerance.terminatingTimeoutSeconds", "faultTolerance.maxInfrastructureRestarts",
     "faultTolerance.infrastructureRestartWindowMinutes", "faultTolerance.startupTimeoutSeconds",
     "faultTolerance.capacityTimeoutSeconds", "faultTolerance.capacityRetrySeconds",
-    "faultTolerance.avoidFailedNodesMinutes",
+    "faultTolerance.avoidFailedNodesMinutes", "faultTolerance.stragglers.replaceAfterMinutes",
 }
 # A valid new value for each, to change it with.
 OPERATOR_ONLY_EDITS = {
@@ -51,6 +51,7 @@ OPERATOR_ONLY_EDITS = {
     "faultTolerance.startupTimeoutSeconds": 900,
     "faultTolerance.capacityTimeoutSeconds": 600, "faultTolerance.capacityRetrySeconds": 60,
     "faultTolerance.avoidFailedNodesMinutes": 30,
+    "faultTolerance.stragglers.replaceAfterMinutes": 15,
 }
 POD_FACING_EDITS = {
     "training.lr": 1e-3, "image": "registry.example/crucible-trainer:0.2",

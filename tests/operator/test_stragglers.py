@@ -1,0 +1,66 @@
+"""Stragglers the trainer reports, as the operator handles them (pure: decide() scenario by
+scenario): status and an event by default; with replaceAfterMinutes the slow pod's node is
+quarantined and the pod replaced once it stayed slow that long (pod 0: the group restarts)."""
+
+from __future__ import annotations
+
+from crucible.api.progress import ProgressReport, Straggler
+from crucible.operator import manifests as m
+from crucible.operator.decision import decide
+from crucible.operator.observed import lease_view
+from tests.operator import builders as b
+from tests.operator.test_decision import acts, reasons, running_status
+
+
+def _lease(*slow: tuple[int, int, float]):
+    """The Lease listing stragglers as (rank, pod index, ratio), pods of generation 0."""
+    report = ProgressReport(step=100, step_time=b.at(0), loss=3.0, tokens=100, world_size=4,
+                            stragglers=tuple(Straggler(rank, m.pod_name(b.JOB, 0, index), ratio)
+                                             for rank, index, ratio in slow))
+    return lease_view({"metadata": {"annotations": report.to_annotations()}, "spec": {}})
+
+
+def _decide(status, lease, t, replace_after: int = 0):
+    ft = {**b.spec_doc()["faultTolerance"], "stragglers": {"replaceAfterMinutes": replace_after}}
+    h = m.spec_hash(b.spec(faultTolerance=ft))
+    return decide(b.job(status=status, faultTolerance=ft),
+                  b.observed(b.running(0, 4, h), lease_view_=lease), b.at(t))
+
+
+def test_a_reported_straggler_is_in_status_with_its_node_and_an_event_once():
+    first = _decide(running_status(), _lease((9, 2, 1.31)), 10)
+    assert first.status["stragglers"] == [{"rank": 9, "pod": "gpt-0-2", "ratio": 1.31,
+                                           "node": "gpu-node-2"}]
+    assert reasons(first).count("Straggler") == 1
+    again = _decide(first.status, _lease((9, 2, 1.33)), 20)
+    assert "Straggler" not in reasons(again)        # the same one: no second event
+    assert not acts(again, "force_delete") and not acts(again, "patch_node")  # report only
+    cleared = _decide(again.status, _lease(), 30)
+    assert cleared.status["stragglers"] == [] and not cleared.status["tracking"]["stragglerSince"]
+
+
+def test_with_replace_after_minutes_the_slow_pod_is_replaced_and_its_node_quarantined():
+    slow = _lease((9, 2, 1.4))
+    seen = _decide(running_status(), slow, 0, replace_after=5)
+    assert not acts(seen, "force_delete") and seen.wake_in_s == 300
+    waiting = _decide(seen.status, slow, 200, replace_after=5)
+    assert not acts(waiting, "force_delete")
+    due = _decide(waiting.status, slow, 301, replace_after=5)
+    assert acts(due, "force_delete") == [("force_delete", "Pod", "gpt-0-2")]
+    (patch,) = [a for a in due.actions if a.verb == "patch_node"]
+    assert patch.name == "gpu-node-2" and patch.body["spec"] == {"unschedulable": True}
+    assert patch.body["metadata"]["annotations"]["crucible.dev/failure-reason"] == "Straggler"
+    assert [e["node"] for e in due.status["tracking"]["badNodes"]] == ["gpu-node-2"]
+    assert due.status["restarts"]["byCause"] == {"Straggler": 1}
+    assert due.status["restarts"]["application"] == 0  # not the program's fault
+    # The same report read again before the trainer clears it: handled once.
+    later = _decide(due.status, slow, 302, replace_after=5)
+    assert not acts(later, "force_delete") and later.status["restarts"]["total"] == 1
+
+
+def test_a_straggling_pod_0_restarts_the_group():
+    slow = _lease((0, 0, 1.5))
+    seen = _decide(running_status(), slow, 0, replace_after=1)
+    due = _decide(seen.status, slow, 61, replace_after=1)
+    assert due.status["podGeneration"] == 1  # a new generation, its store on a new pod 0
+    assert due.status["restarts"]["byCause"] == {"Straggler": 1}
