@@ -4,6 +4,7 @@ On a GPU the default process group is NCCL, which takes CUDA tensors only ("No b
 associated with device type cpu"); the checkpointer's own collectives run on its gloo group.
 This machine has no GPU, so the test records every tensor collective that save, load, a
 fallback past a quarantined commit and a rollback's `discard_after` issue from Crucible's code
+(and the in-memory tier's snapshot, restore and discard)
 (not from torch's own object collectives, which pick the group's device themselves) and fails
 if any of them uses the default group. A real NCCL group is not available here; the rule it
 would enforce is checked instead.
@@ -52,21 +53,30 @@ PROBE = textwrap.dedent("""
     Path(uri, "step_8", MANIFEST).write_text("{ truncated")
     restored = ckpt.load(app)
     ckpt.discard_after(restored["step"])
+    # The in-memory tier: a snapshot, a restore, a rollback's discard.
+    from crucible.trainer.memory_checkpoint import MemoryTier
+    tier = MemoryTier(job="probe", rank=0, world_size=1, local_world_size=1, model_hash="m",
+                      root=sys.argv[2])
+    tier.snapshot(app, 12)
+    report = tier.restore(app, None, torch.device("cpu"))
+    tier.discard_after(11)
     print(json.dumps({"restored": restored["step"], "committed": ckpt.committed_steps(),
-                      "calls": calls}))
+                      "memory": report.step, "calls": calls}))
     dist.destroy_process_group()
 """)
 
 
 def test_checkpoint_collectives_never_put_a_tensor_on_the_default_group(tmp_path):
-    run = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "ckpt")],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "ckpt"),
+                          str(tmp_path / "shm")], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     import json
 
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["restored"] == 4 and out["committed"] == [4]   # step 8 quarantined, then discarded
-    ours = [c for c in out["calls"] if c[3] == "checkpoint.py"]
-    assert ours, "the checkpointer issued no tensor collective: the probe saw nothing"
+    assert out["memory"] == 12
+    ours = [c for c in out["calls"] if c[3] in ("checkpoint.py", "memory_checkpoint.py")]
+    assert {c[3] for c in ours} == {"checkpoint.py", "memory_checkpoint.py"}, \
+        "a checkpoint module issued no tensor collective: the probe saw nothing of it"
     on_default = [c for c in ours if c[1]]
     assert not on_default, f"tensor collectives on the default (NCCL on a GPU) group: {on_default}"
