@@ -7,7 +7,10 @@
    MinHash dedup) with its HTML report;
 3. a byte-level BPE tokenizer trained on the result, and the corpus encoded into train/val shards;
 4. FSDP training of the `tiny` GPT on 2 CPU processes under torchrun, with a progress bar,
-   held-out eval, metrics JSONL and a loss-curve PNG;
+   held-out eval, metrics JSONL and a loss-curve PNG; and survival: checkpoints to a local folder
+   and to memory, one worker SIGKILLed a third of the way (torchrun restarts it and training
+   resumes from the in-memory snapshot), and a corrupt batch injected two thirds of the way (the
+   stability guard's verdict), both marked on the loss curve;
 5. a summary table.
 
 Every stage writes under --out, which each run clears first (only the folders the demo makes).
@@ -37,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="optimizer steps (default 120, a few minutes on 2 cores)")
     parser.add_argument("--man-pages", type=int, default=600,
                         help="English man pages to include (default 600)")
+    parser.add_argument("--no-chaos", action="store_true",
+                        help="train without the worker kill and the injected loss spike")
 
 
 def _stage(title: str) -> None:
@@ -119,7 +124,40 @@ def job_config(out: Path, tokenizer: Path, shards: Path, steps: int, nproc: int)
             "training": {"tokens": steps * batch_tokens, "globalBatchTokens": batch_tokens,
                          "microBatch": 8, "lr": 3e-3, "warmupSteps": 10, "precision": "fp32",
                          "evalEvery": max(1, steps // 2), "evalTokens": 65536},
+            # Local commits every 10 steps and in-memory snapshots every 2: the kill below is
+            # survived from memory, losing at most 2 steps.
+            "checkpoint": {"uri": str(out / "checkpoints"), "everySteps": 10, "everyMinutes": 0,
+                           "inMemoryEverySteps": 2},
             "metrics": {"port": 0}}
+
+
+# The guard judges nothing before minHistory (32) healthy steps: the chaos needs room after it.
+CHAOS_MIN_STEPS = 45
+
+
+def chaos_plan(steps: int) -> tuple[int, int] | None:
+    """(step after which a worker is killed, step trained on a corrupt batch), or None when the
+    run is too short for both."""
+    if steps < CHAOS_MIN_STEPS:
+        return None
+    return steps // 3, max(38, 2 * steps // 3)
+
+
+def kill_a_worker_after(agent: subprocess.Popen, jsonl: Path, step: int) -> float | None:
+    """SIGKILL one of torchrun's workers once `step` is in the metrics; when (epoch seconds)."""
+    import signal
+
+    while agent.poll() is None:
+        if jsonl.exists() and any(json.loads(line).get("step", 0) >= step and
+                                  json.loads(line)["kind"] == "train"
+                                  for line in jsonl.read_text().splitlines() if line.strip()):
+            workers = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/status")
+                       if f"PPid:\t{agent.pid}\n" in p.read_text(errors="replace")]
+            if workers:
+                os.kill(max(workers), signal.SIGKILL)
+                return time.time()
+        time.sleep(0.2)
+    return None
 
 
 def plot_losses(metrics_jsonl: Path, png: Path) -> None:
@@ -135,9 +173,18 @@ def plot_losses(metrics_jsonl: Path, png: Path) -> None:
     ax.plot(*zip(*train), label="train loss", linewidth=1)
     if evals:
         ax.plot(*zip(*evals), "o-", label="held-out loss")
+    for r in records:
+        if r["kind"] == "restore":
+            ax.axvline(r["step"], color="tab:red", ls="--", lw=1,
+                       label=f"worker killed; resumed at step {r['step']} from {r['source']}")
+        elif r["kind"] == "guard":
+            ax.axvline(r["step"], color="tab:purple", ls=":", lw=1.5,
+                       label=f"stability guard at step {r['step']}: {r['verdict']}")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/token)")
-    ax.set_title("crucible demo: tiny GPT on 2 CPU processes (FSDP2)")
+    ax.set_title("crucible demo: tiny GPT on 2 CPU processes (FSDP2)"
+                 + ("; corrupt batch injected" if any(r["kind"] == "guard" for r in records)
+                    else ""))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -192,15 +239,36 @@ def run(args: argparse.Namespace) -> int:
     from crucible.api.launch import TORCHRUN_ENV
 
     env = {**os.environ, **TORCHRUN_ENV,
-           "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.nproc))}
-    if subprocess.run(cmd, env=env).returncode != 0:
+           "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.nproc)),
+           "CRUCIBLE_MEMORY_DIR": str(out / "train" / "memory")}
+    plan = None if args.no_chaos else chaos_plan(args.steps)
+    if plan is None:
+        if not args.no_chaos:
+            print(f"  (no chaos: it needs --steps >= {CHAOS_MIN_STEPS})")
+        code = subprocess.run(cmd, env=env).returncode
+    else:
+        kill_after, spike_at = plan
+        print(f"  chaos: a worker is killed after step {kill_after}; step {spike_at} trains on a "
+              "corrupt batch")
+        env["CRUCIBLE_INJECT"] = f"garbage@{spike_at}"
+        cmd[3:3] = ["--max-restarts=1", "--monitor-interval=0.5"]
+        agent = subprocess.Popen(cmd, env=env)
+        kill_a_worker_after(agent, out / "train" / "metrics.jsonl", kill_after)
+        code = agent.wait()
+    if code != 0:
         raise UserError("training failed; see the output above")
 
     _stage("5/5 summary")
     summary = json.loads(summary_path.read_text())
     png = out / "loss.png"
     plot_losses(out / "train" / "metrics.jsonl", png)
-    rows = [("documents in corpus", f"{len(docs)}"),
+    records = [json.loads(line) for line in
+               (out / "train" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    survival = [("restore after the kill", f"step {r['step']} from {r['source']} in "
+                 f"{r['seconds']:.2f} s") for r in records if r["kind"] == "restore"]
+    survival += [(f"guard at step {r['step']}", f"{r['verdict']}: {r['reason']}")
+                 for r in records if r["kind"] == "guard"]
+    rows = survival + [("documents in corpus", f"{len(docs)}"),
             ("tokens trained", f"{summary['tokens']:,}"),
             ("steps", f"{summary['steps']}"),
             ("throughput", f"{summary['tokens_per_second']:,.0f} tokens/s"),
