@@ -176,3 +176,20 @@ def test_table_and_plot(capsys, tmp_path):
 def test_bad_flags_give_one_line_and_no_traceback(capsys, argv, words):
     rc, out, err = _cli(capsys, *argv)
     assert rc != 0 and words in err and "Traceback" not in err
+
+
+def test_a_calibration_file_sets_the_measured_times_and_flags_still_win(capsys, tmp_path):
+    measured = {"snapshot_blocking_s": 0.5, "restore_memory_s": 2.0, "restore_peer_s": 4.0,
+                "restore_storage_s": 9.0, "save_blocking_s": 3.0, "model": "gpt2-124m"}
+    path = tmp_path / "restore_bench.json"
+    path.write_text(json.dumps(measured))
+    rc, out, _ = _cli(capsys, "--calibration", str(path), "--in-memory-minutes", "1",
+                      "--restore-seconds", "7", "--seeds", "1", "--days", "1", "--json")
+    assert rc == 0
+    s = json.loads(out)["scenario"]
+    assert (s["in_memory_save_s"], s["restore_memory_s"], s["restore_peer_s"], s["save_s"]) == \
+        (0.5, 2.0, 4.0, 3.0)
+    assert s["restore_s3_s"] == 7  # the flag wins over the file
+    path.write_text("{}")
+    rc, _, err = _cli(capsys, "--calibration", str(path))
+    assert rc != 0 and "not a bench/restore_bench.py result" in err and "Traceback" not in err

@@ -65,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repair-hours", type=float,
                         help="until a lost node is back in the spare pool (default 24; 72 with "
                         "--llama3)")
+    parser.add_argument("--calibration", metavar="JSON",
+                        help="save and restore times measured by bench/restore_bench.py (its "
+                        "--out file); flags given still win")
     parser.add_argument("--seed", type=int, default=0, help="first random seed (default 0)")
     parser.add_argument("--seeds", type=int, default=5,
                         help="runs averaged, seeds seed..seed+N-1 (default 5)")
@@ -74,13 +77,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="all figures as JSON (goodput as a fraction 0..1, times in seconds)")
 
 
-# Crucible's in-memory tier, measured on CPU at GPT-2 124M (bench/checkpoint_bench.py).
-IN_MEMORY_DEFAULTS = {"in_memory_save_s": 1.0, "restore_memory_s": 1.0, "restore_peer_s": 2.0}
+# Crucible's in-memory tier, measured on CPU at GPT-2 124M + AdamW, 2 ranks as 2 nodes
+# (bench/restore_bench.py, slowest rank, median of 3): the snapshot's blocking copy, a restore
+# from the node's own memory, and from the peer's copy.
+IN_MEMORY_DEFAULTS = {"in_memory_save_s": 0.32, "restore_memory_s": 1.07, "restore_peer_s": 3.28}
+# bench/restore_bench.py's keys -> the scenario's (a --calibration file sets them all at once).
+CALIBRATION_KEYS = {"snapshot_blocking_s": "in_memory_save_s",
+                    "restore_memory_s": "restore_memory_s", "restore_peer_s": "restore_peer_s",
+                    "restore_storage_s": "restore_s3_s", "save_blocking_s": "save_s"}
+
+
+def calibration(path: str | None) -> dict[str, float]:
+    """Scenario values from a bench/restore_bench.py result file."""
+    if not path:
+        return {}
+    from crucible.trainer.cli import UserError
+
+    try:
+        measured = json.loads(Path(path).read_text())
+        return {ours: float(measured[theirs]) for theirs, ours in CALIBRATION_KEYS.items()}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"--calibration {path}: not a bench/restore_bench.py result ({err})",
+                        hint="run python bench/restore_bench.py --out FILE first") from None
 
 
 def build_scenario(args: argparse.Namespace) -> sim.Scenario:
-    """Preset values, then every flag given; the interval defaults to Daly's optimum."""
-    times = sim.RECOVERY[args.recovery or ("llama3" if args.llama3 else "crucible")]
+    """Preset values, then a calibration file's, then every flag given; the interval defaults to
+    Daly's optimum."""
+    times = {**sim.RECOVERY[args.recovery or ("llama3" if args.llama3 else "crucible")]}
+    measured = calibration(args.calibration)
+    times.update({k: v for k, v in measured.items() if k in times})
     gpus = _given(args.gpus, sim.LLAMA3_GPUS if args.llama3 else 64)
     per_node = _given(args.gpus_per_node, sim.LLAMA3_GPUS_PER_NODE)
     if gpus < 1 or per_node < 1:
@@ -90,7 +116,8 @@ def build_scenario(args: argparse.Namespace) -> sim.Scenario:
     mtbf_s = node_mtbf_h * sim.HOUR / -(-gpus // per_node)
     checkpoint_s = (args.checkpoint_minutes * 60 if args.checkpoint_minutes is not None
                     else reliability.daly_interval_s(max(save_s, 1e-3), mtbf_s))
-    memory = {name: _given(getattr(args, flag), IN_MEMORY_DEFAULTS[name]) for name, flag in
+    memory = {name: _given(getattr(args, flag), measured.get(name, IN_MEMORY_DEFAULTS[name]))
+              for name, flag in
               (("in_memory_save_s", "in_memory_save_seconds"),
                ("restore_memory_s", "memory_restore_seconds"),
                ("restore_peer_s", "peer_restore_seconds"))}
@@ -155,6 +182,11 @@ def plot(scenario: sim.Scenario, seeds: int, first_seed: int, png: Path) -> list
             label="Daly 2006 closed form (S3 only, one failure kind)")
     ax.axvline(chosen / 60, color="black", lw=0.8, alpha=0.6)
     ax.set_xscale("log")
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xticks([round(t / 60, 1) for t in intervals[::2]])
     ax.set_xlabel("compute between persistent checkpoints (minutes, log scale)")
     ax.set_ylabel("goodput (%)")
     ax.set_title(f"{scenario.gpus:,} GPUs, job MTBF {scenario.job_mtbf_s / 3600:.2f} h, "

@@ -88,8 +88,9 @@ RECOVERY = {
         "node_detect_s": 30.0,   # kind: node container killed -> first step 46-48 s, less restart
         "hang_detect_s": 600.0,  # faultTolerance.hangTimeoutSeconds's default
         "restart_s": 18.0,       # kind: pod killed -> first step 18 s (schedule, rendezvous, load)
-        "save_s": 1.0,           # async save: training blocks only while the state is staged
-        "restore_s3_s": 6.0,     # GPT-2 124M + AdamW from the S3 server on CPU: 5-6 s
+        # GPT-2 124M + AdamW on CPU, 2 ranks, the stack's S3 (bench/restore_bench.py):
+        "save_s": 1.2,           # an async save's blocking part (staging the state)
+        "restore_s3_s": 5.0,     # a restore from S3
     },
 }
 
