@@ -34,25 +34,35 @@ def stack_env() -> dict[str, str] | None:
             "bucket": env["CRUCIBLE_S3_BUCKET"]}
 
 
-def save_and_restore(model_name: str, uri: str, repeats: int) -> list[dict]:
+def app_with_adam_state(cfg, env, mesh):
+    """A sharded model after one AdamW step (so the optimizer state exists: a realistic
+    checkpoint), wrapped as the trainer's AppState."""
     import torch
 
-    from crucible.api import arch
-    from crucible.api.spec import CheckpointSpec, TrainingSpec
+    from crucible.api.spec import TrainingSpec
     from crucible.trainer import optim, parallel
-    from crucible.trainer.checkpoint import AppState, Checkpointer
+    from crucible.trainer.checkpoint import AppState
+
+    model = parallel.build_sharded_model(cfg, env, mesh, precision="fp32", seed=0)
+    opt = optim.build_optimizer(model, TrainingSpec(tokens=1))
+    x = torch.randint(0, cfg.vocab_size, (1, 65))
+    model(x[:, :-1], x[:, 1:]).backward()
+    opt.step()
+    return AppState(model, opt, {})
+
+
+def save_and_restore(model_name: str, uri: str, repeats: int) -> list[dict]:
+    from crucible.api import arch
+    from crucible.api.spec import CheckpointSpec
+    from crucible.trainer import parallel
+    from crucible.trainer.checkpoint import Checkpointer
 
     env = parallel.init_distributed()
     mesh = parallel.build_mesh(env)
     cfg = arch.preset(model_name)
     rows = []
     for mode in ("sync", "async"):
-        model = parallel.build_sharded_model(cfg, env, mesh, precision="fp32", seed=0)
-        opt = optim.build_optimizer(model, TrainingSpec(tokens=1))
-        x = torch.randint(0, cfg.vocab_size, (1, 65))
-        model(x[:, :-1], x[:, 1:]).backward()
-        opt.step()  # AdamW state exists: a realistic checkpoint
-        app = AppState(model, opt, {})
+        app = app_with_adam_state(cfg, env, mesh)
         spec = CheckpointSpec(uri=f"{uri}/{mode}", keep=2, **{"async": mode == "async"})
         ckpt = Checkpointer(spec, job="bench", rank=0, world_size=1, local_rank=0,
                             model_hash="bench", config_hash="bench")
@@ -67,7 +77,7 @@ def save_and_restore(model_name: str, uri: str, repeats: int) -> list[dict]:
         manifest = ckpt.load(app)
         rows[-1]["restore_s"] = time.perf_counter() - started
         assert manifest is not None and manifest["step"] == repeats
-        del model, opt, app
+        del app
     return rows
 
 

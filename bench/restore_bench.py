@@ -1,6 +1,7 @@
 """Restore times by source for GPT-2 124M with its AdamW state on CPU: each rank's own memory,
-a replaced node's shards from its peer, and S3 (or local disk); and the in-memory snapshot's
-blocking and background times beside an async S3 save's.
+a replaced node's shards from its peer, S3 (or local disk), and a guard rollback to the
+snapshot before the newest; and the in-memory snapshot's blocking and background times beside
+an async S3 save's.
 
 Two processes stand for two nodes (each its own memory folder, LOCAL_WORLD_SIZE=1), so the peer
 copy really travels between them over the tier's gloo group.
@@ -27,34 +28,27 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from checkpoint_bench import stack_env  # noqa: E402 - the same stack lookup as the save bench
+from checkpoint_bench import app_with_adam_state, stack_env  # noqa: E402 - shared with it
 
 
 def worker(a: argparse.Namespace) -> None:
-    import torch
     import torch.distributed as dist
 
     from crucible.api import arch
-    from crucible.api.spec import CheckpointSpec, TrainingSpec
-    from crucible.trainer import optim, parallel
-    from crucible.trainer.checkpoint import AppState, Checkpointer
+    from crucible.api.spec import CheckpointSpec
+    from crucible.trainer import parallel
+    from crucible.trainer.checkpoint import Checkpointer
     from crucible.trainer.memory_checkpoint import MemoryTier
 
     env = parallel.init_distributed()
     mesh = parallel.build_mesh(env)
-    cfg = arch.preset(a.model)
-    model = parallel.build_sharded_model(cfg, env, mesh, precision="fp32", seed=0)
-    opt = optim.build_optimizer(model, TrainingSpec(tokens=1))
-    x = torch.randint(0, cfg.vocab_size, (1, 65))
-    model(x[:, :-1], x[:, 1:]).backward()
-    opt.step()  # AdamW state exists: a realistic checkpoint
-    app = AppState(model, opt, {})
+    app = app_with_adam_state(arch.preset(a.model), env, mesh)
     root = Path(a.work) / f"node{env.rank}"
     tier = MemoryTier(job="bench", rank=env.rank, world_size=env.world_size,
                       local_world_size=1, model_hash="bench", keep=2, root=str(root))
     rows: dict[str, list[float]] = {k: [] for k in (
         "snapshot_blocking_s", "snapshot_background_s", "restore_memory_s", "restore_peer_s",
-        "restore_storage_s", "save_blocking_s", "save_commit_s")}
+        "restore_storage_s", "save_blocking_s", "save_commit_s", "rollback_memory_s")}
     spec = CheckpointSpec(uri=a.uri, keep=2, **{"async": True})
     ckpt = Checkpointer(spec, job="bench", rank=env.rank, world_size=env.world_size,
                         local_rank=0, model_hash="bench", config_hash="bench")
@@ -86,6 +80,11 @@ def worker(a: argparse.Namespace) -> None:
         started = time.perf_counter()
         assert ckpt.load(app) is not None
         rows["restore_storage_s"].append(time.perf_counter() - started)
+        if step > 1:
+            # A guard rollback: the snapshot before the newest, as Run.rollback asks for it.
+            report = tier.restore(app, mesh, env.device, max_step=step - 1)
+            assert report is not None and report.step == step - 1, report
+            rows["rollback_memory_s"].append(report.seconds)
     shard_bytes = sum(p.stat().st_size for p in (root / "bench").rglob("rank_*.pt"))
     medians = {k: statistics.median(v) for k, v in rows.items()}
     all_medians = [None] * env.world_size
@@ -112,7 +111,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="gpt2-124m")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3, help="at least 2 (a rollback needs an "
+                   "older snapshot)")
     p.add_argument("--no-s3", action="store_true")
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "restore_bench.json"))
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
