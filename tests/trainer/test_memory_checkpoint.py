@@ -153,6 +153,7 @@ def _last_step_before(tmp_path, t: float) -> int:
                if r["time"] <= t)
 
 
+@pytest.mark.stack
 def test_sigkill_of_a_worker_restores_from_its_own_memory_without_storage(nodes, tmp_path):
     nodes.start("a", host=True)
     b = nodes.start("b", host=False)
@@ -176,6 +177,7 @@ def test_sigkill_of_a_worker_restores_from_its_own_memory_without_storage(nodes,
     assert first["time"] - killed_at <= 10 + 20  # issue target 10 s; slack for a loaded CI box
 
 
+@pytest.mark.stack
 def test_a_lost_node_comes_back_from_its_peers_copy_and_both_copies_lost_fall_back_to_s3(
         nodes, tmp_path):
     nodes.start("a", host=True)
