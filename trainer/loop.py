@@ -350,8 +350,8 @@ class Run:
         if report is None:
             return None
         restored = {"step": report.step, **report.notes}
-        where = f"the in-memory snapshot of step {report.step}"
-        self._continue_from(restored, where)
+        if max_step is None:  # a start: check the batch and data as any resume does
+            self._continue_from(restored, f"the in-memory snapshot of step {report.step}")
         if self.ckpt is not None:
             self.ckpt.last_save_step = report.step  # the next save keeps its schedule
         self.log(f"restored step {report.step} from {report.source} in {report.seconds:.2f}s: "

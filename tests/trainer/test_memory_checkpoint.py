@@ -213,3 +213,28 @@ def test_a_lost_node_comes_back_from_its_peers_copy_and_both_copies_lost_fall_ba
     assert restore["source"] == "s3", log[-3000:]
     assert "restore of s3://" in log  # shards were fetched from storage this time
     assert restore["step"] % S3_EVERY == 0
+
+
+def test_a_guard_rollback_restores_an_older_snapshot_from_memory(corpus, tmp_path):
+    """One update at 100x LR: the guard rolls back to a step at least rollbackMarginSteps before
+    the spike. Snapshots every 2 steps (4 kept) are newer than any commit (every 20) that old, so
+    the rollback reads memory, and the commits after the restored step are discarded."""
+    from tests.support.training import job_config, run_crucible, write_config
+
+    guard = {"minHistory": 16, "recoverSteps": 10, "rollbackMarginSteps": 3, "cooldownSteps": 20}
+    cfg = job_config(corpus, tmp_path / "rb", name="rb", steps=70, evalTokens=4096)
+    cfg["checkpoint"] = {"uri": str(tmp_path / "ckpt"), "everySteps": 20, "everyMinutes": 0,
+                         "inMemoryEverySteps": 2, "inMemoryKeep": 4}
+    cfg["faultTolerance"] = {"spikeGuard": guard}
+    run = run_crucible("train", "--config", str(write_config(cfg, tmp_path / "rb.yaml")),
+                       env={"CRUCIBLE_INJECT": "lr_x100@50",
+                            "CRUCIBLE_MEMORY_DIR": str(tmp_path / "shm")})
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = _records(tmp_path, "rb")
+    verdict = next(r for r in records if r["kind"] == "guard" and r["verdict"] == "rollback")
+    (back,) = [r for r in records if r["kind"] == "rollback"]
+    (restore,) = [r for r in records if r["kind"] == "restore"]
+    assert restore["source"] == "memory" and restore["step"] == back["to_step"]
+    assert back["to_step"] <= verdict["onset"] - guard["rollbackMarginSteps"]
+    assert back["to_step"] > 40 and back["to_step"] % 2 == 0   # newer than the commit at 40
+    assert "restored step" in run.stdout + run.stderr
