@@ -86,6 +86,11 @@ def worker(a: argparse.Namespace) -> None:
             assert report is not None and report.step == step - 1, report
             rows["rollback_memory_s"].append(report.seconds)
     shard_bytes = sum(p.stat().st_size for p in (root / "bench").rglob("rank_*.pt"))
+    dist.barrier()
+    if env.rank == 0:
+        from crucible.trainer import storage
+
+        storage.delete_tree(a.uri)  # the bench's commits: gigabytes nobody needs
     medians = {k: statistics.median(v) for k, v in rows.items()}
     all_medians = [None] * env.world_size
     dist.all_gather_object(all_medians, medians)
