@@ -173,7 +173,7 @@ class StepNumbers:
     update_norm: float   # of the update the step would apply
     save: bool           # rank 0 wants a checkpoint after this step
     stop: bool           # some rank got SIGTERM
-    local_seconds: list[float] = field(default_factory=list)  # each rank's last optimizer step
+    local_seconds: list[float] = field(default_factory=list)  # each rank's own work, last step
 
 
 @dataclass
@@ -253,8 +253,8 @@ class Run:
         self.faults = Faults.from_env()
         self.slowdown = slowdown_from_env(env.rank)
         straggler_spec = cfg.fault_tolerance.stragglers
-        # Every rank times its optimizer step and shares it in the step's all-reduce; rank 0
-        # judges. With one rank there is nobody to be slower than.
+        # Every rank times its own work (straggler.SegmentTimer) and shares it in the step's
+        # all-reduce; rank 0 judges. With one rank there is nobody to be slower than.
         self.timing_shared = straggler_spec.enabled and env.world_size > 1
         self.local_timer = SegmentTimer(env.device)
         self.stragglers = (StragglerDetector(env.world_size, factor=straggler_spec.factor,
@@ -440,8 +440,8 @@ class Run:
         update_sq = optim.next_update_sq(self.optimizer)
         # The grad norm is already global (the same on every rank): rank 0's alone is summed.
         norm = grad_norm if self.env.is_main else 0.0
-        # This rank's last optimizer-step time (0 before the first) rides along, one slot per
-        # rank.
+        # This rank's time for its own work in the last step (0 before the first) rides along,
+        # one slot per rank.
         slot = ((self.env.rank, self.env.world_size, self.local_timer.seconds() or 0.0)
                 if self.timing_shared else None)
         (loss_sum, norm, update_sq, saves, stops), local_s = parallel.all_reduce_sum(
@@ -453,7 +453,7 @@ class Run:
 
     def apply_update(self, apply: bool) -> None:
         """Take the optimizer step, or (a skipped step) drop the gradients: no state changes.
-        The step is this rank's own work (no collective): its time is the straggler signal."""
+        The step has no collective: on a GPU its time is the straggler signal."""
         if apply:
             self.local_timer.start_optimizer()
             started = time.thread_time()
@@ -464,8 +464,8 @@ class Run:
         self.optimizer.zero_grad(set_to_none=True)
 
     def judge_stragglers(self, step: int, local_seconds: list[float]) -> None:
-        """Rank 0: fold in every rank's optimizer-step time of the previous step; report a rank
-        that turned slow or recovered (log, metrics, progress Lease)."""
+        """Rank 0: fold in every rank's own-work time of the previous step; report a rank that
+        turned slow or recovered (log, metrics, progress Lease)."""
         events = self.stragglers.observe(step - 1, local_seconds)
         self.metrics.set(slowest_rank_ratio=float(self.stragglers.last_windowed.max()))
         for e in events:

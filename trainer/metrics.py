@@ -80,8 +80,8 @@ EVENT_GAUGES = {
     "last_checkpoint_step": "Step of the newest committed checkpoint",
     "memory_snapshot_blocking_seconds": "Training time blocked by the last in-memory snapshot (s)",
     "restore_seconds": "Time the last restore took, from any source (s)",
-    "slowest_rank_ratio": "Largest rank's optimizer-step time over the other ranks' median "
-                          "(median over the straggler window)",
+    "slowest_rank_ratio": "Largest ratio of a rank's own-work time per step to the other "
+                          "ranks' median (median over the straggler window)",
     "restarts_total": "Worker-group restarts by torchrun in this agent "
                       "(TORCHELASTIC_RESTART_COUNT)",
 }
