@@ -30,6 +30,7 @@ import copy
 import io
 import json
 import logging
+import mmap
 import os
 import shutil
 import threading
@@ -320,24 +321,32 @@ class MemoryTier:
         plan = plan_restore(gathered, self.world_size, self.model_hash, max_step, min_step)
         if plan is None:
             return None
-        problem, payload, received = None, None, 0
+        problem, payload, size, received = None, None, 0, 0
+        own = self.folder / f"step_{plan.step}" / f"rank_{self.rank}.pt"
         try:
             for src, dst in plan.transfers:   # the same order on every rank: no deadlock
                 if self.rank == src:
                     self._send_shard(plan.step, dst)
                 elif self.rank == dst:
                     payload = self._receive_shard(src)
-                    received = len(payload)
+                    size = received = len(payload)
             if payload is None:
-                payload = (self.folder / f"step_{plan.step}" / f"rank_{self.rank}.pt").read_bytes()
-            if _digest(payload) != plan.digests[self.rank]:
+                # Checked through a read-only map of the file, which the load below maps again:
+                # the shard is read once, never copied into a bytes object.
+                with open(own, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                    digest, size = _digest(m), len(m)
+            else:
+                digest = _digest(payload)
+            if digest != plan.digests[self.rank]:
                 raise ValueError("checksum mismatch")
         except Exception as err:  # noqa: BLE001 - every rank learns it below
             problem = f"rank {self.rank}: {type(err).__name__}: {err}"
         state = None
         if problem is None:
             try:
-                state = torch.load(io.BytesIO(payload), weights_only=True)
+                # A local shard is mapped copy-on-write (tmpfs pages shared until written).
+                state = (torch.load(own, mmap=True, weights_only=True) if payload is None
+                         else torch.load(io.BytesIO(payload), weights_only=True))
             except Exception as err:  # noqa: BLE001 - every rank learns it below
                 problem = f"rank {self.rank}: cannot unpickle its shard: {err}"
         if not self._everyone_ok(problem is None):
@@ -347,7 +356,7 @@ class MemoryTier:
                         plan.step, "; ".join(p for p in problems if p))
             return None
         app.load_state_dict(from_host(state, mesh, device))
-        sizes = torch.tensor([len(payload) - received, received])
+        sizes = torch.tensor([size - received, received])
         dist.all_reduce(sizes, group=self.group)
         self.last_snapshot_step = plan.step
         return RestoreReport(plan.step, plan.source, time.perf_counter() - started,
