@@ -185,7 +185,15 @@ class MemoryTier:
         self.source_rank = (None if self.peer is None
                             else (rank - local_world_size) % world_size)  # whose copy I keep
         self.folder = Path(root or os.environ.get(MEMORY_DIR_ENV) or DEFAULT_MEMORY_DIR) / job
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            from crucible.trainer.checkpoint import CheckpointError
+
+            raise CheckpointError(
+                f"checkpoint.inMemoryEverySteps needs a writable folder in memory, and "
+                f"{self.folder} is not ({err.strerror}): set {MEMORY_DIR_ENV} to one (a tmpfs "
+                "such as /dev/shm), or set checkpoint.inMemoryEverySteps to 0") from None
         # Its own gloo group: the copies travel from a background thread, beside the training
         # group's collectives and DCP's (a CPU group also under NCCL: the copies are host bytes).
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))

@@ -238,3 +238,16 @@ def test_a_guard_rollback_restores_an_older_snapshot_from_memory(corpus, tmp_pat
     assert back["to_step"] <= verdict["onset"] - guard["rollbackMarginSteps"]
     assert back["to_step"] > 40 and back["to_step"] % 2 == 0   # newer than the commit at 40
     assert "restored step" in run.stdout + run.stderr
+
+
+def test_an_unwritable_memory_folder_is_one_clear_line(corpus, tmp_path):
+    from tests.support.training import job_config, run_crucible, write_config
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the memory folder should go")
+    cfg = job_config(corpus, tmp_path / "out", name="shm", steps=4)
+    cfg["checkpoint"] = {"uri": str(tmp_path / "ckpt"), "inMemoryEverySteps": 2}
+    run = run_crucible("train", "--config", str(write_config(cfg, tmp_path / "c.yaml")),
+                       env={"CRUCIBLE_MEMORY_DIR": str(blocker)})
+    assert run.returncode != 0
+    assert "CRUCIBLE_MEMORY_DIR" in run.stderr and "Traceback" not in run.stderr, run.stderr[-2000:]
