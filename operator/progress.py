@@ -55,18 +55,28 @@ def report(lease: ProgressReport | None, status: dict) -> dict:
 
 
 def advance(acc: dict, lease: ProgressReport | None) -> dict:
-    """Fold one Lease reading into the goodput accumulators (returns a new dict)."""
+    """Fold one Lease reading into the goodput accumulators (returns a new dict).
+
+    Only steps above the highest step already counted are productive: after a restore the
+    operator did not order (torchrun restarting its workers, a pod replaced while the others
+    kept training) the trainer redoes steps it had done, and redone work is not new progress.
+    `lose_uncheckpointed` lowers that mark to the checkpoint, as it takes those steps back."""
     acc = dict(acc)
     if lease is None or lease.step is None or lease.step_time is None:
         return acc
     last_step, last_time = acc.get("lastStep"), parse_time(acc.get("lastStepTime"))
     if (last_step is not None and last_time is not None and lease.step > last_step
             and lease.step_time > last_time):
-        acc["productiveSeconds"] = round(acc.get("productiveSeconds", 0.0)
-                                         + (lease.step_time - last_time).total_seconds(), 3)
-        acc["steps"] = acc.get("steps", 0) + (lease.step - last_step)
+        high = acc.get("highStep")
+        new_steps = lease.step - max(last_step, high if high is not None else last_step)
+        if new_steps > 0:
+            share = new_steps / (lease.step - last_step)
+            acc["productiveSeconds"] = round(acc.get("productiveSeconds", 0.0) + share * (
+                lease.step_time - last_time).total_seconds(), 3)
+            acc["steps"] = acc.get("steps", 0) + new_steps
     if last_step is None or lease.step != last_step:
         acc["lastStep"], acc["lastStepTime"] = lease.step, format_time(lease.step_time)
+    acc["highStep"] = max(lease.step, acc.get("highStep") or 0)
     return acc
 
 
@@ -87,6 +97,10 @@ def lose_uncheckpointed(acc: dict, checkpoint_step: int | None) -> tuple[dict, i
     acc["lostSteps"] = acc.get("lostSteps", 0) + lost
     acc["lastStepTime"] = None  # a fresh baseline after the restart
     acc["lastStep"] = None
+    if checkpoint_step is not None:
+        acc["highStep"] = min(acc.get("highStep") or 0, checkpoint_step)  # redone: counted again
+    else:
+        acc.pop("highStep", None)
     return acc, lost
 
 

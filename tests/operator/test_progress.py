@@ -71,3 +71,18 @@ def test_the_last_restore_reaches_status_with_its_source():
     assert out["lastRestore"] == {"source": "peer", "step": 38, "seconds": 1.235,
                                   "time": b.ts(30)}
     assert "lastRestore" not in progress.report(b.lease(120, 30), {})
+
+
+def test_steps_redone_after_a_restore_the_operator_did_not_order_count_once():
+    """torchrun restarted its workers inside the pods (no group restart): the trainer restored
+    step 95 from memory and redid 96-100. Those five steps were counted when first done."""
+    acc = {}
+    for step, t in [(0, 0), (100, 100), (95, 130), (100, 135), (110, 145)]:
+        acc = progress.advance(acc, b.lease(step, t))
+    assert acc["steps"] == 110
+    # 100 s for steps 1-100; the 5 s redoing 96-100 not; the 10 s for 101-110.
+    assert acc["productiveSeconds"] == 110
+    # A reading that spans old and new steps counts only the new share of its time.
+    acc = progress.advance(progress.advance({}, b.lease(0, 0)), b.lease(10, 10))
+    acc = progress.advance(progress.advance(acc, b.lease(6, 20)), b.lease(14, 28))
+    assert acc["steps"] == 14 and acc["productiveSeconds"] == 10 + 8 * 4 / 8
