@@ -300,6 +300,7 @@ class After(enum.Enum):
     NOW = "now"          # the pass decided something status-only: run the next one at once
     DUE = "due"          # a time-based decision falls due (a grace period, the hang timeout)
     RESYNC = "resync"    # nothing pending: the periodic resync
+    GONE = "gone"        # the job no longer exists (deleted, or its namespace was)
 
 
 @dataclass(frozen=True)
@@ -400,6 +401,12 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -
             memo.cluster_policy)
     except (ApiException, OSError) as err:
         metrics.RECONCILES.labels("error").inc()
+        # A 404 may mean the job itself is gone (its namespace deleted while this operator was
+        # not watching): retrying would go on forever, every RETRY_S. Ask once.
+        if getattr(err, "status", None) == 404 and await loop.run_in_executor(
+                memo.executor, memo.kube.read_job, job.namespace, job.name) is None:
+            logger.info("the job no longer exists: its reconcile loop ends")
+            return NextPass(After.GONE, 0.0)
         logger.warning(f"pass failed, retrying: {getattr(err, 'status', '')} "
                        f"{getattr(err, 'reason', err)}")
         return NextPass(After.RETRY, RETRY_S)
@@ -448,6 +455,8 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
                 continue
             wake.clear()
             nxt = await _one_pass(key, body, memo, indexes, logger)
+            if nxt.after is After.GONE:
+                break
             if nxt.after is After.STALE:  # wait for the watch; if it lags too long, read the job
                 fenced_since = fenced_since or time.monotonic()
                 if time.monotonic() - fenced_since < FENCE_WAIT_S:
@@ -459,6 +468,8 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
                 if fresh is None:
                     break
                 nxt = await _one_pass(key, fresh, memo, indexes, logger, fenced=False)
+                if nxt.after is After.GONE:
+                    break
             fenced_since = None
             if nxt.delay_s > 0:
                 await _sleep(wake, stopped, nxt.delay_s)

@@ -24,8 +24,9 @@ NAME = "crucible-operator"
 
 # (apiGroups, resources, verbs, why)
 RULES: list[tuple[list[str], list[str], list[str], str]] = [
-    ([crd.GROUP], [crd.PLURAL], ["list", "watch", "patch", "delete"],
-     "watch jobs; kopf's finalizer (patch); ttlSecondsAfterFinished (delete)"),
+    ([crd.GROUP], [crd.PLURAL], ["get", "list", "watch", "patch", "delete"],
+     "watch jobs; read one when the watch lags or a pass meets a 404 (get); kopf's finalizer "
+     "(patch); ttlSecondsAfterFinished (delete)"),
     ([crd.GROUP], [f"{crd.PLURAL}/status"], ["patch"], "one status patch per pass"),
     ([""], ["pods"], ["list", "watch", "create", "delete"],
      "worker pods: create, replace, force-delete (never read one by one, never edited; what "

@@ -31,9 +31,9 @@ KINDS = {"pod": "pods", "service": "services", "config_map": "configmaps",
          "role_binding": "rolebindings.rbac.authorization.k8s.io",
          "network_policy": "networkpolicies.networking.k8s.io", "event": "events",
          "node": "nodes", "custom_object": JOBS, "custom_object_status": JOB_STATUS}
-VERBS = {"create": "create", "read": "get", "list": "list", "patch": "patch",
+VERBS = {"create": "create", "read": "get", "get": "get", "list": "list", "patch": "patch",
          "delete": "delete", "replace": "update"}
-CALL = re.compile(r"^(create|read|list|patch|delete|replace)_(namespaced_)?([a-z_]+)$")
+CALL = re.compile(r"^(create|read|get|list|patch|delete|replace)_(namespaced_)?([a-z_]+)$")
 # Calls kopf itself makes for the handlers it runs (kopf docs/configuration.rst, "Persistence";
 # kopf's cluster-wide discovery in kopf/_cogs/clients/scanning.py).
 KOPF = {(JOBS, "patch"): "the finalizer and kopf's progress annotations on each job",
