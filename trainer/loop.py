@@ -276,6 +276,9 @@ class Run:
             if self.metrics.port:
                 log(f"metrics: http://127.0.0.1:{self.metrics.port}/metrics")
         self.metrics.set(restarts_total=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+        # 1.0 (nobody slower) until judged: the series exists from the start, so the straggler
+        # alert and the dashboard see a value, also for a job of one rank.
+        self.metrics.set(slowest_rank_ratio=1.0)
         self.lease = progress_lease(cfg.name) if env.is_main else None  # None outside Kubernetes
         self.peak_flops, peak_source = device_peak_flops(env.device)
         log(f"MFU peak: {self.peak_flops / 1e12:.2f} TFLOP/s per device ({peak_source})")

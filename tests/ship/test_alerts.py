@@ -21,7 +21,8 @@ RULES = REPO / "manifests" / "prometheus" / "crucible-alerts.yaml"
 UNIT_TESTS = REPO / "tests" / "ship" / "alerts.test.yaml"
 RUNBOOKS = REPO / "docs" / "runbooks.md"
 ISSUE_ALERTS = {"CrucibleLossSpike", "CrucibleGradNormExplosion", "CrucibleTrainingStalled",
-                "CrucibleCheckpointStale", "CrucibleRestartingTooOften", "CrucibleJobFailed"}
+                "CrucibleCheckpointStale", "CrucibleRestartingTooOften", "CrucibleJobFailed",
+                "CrucibleStraggler"}
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess:
