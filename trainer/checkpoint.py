@@ -295,6 +295,14 @@ def with_retries(action: Callable[[], None], what: str, attempts: int = 6, base_
             sleep(delay)
 
 
+def everyone_ok(ok: bool, group) -> bool:
+    """True when every rank says ok. On a gloo group of the caller's own: a CPU tensor on the
+    default group would fail under NCCL, which takes CUDA tensors only."""
+    flag = torch.tensor([1 if ok else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
+
+
 # --- what is saved ------------------------------------------------------------------------------
 class AppState(Stateful):
     """Everything a restart needs, by name: model and optimizer (sharded, via DCP's state_dict
@@ -502,11 +510,7 @@ class Checkpointer:
                         storage.explain(err, self.uri))
 
     def _everyone_ok(self, ok: bool) -> bool:
-        """True when every rank says ok. On the checkpoint's own gloo group: a CPU tensor on the
-        default group would fail under NCCL, which takes CUDA tensors only."""
-        flag = torch.tensor([1 if ok else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
-        return bool(flag.item())
+        return everyone_ok(ok, self.group)
 
     # -- load -----------------------------------------------------------------------------------
     def load(self, app: AppState, max_step: int | None = None) -> dict | None:

@@ -44,6 +44,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
+from crucible.trainer.checkpoint import CheckpointError, everyone_ok
+
 log = logging.getLogger(__name__)
 
 MEMORY_DIR_ENV = "CRUCIBLE_MEMORY_DIR"
@@ -188,8 +190,6 @@ class MemoryTier:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            from crucible.trainer.checkpoint import CheckpointError
-
             raise CheckpointError(
                 f"checkpoint.inMemoryEverySteps needs a writable folder in memory, and "
                 f"{self.folder} is not ({err.strerror}): set {MEMORY_DIR_ENV} to one (a tmpfs "
@@ -357,7 +357,7 @@ class MemoryTier:
                          else torch.load(io.BytesIO(payload), weights_only=True))
             except Exception as err:  # noqa: BLE001 - every rank learns it below
                 problem = f"rank {self.rank}: cannot unpickle its shard: {err}"
-        if not self._everyone_ok(problem is None):
+        if not everyone_ok(problem is None, self.group):
             problems = [None] * self.world_size
             dist.all_gather_object(problems, problem, group=self.group)
             log.warning("in-memory restore of step %d abandoned (%s): restoring from storage",
@@ -389,8 +389,3 @@ class MemoryTier:
         data = torch.empty(int(size.item()), dtype=torch.uint8)
         dist.recv(data, src, group=self.group)
         return data.numpy().tobytes()
-
-    def _everyone_ok(self, ok: bool) -> bool:
-        flag = torch.tensor([1 if ok else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
-        return bool(flag.item())

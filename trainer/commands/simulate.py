@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -142,10 +141,7 @@ def _given(value, default):
 def summarise(scenario: sim.Scenario, seeds: int, first_seed: int) -> dict:
     """Mean figures over `seeds` runs: goodput (and its spread), seconds by bucket, counts."""
     runs = [sim.simulate(scenario, first_seed + i) for i in range(seeds)]
-    goodputs = [r.goodput for r in runs]
-    mean = sum(goodputs) / seeds
-    spread = (math.sqrt(sum((g - mean) ** 2 for g in goodputs) / (seeds - 1))
-              if seeds > 1 else 0.0)
+    mean, spread = sim.mean_and_spread([r.goodput for r in runs])
     return {
         "goodput": mean, "goodput_sd": spread,
         "wall_s": sum(r.wall_s for r in runs) / seeds,

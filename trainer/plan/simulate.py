@@ -175,7 +175,11 @@ def simulate(scenario: Scenario, seed: int = 0) -> Outcome:
 
 def mean_goodput(scenario: Scenario, seeds: int, first_seed: int = 0) -> tuple[float, float]:
     """Mean and sample standard deviation of goodput over `seeds` runs."""
-    values = [simulate(scenario, first_seed + i).goodput for i in range(seeds)]
+    return mean_and_spread([simulate(scenario, first_seed + i).goodput for i in range(seeds)])
+
+
+def mean_and_spread(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
     mean = sum(values) / len(values)
     spread = (math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
               if len(values) > 1 else 0.0)
