@@ -63,15 +63,26 @@ def worker(a: argparse.Namespace) -> None:
         report = tier.restore(app, mesh, env.device)
         assert report is not None and report.source == "memory", report
         rows["restore_memory_s"].append(report.seconds)
-        # Node 1 replaced: its folder gone, its shard comes from node 0's copy.
+        if step > 1:
+            # A guard rollback: the snapshot before the newest, as Run.rollback asks for it.
+            report = tier.restore(app, mesh, env.device, max_step=step - 1)
+            assert report is not None and report.step == step - 1, report
+            assert report.source == "memory", report
+            rows["rollback_memory_s"].append(report.seconds)
+        # Node 1 replaced: its folder gone, its shard comes from node 0's copy. The folder is
+        # moved aside and back afterwards, so that later rollbacks still find both nodes whole.
         dist.barrier()
         if env.rank == 1:
-            shutil.rmtree(root / "bench", ignore_errors=True)
+            (root / "bench").rename(root / "bench.away")
             (root / "bench").mkdir(parents=True)
         dist.barrier()
         report = tier.restore(app, mesh, env.device)
         assert report is not None and report.source == "peer", report
         rows["restore_peer_s"].append(report.seconds)
+        dist.barrier()
+        if env.rank == 1:
+            shutil.rmtree(root / "bench")
+            (root / "bench.away").rename(root / "bench")
         started = time.perf_counter()
         rows["save_blocking_s"].append(ckpt.save(app, step, 0))
         ckpt.wait()
@@ -80,11 +91,6 @@ def worker(a: argparse.Namespace) -> None:
         started = time.perf_counter()
         assert ckpt.load(app) is not None
         rows["restore_storage_s"].append(time.perf_counter() - started)
-        if step > 1:
-            # A guard rollback: the snapshot before the newest, as Run.rollback asks for it.
-            report = tier.restore(app, mesh, env.device, max_step=step - 1)
-            assert report is not None and report.step == step - 1, report
-            rows["rollback_memory_s"].append(report.seconds)
     shard_bytes = sum(p.stat().st_size for p in (root / "bench").rglob("rank_*.pt"))
     dist.barrier()
     if env.rank == 0:
@@ -105,7 +111,7 @@ def worker(a: argparse.Namespace) -> None:
               f"{a.repeats}, slowest rank:")
         for key in rows:
             print(f"  {key:<24}{result[key]:8.2f} s")
-        print(f"  node memory (own + peer shards, newest step): {shard_bytes / 1e9:.2f} GB")
+        print(f"  node memory (own + peer shards, {tier.keep} newest steps): {shard_bytes / 1e9:.2f} GB")
         print(f"  storage restore / memory restore: "
               f"{result['restore_storage_s'] / result['restore_memory_s']:.1f}x, "
               f"/ peer restore: {result['restore_storage_s'] / result['restore_peer_s']:.1f}x")
