@@ -9,6 +9,8 @@ with NCCL (one process per GPU, at most 2), and prints PASS or FAIL per stage wi
   resume    from the last commit (step 30), with one update at 100x LR injected at step 45:
             the stability guard must roll back to an earlier commit and the run must finish
   eval      `crucible eval` scores the newest commit on held-out text
+  memory    a fresh run with in-memory snapshots every 2 steps: one worker is SIGKILLed, torchrun
+            restarts the workers and they must restore from host memory, not storage
 
 On a machine without CUDA it prepares the data, says where CUDA is required, and stops (exit 0).
 `--cpu` runs every stage on CPU with gloo instead, to check the script itself.
@@ -47,16 +49,18 @@ def prepare_data(root: Path) -> dict:
             "tokenizer": str(tok)}
 
 
-def write_config(root: Path, data: dict, nproc: int, cpu: bool) -> Path:
-    cfg = {"name": "gpu-check", "outputDir": str(root / "run"),
+def write_config(root: Path, data: dict, nproc: int, cpu: bool, name: str = "gpu-check",
+                 in_memory_every: int = 0) -> Path:
+    cfg = {"name": name, "outputDir": str(root / name),
            "model": {"preset": "tiny", "vocabSize": 2048}, "data": data,
            "training": {"tokens": STEPS * 8 * 128 * nproc, "globalBatchTokens": 8 * 128 * nproc,
                         "microBatch": 8, "warmupSteps": 5, "lr": 3e-3,
                         "precision": "fp32" if cpu else "bf16", "evalTokens": 8192},
-           "checkpoint": {"uri": str(root / "ckpt"), "everySteps": EVERY, "everyMinutes": 0,
-                          "keep": 4, "keepEvery": EVERY},
+           "checkpoint": {"uri": str(root / name / "ckpt"), "everySteps": EVERY,
+                          "everyMinutes": 0, "keep": 4, "keepEvery": EVERY,
+                          "inMemoryEverySteps": in_memory_every},
            "faultTolerance": {"spikeGuard": GUARD}, "metrics": {"port": 0}}
-    path = root / "job.yaml"
+    path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -67,8 +71,8 @@ def train_cmd(config: Path, nproc: int, *extra: str) -> list[str]:
             str(config), *extra]
 
 
-def records(root: Path, kind: str) -> list[dict]:
-    path = root / "run" / "metrics.jsonl"
+def records(root: Path, kind: str, name: str = "gpu-check") -> list[dict]:
+    path = root / name / "metrics.jsonl"
     if not path.exists():
         return []
     return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == kind]
@@ -76,7 +80,7 @@ def records(root: Path, kind: str) -> list[dict]:
 
 def committed(root: Path) -> list[int]:
     return sorted(int(p.parent.name.removeprefix("step_"))
-                  for p in (root / "ckpt").glob("step_*/manifest.json"))
+                  for p in (root / "gpu-check" / "ckpt").glob("step_*/manifest.json"))
 
 
 def main() -> int:
@@ -163,6 +167,25 @@ def main() -> int:
     stage("eval", run.returncode == 0 and "loss" in result,
           f"exit {run.returncode}, held-out loss {result.get('loss')}, "
           f"{result.get('bits_per_byte')} bits/byte")
+
+    # memory: the in-memory tier on the device (snapshot copies device to host, its own gloo
+    # group beside NCCL), survived from host memory after a worker is killed at step 15.
+    from crucible.trainer.commands.demo import kill_a_worker_after
+
+    mem_config = write_config(root, data, nproc, args.cpu, name="memory", in_memory_every=2)
+    with open(logs / "memory.log", "w") as out:
+        cmd = train_cmd(mem_config, nproc)
+        cmd[3:3] = ["--max-restarts=1", "--monitor-interval=0.5"]
+        agent = subprocess.Popen(cmd, env={**env, "CRUCIBLE_MEMORY_DIR": str(root / "shm")},
+                                 stdout=out, stderr=subprocess.STDOUT)
+        killed = kill_a_worker_after(agent, root / "memory" / "metrics.jsonl", 15)
+        code = agent.wait(timeout=900)
+    restores = records(root, "restore", "memory")
+    final = [r for r in records(root, "train", "memory") if r["step"] == STEPS]
+    stage("memory", code == 0 and killed is not None and bool(final) and
+          [r["source"] for r in restores] == ["memory"] and restores[0]["step"] >= 14,
+          f"exit {code}, worker killed after step 15, restores "
+          f"{[(r['source'], r['step'], round(r['seconds'], 2)) for r in restores]}")
     return report(results, root)
 
 
