@@ -152,8 +152,13 @@ def main() -> int:
           f"exit {run.returncode}, resumed from step {FIRST_STOP}: "
           f"{f'(step {FIRST_STOP},' in text}, final loss "
           f"{round(final[-1]['loss'], 3) if final else None}")
-    stage("rollback", bool(rollbacks), f"{len(rollbacks)} rollback(s) after the bad update at "
-          f"step {BAD_LR_STEP}" + (f", to before step {rollbacks[0]['onset']}" if rollbacks else ""))
+    # Each restore is reported with its source; the newest is the rollback's.
+    restores = [(r["source"], r["step"]) for r in records(root, "restore")]
+    to_steps = [r["to_step"] for r in records(root, "rollback")]
+    stage("rollback", bool(rollbacks) and restores[-1:] == [("disk", to_steps[-1])],
+          f"{len(rollbacks)} rollback(s) after the bad update at step {BAD_LR_STEP}"
+          + (f", to before step {rollbacks[0]['onset']}" if rollbacks else "")
+          + f"; restores (source, step) {restores}")
 
     # eval: the newest commit on held-out text.
     run = subprocess.run([sys.executable, "-m", "crucible.trainer", "eval", "--config",

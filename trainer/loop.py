@@ -294,7 +294,7 @@ class Run:
                 log(f"resumed from {self.ckpt.last_commit.uri} (step {restored['step']}, saved by "
                     f"{restored['world_size']} ranks, now {env.world_size})")
                 self._on_commit(self.ckpt.last_commit, None)
-                self._report_restore("s3" if self.ckpt.remote else "disk", restored["step"],
+                self._report_restore(self._storage_source, restored["step"],
                                      time.perf_counter() - started)
         if restored is not None:
             self.resumed_from = restored["step"]
@@ -362,6 +362,11 @@ class Run:
                  f"from peers, 0 from storage")
         self._report_restore(report.source, report.step, report.seconds)
         return restored
+
+    @property
+    def _storage_source(self) -> str:
+        """Where a restore from the checkpointer came from, as status and the JSONL name it."""
+        return "s3" if self.ckpt.remote else "disk"
 
     def _report_restore(self, source: str, step: int, seconds: float) -> None:
         self.metrics.set(restore_seconds=seconds)
@@ -511,16 +516,19 @@ class Run:
         commit = (self._restore_from_memory(max_step=target) if self.memory is not None
                   else None)
         if commit is None:
+            started = time.perf_counter()
             commit = self.ckpt.load(self.app, max_step=target)
-        if commit is None:
-            commit = self.ckpt.load(self.app, max_step=verdict.onset - 1)
-            if commit is not None:
-                self.log(f"no commit {spec.rollback_margin_steps} steps before the spike at step "
-                         f"{verdict.onset}; rolling back to step {commit['step']} (keep more: "
-                         "checkpoint.keepEvery)")
-        if commit is None:
-            raise GuardAbort(f"{verdict.reason}; no committed checkpoint before step "
-                             f"{verdict.onset} to roll back to")
+            if commit is None:
+                commit = self.ckpt.load(self.app, max_step=verdict.onset - 1)
+                if commit is not None:
+                    self.log(f"no commit {spec.rollback_margin_steps} steps before the spike at "
+                             f"step {verdict.onset}; rolling back to step {commit['step']} (keep "
+                             "more: checkpoint.keepEvery)")
+            if commit is None:
+                raise GuardAbort(f"{verdict.reason}; no committed checkpoint before step "
+                                 f"{verdict.onset} to roll back to")
+            self._report_restore(self._storage_source, commit["step"],
+                                 time.perf_counter() - started)
         self.guard.load_state_dict(guard_state)
         self.guard.rolled_back(verdict)
         restored = commit["step"]

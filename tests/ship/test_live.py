@@ -119,23 +119,34 @@ def live(kube: Kube, release: Release, prometheus: Prometheus, stack_env, corpus
         port = free_port()
         cfg = job_config(corpus, out, name=name, steps=STEPS, batch_tokens=1024, evalEvery=10,
                          evalTokens=4096)
-        cfg["checkpoint"] = {"uri": str(out / "ckpt"), "everySteps": 10}
+        cfg["checkpoint"] = {"uri": str(out / "ckpt"), "everySteps": 10, "inMemoryEverySteps": 5}
         cfg["metrics"] = {"port": port}
         cfg["faultTolerance"] = {"spikeGuard": {"minHistory": 8}}
         targets.append(prometheus.add_target(f"{release.name}-trainer", f"127.0.0.1:{port}",
                                              {"namespace": ns}))
-        trainer = subprocess.Popen(
-            crucible_cmd("train", "--config", str(write_config(cfg, tmp / "job.yaml"))),
-            cwd=REPO, stdout=open(tmp / "trainer.log", "ab"), stderr=subprocess.STDOUT,
-            env={**os.environ, "OMP_NUM_THREADS": "1", "KUBECONFIG": kubeconfig,
-                 "POD_NAMESPACE": ns, "POD_NAME": f"{name}-0-0", "CRUCIBLE_INJECT": "nan@15"})
-        eventually(lambda: _get(f"http://127.0.0.1:{port}/metrics")[0] == 200, 120,
-                   "the trainer's /metrics")
-        assert trainer.wait(timeout=300) == 0, (tmp / "trainer.log").read_text()[-3000:]
+        train_env = {**os.environ, "OMP_NUM_THREADS": "1", "KUBECONFIG": kubeconfig,
+                     "POD_NAMESPACE": ns, "POD_NAME": f"{name}-0-0", "CRUCIBLE_INJECT": "nan@15",
+                     "CRUCIBLE_MEMORY_DIR": str(tmp / "memory")}
+        # Two runs, as a pod restarted by torchrun would: the second restores step 10 from the
+        # first's in-memory snapshot, so the recovery panels and status.lastRestore have data.
+        # The NaN falls in the second, with steps before and after it for Prometheus to scrape
+        # (the first run's counters are gone with its process).
+        for more_steps in (["--max-steps", "10"], []):
+            trainer = subprocess.Popen(
+                crucible_cmd("train", "--config", str(write_config(cfg, tmp / "job.yaml")),
+                             *more_steps),
+                cwd=REPO, stdout=open(tmp / "trainer.log", "ab"), stderr=subprocess.STDOUT,
+                env=train_env)
+            eventually(lambda: _get(f"http://127.0.0.1:{port}/metrics")[0] == 200, 120,
+                       "the trainer's /metrics")
+            assert trainer.wait(timeout=300) == 0, (tmp / "trainer.log").read_text()[-3000:]
         status = eventually(lambda: (s := cluster.status(name)).get("lastCheckpoint") and
                             s.get("step") == STEPS and s, 30,
                             "the operator's status to show the trainer's progress")
         assert "goodput" in status
+        # The second run's restore, from the trainer's own memory, reached the status.
+        assert status["lastRestore"]["source"] == "memory", status
+        assert status["lastRestore"]["step"] == 10, status
         # Chaos: the pod killed by a signal (a restart with cause Signal), and a job that fails.
         cluster.fail_pod(f"{name}-0-0", 137)
         cluster.create_job(doomed, nodes={"min": 1, "max": 1},
