@@ -106,7 +106,7 @@ QUANTITY = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
             r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
 
 # GPTConfig's field names are the spec's, in snake_case: an arch error names the spec field.
-_ARCH_FIELD = re.compile(r"\b(layers|heads|dim|seq_len|vocab_size)\b")
+_ARCH_FIELD = re.compile(r"\b(layers|heads|dim|seq_len|vocab_size|kv_heads)\b")
 
 
 _DIM, _HEADS = _preset_lookup("dim", "dim"), _preset_lookup("heads", "heads")
@@ -138,6 +138,18 @@ class ModelSpec(Spec):
                                    ">= the tokenizer's vocabulary (pad to a multiple of 64).")
     tied_embeddings: bool | None = Field(None, description="Share input embedding and output layer.")
     qk_norm: bool | None = Field(None, description="LayerNorm on queries and keys (stability).")
+    kv_heads: int | None = Field(None, ge=0, le=256, description="Key/value heads: fewer than "
+                                 "heads (dividing it) is grouped-query attention; 0 = heads.")
+    ffn_dim: int | None = Field(None, ge=0, le=1 << 20, description="MLP inner width (0: 4 x "
+                                "dim, GPT-2's).")
+    norm: Literal["layernorm", "rmsnorm"] | None = Field(None, description="Normalisation layer.")
+    mlp: Literal["gelu", "swiglu"] | None = Field(None, description="MLP: GPT-2's GELU or "
+                                                  "Llama's SwiGLU.")
+    position: Literal["rope", "learned"] | None = Field(None, description="Rotary or learned "
+                                                        "(GPT-2's) position embeddings.")
+    bias: bool | None = Field(None, description="Biases in linear layers and LayerNorms (GPT-2).")
+    rope_theta: float | None = Field(None, gt=0, description="RoPE base (10,000 in RoFormer, "
+                                     "500,000 in Llama 3).")
 
     @model_validator(mode="after")
     def _complete(self) -> "ModelSpec":
@@ -156,7 +168,9 @@ class ModelSpec(Spec):
         overrides = {k: v for k, v in {
             "layers": self.layers, "heads": self.heads, "dim": self.dim,
             "seq_len": self.seq_len, "vocab_size": self.vocab_size,
-            "tied_embeddings": self.tied_embeddings, "qk_norm": self.qk_norm}.items()
+            "tied_embeddings": self.tied_embeddings, "qk_norm": self.qk_norm,
+            "kv_heads": self.kv_heads, "d_ff": self.ffn_dim, "norm": self.norm, "mlp": self.mlp,
+            "position": self.position, "bias": self.bias, "rope_theta": self.rope_theta}.items()
             if v is not None}
         if self.preset is not None:
             return arch.preset(self.preset, **overrides)

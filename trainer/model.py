@@ -4,8 +4,12 @@ Follows nanoGPT's `model.py` (karpathy/nanoGPT) and GPT-2 (Radford et al. 2019):
 names (`wte`, `wpe`, `h.N.attn.c_attn`, `c_proj`, `ln_f`, `lm_head`) are GPT-2's and are a
 contract, since they become checkpoint keys. Differences, each a config switch in api/arch.py:
 rotary position embeddings (Su et al. 2021) instead of learned ones, no biases, optional
-QK-norm (Wortsman et al. 2023). The architecture's parameter count is `arch.param_count`; a test
-holds the two equal, and with GPT-2's own settings both give 124,439,808.
+QK-norm (Wortsman et al. 2023), and the Llama family's parts: RMSNorm, a SwiGLU MLP and grouped
+query attention (fewer key/value heads, each shared by a group of query heads). Fused weights
+stay fused under every switch (`c_attn` holds q, k and v; SwiGLU's `c_fc` holds the gate and the
+up projection): one matmul each, and `crucible export` splits them into Hugging Face's names.
+The architecture's parameter count is `arch.param_count`; a test holds the two equal, and with
+GPT-2's own settings both give 124,439,808.
 
 This module never imports torch.distributed: sharding, compile and activation checkpointing are
 applied from the outside by `parallel.py`. Weights are created on whatever device the module is
@@ -32,19 +36,28 @@ def rope_tables(cfg: GPTConfig, device: torch.device | str | None = None) -> tup
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[..., :half], x[..., half:]) of x (B, nh, T, hd) by the position's angle."""
+    """Rotate pairs (x[..., :half], x[..., half:]) of x (B, nh, T, hd) by the position's angle.
+
+    In x's own dtype: the tables are fp32 (angles up to seq_len radians need its mantissa) and
+    are cast once per call; a bf16 rotation of a bf16 query loses nothing the bf16 matmul that
+    follows would keep, and saves the fp32 round trip's extra kernels and memory."""
     T = x.size(-2)
-    x1, x2 = x.float().chunk(2, dim=-1)  # each (B, nh, T, hd/2)
-    cos, sin = cos[:T], sin[:T]  # (T, hd/2), broadcast over B and nh
-    rotated = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-    return rotated.type_as(x)
+    x1, x2 = x.chunk(2, dim=-1)  # each (B, nh, T, hd/2)
+    cos, sin = cos[:T].to(x.dtype), sin[:T].to(x.dtype)  # (T, hd/2), broadcast over B and nh
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def norm_layer(cfg: GPTConfig, width: int) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(width, eps=cfg.norm_eps)
+    return nn.LayerNorm(width, eps=cfg.norm_eps, bias=cfg.bias)
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
-        self.c_attn = nn.Linear(cfg.dim, 3 * cfg.dim, bias=cfg.bias)  # q, k, v at once
+        self.c_attn = nn.Linear(cfg.dim, cfg.dim + 2 * cfg.kv_dim, bias=cfg.bias)  # q, k, v
         self.c_proj = nn.Linear(cfg.dim, cfg.dim, bias=cfg.bias)
         if cfg.qk_norm:
             self.q_norm = nn.LayerNorm(cfg.head_dim, bias=False)
@@ -52,17 +65,19 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         B, T, C = x.size()
-        nh, hd = self.cfg.heads, self.cfg.head_dim
-        q, k, v = self.c_attn(x).split(C, dim=2)  # each (B, T, C)
+        nh, nkv, hd = self.cfg.heads, self.cfg.n_kv_heads, self.cfg.head_dim
+        q, k, v = self.c_attn(x).split([C, nkv * hd, nkv * hd], dim=2)
         q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
-        k = k.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
-        v = v.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = k.view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        v = v.view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        # Flash / memory-efficient kernels on GPU, the math kernel on CPU.
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hd)
+        # Flash / memory-efficient kernels on GPU, the math kernel on CPU; with GQA each key/value
+        # head serves nh/nkv query heads without being copied out first.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           enable_gqa=nkv != nh)  # (B, nh, T, hd)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.c_proj(y)
 
@@ -70,10 +85,15 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(cfg.dim, cfg.ffn_dim, bias=cfg.bias)
+        self.swiglu = cfg.mlp == "swiglu"
+        up = 2 * cfg.ffn_dim if self.swiglu else cfg.ffn_dim  # SwiGLU: gate and up, fused
+        self.c_fc = nn.Linear(cfg.dim, up, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            gate, up = self.c_fc(x).chunk(2, dim=-1)
+            return self.c_proj(F.silu(gate) * up)
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2's tanh GELU
 
 
@@ -82,9 +102,9 @@ class Block(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.dim, bias=cfg.bias)
+        self.ln_1 = norm_layer(cfg, cfg.dim)
         self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.dim, bias=cfg.bias)
+        self.ln_2 = norm_layer(cfg, cfg.dim)
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -100,7 +120,7 @@ class GPT(nn.Module):
         if cfg.position == "learned":
             self.wpe = nn.Embedding(cfg.seq_len, cfg.dim)
         self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
-        self.ln_f = nn.LayerNorm(cfg.dim, bias=cfg.bias)
+        self.ln_f = norm_layer(cfg, cfg.dim)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tied_embeddings:
             self.lm_head.weight = self.wte.weight  # one tensor, two uses (GPT-2, Press & Wolf 2017)

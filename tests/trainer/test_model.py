@@ -24,9 +24,18 @@ def test_gpt2_small_with_gpt2_settings_has_124_439_808_params():
     assert _numel_on_meta(cfg) == 124_439_808
 
 
+# The published totals of the models whose shapes the Llama presets take (their config.json).
+@pytest.mark.parametrize("name, published", [("llama-1b", 1_235_814_400),
+                                              ("llama-3b", 3_212_749_824),
+                                              ("llama-8b", 8_030_261_248)])
+def test_llama_presets_have_the_published_parameter_counts(name, published):
+    assert arch.param_count(arch.PRESETS[name]) == published
+
+
 @pytest.mark.parametrize("name", sorted(arch.PRESETS))
 @pytest.mark.parametrize("variant", [{}, {"tied_embeddings": False}, {"qk_norm": True},
-                                     {"bias": True, "position": "learned"}])
+                                     {"bias": True, "position": "learned"}, {"kv_heads": 1},
+                                     {"norm": "rmsnorm", "mlp": "swiglu", "d_ff": 96}])
 def test_module_parameter_count_equals_formula(name, variant):
     cfg = dataclasses.replace(arch.PRESETS[name], **variant)
     assert _numel_on_meta(cfg) == arch.param_count(cfg)
@@ -41,17 +50,41 @@ def test_flops_per_token_by_hand_for_gpt2_small():
     assert arch.flops_per_token(cfg) == expected == 855_157_248
 
 
-def _tiny(**kw) -> GPT:
+def test_flops_per_token_by_hand_for_llama_8b():
+    # GQA: q and o are d x d, k and v d x 1024 (8 heads of 128); SwiGLU: three d x 14336.
+    d, f, kv, layers, vocab, T = 4096, 14336, 1024, 32, 128256, 8192
+    per_block = 2 * d + (2 * d * d + 2 * d * kv) + 3 * d * f
+    assert arch.block_params(arch.PRESETS["llama-8b"]) == per_block
+    expected = 6 * (layers * per_block + vocab * d) + 12 * layers * d * T
+    assert arch.flops_per_token(arch.PRESETS["llama-8b"]) == expected
+
+
+def test_kv_heads_must_divide_heads():
+    with pytest.raises(ValueError, match="multiple of kv_heads"):
+        arch.preset("llama-tiny", kv_heads=3)
+
+
+def test_fingerprint_of_a_gpt_config_is_unchanged_by_the_fields_added_for_llama():
+    # Checkpoints made before these fields existed carry a hash of this exact dict.
+    assert arch.PRESETS["tiny"].fingerprint() == {
+        "n_layer": 2, "n_head": 4, "d_model": 128, "seq_len": 128, "vocab_size": 4096,
+        "d_ff": 0, "tied_embeddings": True, "position": "rope", "bias": False,
+        "rope_theta": 10000.0, "qk_norm": False}
+    assert arch.PRESETS["llama-tiny"].fingerprint()["kv_heads"] == 2
+
+
+def _tiny(preset: str = "tiny", **kw) -> GPT:
     torch.manual_seed(0)
-    cfg = dataclasses.replace(arch.PRESETS["tiny"], vocab_size=97, **kw)
+    cfg = dataclasses.replace(arch.PRESETS[preset], vocab_size=97, **kw)
     model = GPT(cfg)
     model.init_weights()
     return model
 
 
-@pytest.mark.parametrize("position", ["rope", "learned"])
-def test_output_at_a_position_ignores_later_tokens(position):
-    model = _tiny(position=position)
+@pytest.mark.parametrize("preset, position", [("tiny", "rope"), ("tiny", "learned"),
+                                              ("llama-tiny", "rope")])
+def test_output_at_a_position_ignores_later_tokens(preset, position):
+    model = _tiny(preset, position=position)
     idx = torch.randint(0, 97, (2, 32))
     changed = idx.clone()
     changed[:, 20:] = (changed[:, 20:] + 1) % 97
@@ -96,3 +129,46 @@ def test_sequence_longer_than_context_is_refused():
     model = _tiny()
     with pytest.raises(ValueError, match="longer than model.seqLen"):
         model(torch.zeros(1, model.cfg.seq_len + 1, dtype=torch.long))
+
+
+def test_grouped_query_attention_equals_multi_head_attention_with_shared_key_value_heads():
+    # A GQA model is an MHA model whose query heads in a group see copies of one key/value head.
+    gqa = _tiny("llama-tiny")
+    mha = GPT(dataclasses.replace(gqa.cfg, kv_heads=0))
+    cfg, state = gqa.cfg, gqa.state_dict()
+    d, hd, group = cfg.dim, cfg.head_dim, cfg.heads // cfg.n_kv_heads
+
+    def widen(t: torch.Tensor) -> torch.Tensor:  # (kv_dim, d) -> (d, d), each head `group` times
+        return t.view(cfg.n_kv_heads, hd, d).repeat_interleave(group, 0).reshape(d, d)
+
+    for key, w in list(state.items()):
+        if key.endswith("attn.c_attn.weight"):
+            q, k, v = w.split([d, cfg.kv_dim, cfg.kv_dim])
+            state[key] = torch.cat([q, widen(k), widen(v)])
+    mha.load_state_dict(state)
+    mha.rope_cos.copy_(gqa.rope_cos), mha.rope_sin.copy_(gqa.rope_sin)
+    idx = torch.randint(0, 97, (2, 32))
+    with torch.no_grad():
+        assert torch.allclose(gqa(idx), mha(idx), atol=1e-5)
+
+
+def test_llama_blocks_are_rmsnorm_and_swiglu_with_untied_head():
+    model = _tiny("llama-tiny")
+    assert isinstance(model.ln_f, torch.nn.RMSNorm) and isinstance(model.h[0].ln_1, torch.nn.RMSNorm)
+    assert torch.equal(model.h[0].ln_2.weight, torch.ones_like(model.h[0].ln_2.weight))
+    assert model.h[0].mlp.c_fc.weight.shape == (2 * model.cfg.ffn_dim, model.cfg.dim)
+    assert model.lm_head.weight is not model.wte.weight
+    x = torch.randn(3, model.cfg.dim)
+    gate, up = (x @ model.h[0].mlp.c_fc.weight.T).chunk(2, dim=-1)
+    expected = (torch.nn.functional.silu(gate) * up) @ model.h[0].mlp.c_proj.weight.T
+    assert torch.allclose(model.h[0].mlp(x), expected, atol=1e-6)
+
+
+def test_rope_in_bf16_stays_close_to_fp32():
+    cfg = arch.PRESETS["llama-tiny"]
+    cos, sin = rope_tables(cfg)
+    q = torch.randn(2, cfg.heads, cfg.seq_len, cfg.head_dim)
+    exact = apply_rope(q, cos, sin)
+    fast = apply_rope(q.bfloat16(), cos, sin)
+    assert fast.dtype == torch.bfloat16
+    assert torch.allclose(fast.float(), exact, atol=0.05, rtol=0.02)
