@@ -17,6 +17,14 @@ Owns byte arithmetic only; which layout to pick is `parallelism`'s job. Sources:
   for other MLP widths f it is generalised here to 18 + 4f/h (exactly 34 at f = 4h).
 - Logits: s·b·V values kept in fp32 for the loss, 4 bytes each, divided by t (vocab-parallel
   output layer) — the term Megatron's theoretical_memory_usage.py adds for the output layer.
+- Crucible's own blocks (`block_activation_bytes`, what `estimate` uses): Korthikanti's table
+  counts Megatron's GPT (dropout masks, no RoPE, GELU, one key/value head per query head). The
+  count here is of the tensors Crucible's module keeps for backward, op by op, with fused
+  attention: per token, each norm its input and output (RMSNorm also its normalised input),
+  attention 4h + 3·kv (rotated q and k, the fused q|k|v output, the attention output and its
+  transposed copy; kv = key/value width, h under MHA, less under GQA), the MLP 2f (GELU: its
+  input and output) or 4f (SwiGLU: gate|up, silu(gate), their product). A test holds it against
+  the bytes autograd actually saves for every preset's block shape.
 """
 
 from __future__ import annotations
@@ -114,6 +122,54 @@ def layer_activation_bytes(seq_len: int, micro_batch: int, hidden: int, heads: i
     return scale * s * b * h * per_layer
 
 
+def _norm_values(cfg: GPTConfig) -> int:
+    """Per-token values a norm keeps: its input and output, and RMSNorm its normalised input
+    (torch's RMSNorm is composed of ops; LayerNorm is one kernel that keeps its statistics)."""
+    return 3 * cfg.dim if cfg.norm == "rmsnorm" else 2 * cfg.dim
+
+
+def block_activation_values(cfg: GPTConfig) -> dict[str, float]:
+    """Per-token values one of Crucible's blocks keeps for backward with fused attention, by
+    part; the fp32 statistics (norms, the attention's log-sum-exp) are a few values per token
+    and counted too."""
+    h, kv, f = cfg.dim, cfg.kv_dim, cfg.ffn_dim
+    stats = 1 if cfg.norm == "rmsnorm" else 2  # RMSNorm: 1/rms; LayerNorm: mean and 1/std
+    # Learned positions: q and k stay views of the fused output, no rotated copies.
+    rotated = h + kv if cfg.position == "rope" else 0
+    return {"norms": 2 * (_norm_values(cfg) + stats),
+            "attention": rotated + (h + 2 * kv) + 2 * h + cfg.heads,
+            "mlp": 4 * f if cfg.mlp == "swiglu" else 2 * f}
+
+
+def block_activation_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: int = 1,
+                           sequence_parallel: bool = True, recompute: Recompute = "none",
+                           bytes_per_value: int = 2, flash_attention: bool = True) -> float:
+    """Activation bytes of one of Crucible's blocks on one GPU (see the module docstring).
+
+    Tensor parallelism splits what Korthikanti's §4.1 splits (all but the norms' part without
+    sequence parallelism); without fused attention the s×s scores come back as his 5as/h term;
+    full recomputation keeps the block's input."""
+    if min(seq_len, micro_batch, tp) < 1:
+        raise ValueError("seq_len, micro_batch and tp must be >= 1")
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+    tokens, t = seq_len * micro_batch, tp
+    if recompute == "full":
+        return bytes_per_value * tokens * cfg.dim / (t if sequence_parallel else 1)
+    parts = block_activation_values(cfg)
+    rest = parts["attention"] + parts["mlp"]
+    per_token = (parts["norms"] + rest) / t if sequence_parallel else parts["norms"] + rest / t
+    if recompute == "none" and not flash_attention:
+        per_token += 2.5 * cfg.heads * seq_len / t  # 5as/h bytes per sbh, at 2 bytes a value
+    return bytes_per_value * tokens * per_token
+
+
+def head_activation_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int,
+                          bytes_per_value: int = 2) -> float:
+    """The final norm's kept tensors (the fp32 logits are `logits_bytes`)."""
+    return bytes_per_value * seq_len * micro_batch * _norm_values(cfg)
+
+
 def logits_bytes(seq_len: int, micro_batch: int, vocab: int, tp: int = 1) -> float:
     """fp32 logits for the loss: 4·s·b·V/t bytes."""
     return 4.0 * seq_len * micro_batch * vocab / tp
@@ -161,10 +217,11 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
     """
     n = params if params is not None else param_count(cfg)
     states = model_states(n, stage, dp, precision, model_parallel=tp * pp)
-    stored: Recompute = "selective" if flash_attention and recompute == "none" else recompute
-    per_layer = layer_activation_bytes(cfg.seq_len, micro_batch, cfg.dim, cfg.heads,
-                                       cfg.ffn_dim, tp, sequence_parallel, stored,
-                                       precision.activation_bytes)
+    per_layer = block_activation_bytes(cfg, cfg.seq_len, micro_batch, tp, sequence_parallel,
+                                       recompute, precision.activation_bytes, flash_attention)
     acts = cfg.layers * per_layer  # 1F1B: p micro-batches × L/p layers (Korthikanti §4.2.3)
-    logits = logits_bytes(cfg.seq_len, micro_batch, cfg.vocab_size, tp) if pp == 1 else 0.0
+    logits = 0.0
+    if pp == 1:  # the last stage's; the first (counted here) holds more layers' activations
+        acts += head_activation_bytes(cfg, cfg.seq_len, micro_batch, precision.activation_bytes)
+        logits = logits_bytes(cfg.seq_len, micro_batch, cfg.vocab_size, tp)
     return MemoryEstimate(states, acts, logits, capacity_bytes, USABLE_FRACTION)

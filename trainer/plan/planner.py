@@ -167,8 +167,9 @@ def _budget_section(plan: Plan, inp: PlanInputs, how: str) -> Section:
     s.add("tokens_per_param", "tokens per parameter", plan.tokens / plan.params, "1", "D/N",
           "≈20 is compute-optimal (Chinchilla Table 3)")
     cfg = plan.model
-    s.add("shape", "model shape", f"L={cfg.layers} d={cfg.dim} heads={cfg.heads} "
-          f"seq={cfg.seq_len} V={cfg.vocab_size}", "1",
+    kv = f" kv_heads={cfg.n_kv_heads}" if cfg.n_kv_heads != cfg.heads else ""
+    s.add("shape", "model shape", f"L={cfg.layers} d={cfg.dim} heads={cfg.heads}{kv} "
+          f"f={cfg.ffn_dim} {cfg.mlp} seq={cfg.seq_len} V={cfg.vocab_size}", "1",
           "derived: 12·L·d²+V·d ≈ N, d/L≈128 (GPT-3 Table 2.1)" if plan.model_is_derived else "given")
     if plan.model_is_derived:
         s.notes.append("No --model given: the shape above is derived from N for memory and "
@@ -232,14 +233,17 @@ def _memory_section(plan: Plan, inp: PlanInputs, precision: mem.Precision) -> Se
         s.add(f"states.zero{stage}", f"{name} params+grads+optimizer", st.total_bytes, "B",
               ["(2+2+K)Ψ", "4Ψ + KΨ/N_d", "2Ψ + (2+K)Ψ/N_d", "(2+2+K)Ψ/N_d"][stage] + f", K={precision.optimizer_bytes:g}",
               src)
-    kor = "Korthikanti et al. 2022 Table 2"
-    for rc, formula in (("none", "L·sbh(34 + 5as/h), scores stored (no FlashAttention)"),
-                        ("selective", "L·sbh·34 (= none with FlashAttention/SDPA)"),
-                        ("full", "L·2sbh")):
-        acts = cfg.layers * mem.layer_activation_bytes(cfg.seq_len, inp.micro_batch, cfg.dim,
-                                                        cfg.heads, cfg.ffn_dim, 1, True, rc,
-                                                        precision.activation_bytes)
-        s.add(f"activations.{rc}", f"activations, recompute={rc}", acts, "B", formula, kor)
+    src_acts = "Crucible's block, op by op (trainer/plan/memory.py); Korthikanti et al. 2022"
+    per_block = mem.block_activation_values(cfg)
+    block = (f"norms {per_block['norms']:g} + attention {per_block['attention']:g} + MLP "
+             f"{per_block['mlp']:g} values/token")
+    for rc, formula in (("none", f"L·sb({block} + 2.5as), scores stored (no fused attention)"),
+                        ("selective", f"L·sb({block}) (= none with FlashAttention/SDPA)"),
+                        ("full", "L·sbh (each block's input)")):
+        acts = cfg.layers * mem.block_activation_bytes(
+            cfg, cfg.seq_len, inp.micro_batch, recompute=rc,
+            bytes_per_value=precision.activation_bytes, flash_attention=False)
+        s.add(f"activations.{rc}", f"activations, recompute={rc}", acts, "B", formula, src_acts)
     s.add("logits", "fp32 logits", mem.logits_bytes(cfg.seq_len, inp.micro_batch, cfg.vocab_size),
           "B", "4·s·b·V", "Megatron theoretical_memory_usage.py")
     s.add("capacity", f"{plan.gpu.name} memory (usable {mem.USABLE_FRACTION:.0%})",
