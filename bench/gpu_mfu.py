@@ -1,22 +1,41 @@
-"""GPU throughput and MFU of Crucible's model + FSDP2 on one GPU (bf16), against a measured peak.
+"""Throughput and MFU of the real training step: `crucible train` under torchrun, as a job runs.
 
-For each model (default: gpt2-124m and 1.3b) it builds the model exactly as training does
-(meta device -> fully_shard -> materialise, bf16 parameters, fp32 reductions, optional per-block
-torch.compile), runs forward+backward+AdamW on random tokens, and reports tokens/s and MFU
-two ways: against the datasheet bf16 peak (trainer/hardware.py) and against the bf16 matmul
-peak measured here (8192^3 GEMMs), which is the honest ceiling for this particular board.
+Each model trains for `--warmup + --steps` steps through the same code path a PretrainJob runs
+(the loader on real token shards, FSDP2, bf16, the stability guard, the straggler timer,
+metrics), and the figures are read from the run's own metrics.jsonl: the median over the steps
+after the warm-up (compilation, allocator growth) of tokens/s, and MFU two ways: the trainer's
+own (against the device's datasheet bf16 peak, trainer/hardware.py) and against the bf16 matmul
+peak measured here (8192^3 GEMMs), the honest ceiling for this particular board. FLOPs per token
+are `arch.flops_per_token` (PaLM's 6N + 12·L·d·T, as torchtitan counts them).
 
-  python bench/gpu_mfu.py [--models gpt2-124m 1.3b] [--steps 20] [--micro-batch 16] [--compile]
+  python bench/gpu_mfu.py [--models gpt2-124m llama-1b] [--nproc 1|N|all] [--micro-batch 8]
+                          [--seq-len T] [--steps 30] [--warmup 10] [--compile auto|on|off]
+                          [--json OUT] [--keep DIR]
+  python bench/gpu_mfu.py --cpu      # the same on gloo with llama-tiny, to check the script
 
-Without a CUDA GPU it prints one line saying so and exits 0.
+The data are BPE shards of Python's own documentation (bench/gpu_check.py prepares them); a
+model whose vocabulary is larger than the tokenizer's still computes its full softmax, so the
+step costs what it costs on real data. Without CUDA (and without --cpu) it says so and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+from gpu_check import prepare_data  # noqa: E402 - the same shards the GPU check trains on
 
 
 def measured_bf16_peak(torch, n: int = 8192, iters: int = 20) -> float:
@@ -29,80 +48,110 @@ def measured_bf16_peak(torch, n: int = 8192, iters: int = 20) -> float:
     for _ in range(iters):
         a @ b
     torch.cuda.synchronize()
-    return 2 * n**3 * iters / (time.perf_counter() - start)
-
-
-def bench_model(torch, name: str, a, env, mesh) -> dict:
-    from crucible.api import arch
-    from crucible.api.spec import TrainingSpec
-    from crucible.trainer import optim, parallel
-
-    cfg = arch.preset(name)
-    model = parallel.build_sharded_model(cfg, env, mesh, precision="bf16", seed=0,
-                                         activation_checkpointing=a.activation_checkpointing,
-                                         compile_blocks=a.compile)
-    opt = optim.build_optimizer(model, TrainingSpec(tokens=1))
-    B, T = a.micro_batch, cfg.seq_len
-    x = torch.randint(0, cfg.vocab_size, (B, T + 1), device="cuda")
-    times = []
-    for step in range(a.warmup + a.steps):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        loss = model(x[:, :-1], x[:, 1:])
-        loss.backward()
-        optim.clip_grad_norm(model, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        if step >= a.warmup:
-            times.append(time.perf_counter() - start)
-    times.sort()
-    step_s = times[len(times) // 2]
-    tps = B * T / step_s
-    flops = arch.flops_per_token(cfg)
-    result = {"model": name, "params_M": arch.param_count(cfg) / 1e6, "tokens_per_step": B * T,
-              "step_ms": 1e3 * step_s, "tokens_per_s": tps, "achieved_tflops": tps * flops / 1e12,
-              "max_mem_GiB": torch.cuda.max_memory_allocated() / 2**30}
-    del model, opt
+    peak = 2 * n**3 * iters / (time.perf_counter() - start)
+    del a, b
     torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    return result
+    return peak
+
+
+def job(root: Path, data: dict, model: str, a: argparse.Namespace, nproc: int) -> Path:
+    from crucible.api import arch
+
+    seq = a.seq_len or arch.preset(model).seq_len
+    batch = a.micro_batch * seq * nproc
+    training = {"tokens": (a.warmup + a.steps) * batch, "globalBatchTokens": batch,
+                "microBatch": a.micro_batch, "warmupSteps": 5, "lr": 3e-4,
+                "precision": "fp32" if a.cpu else "bf16", "evalTokens": seq * a.micro_batch}
+    if a.compile != "auto":
+        training["compile"] = a.compile == "on"
+    cfg = {"name": f"mfu-{model}", "outputDir": str(root / model),
+           "model": {"preset": model, "seqLen": seq},
+           "data": data, "training": training, "metrics": {"port": 0}}
+    path = root / f"{model}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_model(root: Path, data: dict, model: str, a: argparse.Namespace, nproc: int,
+              env: dict) -> dict:
+    """Train `model` and summarise its post-warm-up steps from its metrics.jsonl."""
+    from crucible.api import arch
+
+    config = job(root, data, model, a, nproc)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", "-m", "crucible.trainer", "train", "--config",
+           str(config)]
+    log = root / f"{model}.log"
+    with open(log, "w") as out:
+        code = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        raise SystemExit(f"{model}: training failed (exit {code}); see {log}")
+    records = [json.loads(line) for line in (root / model / "metrics.jsonl").read_text()
+               .splitlines() if line.strip()]
+    steps = [r for r in records if r["kind"] == "train" and r["step"] > a.warmup]
+    if not steps:
+        raise SystemExit(f"{model}: no steps after the warm-up in {root / model}")
+    cfg = arch.preset(model, seq_len=a.seq_len or arch.preset(model).seq_len)
+    return {"model": model, "params": arch.param_count(cfg), "gpus": nproc,
+            "seq_len": cfg.seq_len, "micro_batch": a.micro_batch,
+            "tokens_per_step": a.micro_batch * cfg.seq_len * nproc,
+            "flops_per_token": arch.flops_per_token(cfg),
+            "step_s": statistics.median(r["step_seconds"] for r in steps),
+            "tokens_per_s": statistics.median(r["tokens_per_second"] for r in steps),
+            "mfu_trainer": statistics.median(r["mfu"] for r in steps), "steps": len(steps)}
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=["gpt2-124m", "1.3b"])
-    p.add_argument("--micro-batch", type=int, default=16)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--compile", action="store_true", help="torch.compile each block")
-    p.add_argument("--activation-checkpointing", action="store_true")
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+")
+    p.add_argument("--nproc", default="1", help="processes (GPUs): a number or `all`")
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--seq-len", type=int, help="override the presets' context length")
+    p.add_argument("--steps", type=int, default=30, help="steps measured after the warm-up")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                   help="training.compile (auto: the job's default)")
+    p.add_argument("--cpu", action="store_true", help="gloo on CPU with llama-tiny (a check "
+                   "of the script, not a measurement)")
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--keep", help="work in this folder and keep it")
     a = p.parse_args()
     import torch
 
-    if not torch.cuda.is_available():
+    if not a.cpu and not torch.cuda.is_available():
         print("bench/gpu_mfu.py: no CUDA GPU on this machine; nothing measured (run it where "
-              "`torch.cuda.is_available()` is true, e.g. one H200)")
+              "`torch.cuda.is_available()` is true, e.g. one H200; `--cpu` checks the script)")
         return 0
-    from crucible.trainer import hardware, parallel
+    models = a.models or (["llama-tiny"] if a.cpu else ["gpt2-124m", "llama-1b"])
+    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    if a.cpu:
+        from crucible.trainer.metrics import measure_matmul_peak_flops
 
-    env = parallel.init_distributed()
-    mesh = parallel.build_mesh(env)
-    device_name = torch.cuda.get_device_name()
-    acc = hardware.from_device_name(device_name)
-    peak_measured = measured_bf16_peak(torch)
-    print(f"{device_name}: measured bf16 matmul peak {peak_measured / 1e12:.0f} TFLOP/s"
-          + (f", datasheet {acc.peak_bf16_flops / 1e12:.0f} TFLOP/s" if acc else ""))
-    print(f"{'model':<11}{'params':>9}{'tok/step':>10}{'step ms':>9}{'tok/s':>11}{'TFLOP/s':>9}"
-          f"{'MFU(meas)':>11}{'MFU(sheet)':>11}{'mem GiB':>9}")
-    for name in a.models:
-        r = bench_model(torch, name, a, env, mesh)
-        mfu_meas = r["achieved_tflops"] * 1e12 / peak_measured
-        mfu_sheet = r["achieved_tflops"] * 1e12 / acc.peak_bf16_flops if acc else float("nan")
-        print(f"{name:<11}{r['params_M']:>8.0f}M{r['tokens_per_step']:>10}{r['step_ms']:>9.1f}"
-              f"{r['tokens_per_s']:>11,.0f}{r['achieved_tflops']:>9.1f}{100 * mfu_meas:>10.1f}%"
-              f"{100 * mfu_sheet:>10.1f}%{r['max_mem_GiB']:>9.1f}")
-    parallel.shutdown()
+        nproc, env["CUDA_VISIBLE_DEVICES"], env["OMP_NUM_THREADS"] = 1, "", "1"
+        peak, peak_name = measure_matmul_peak_flops(torch.device("cpu")), "fp32 matmul"
+        device = "cpu (gloo)"
+    else:
+        nproc = torch.cuda.device_count() if a.nproc == "all" else int(a.nproc)
+        peak, peak_name = measured_bf16_peak(torch), "bf16 matmul"
+        device = f"{torch.cuda.get_device_name(0)} x{nproc}"
+    root = Path(a.keep or tempfile.mkdtemp(prefix="crucible-mfu-"))
+    root.mkdir(parents=True, exist_ok=True)
+    data = prepare_data(root)
+    print(f"{device}: measured {peak_name} peak {peak / 1e12:.3g} TFLOP/s per device")
+    print(f"{'model':<12}{'params':>9}{'seq':>6}{'tok/step':>10}{'step ms':>9}{'tok/s':>12}"
+          f"{'MFU(measured peak)':>20}{'MFU(trainer)':>14}")
+    results = []
+    for model in models:
+        r = run_model(root, data, model, a, nproc, env)
+        r["mfu_measured_peak"] = r["tokens_per_s"] / nproc * r["flops_per_token"] / peak
+        results.append(r)
+        print(f"{model:<12}{r['params'] / 1e6:>8.0f}M{r['seq_len']:>6}{r['tokens_per_step']:>10}"
+              f"{1e3 * r['step_s']:>9.1f}{r['tokens_per_s']:>12,.0f}"
+              f"{100 * r['mfu_measured_peak']:>19.1f}%{100 * r['mfu_trainer']:>13.1f}%")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"device": device, "peak_flops": peak,
+                                            "peak": peak_name, "results": results}, indent=1))
     return 0
 
 
