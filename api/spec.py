@@ -221,7 +221,7 @@ class TrainingSpec(Spec):
         "shards them within groups of shardGroupSize ranks and keeps one copy per group "
         "(all-gathers stay inside a group; only a gradient all-reduce crosses groups); auto: "
         "hsdp with one node per group when the job spans more than one node, fsdp otherwise "
-        "(docs/architecture.md, \"Sharding: FSDP or HSDP\").")
+        "(docs/defaults.md, \"Sharding: FSDP or HSDP\").")
     shard_group_size: int | None = Field(
         None, ge=1, le=4096, description="hsdp and auto: ranks per shard group (default: the "
         "processes per node). It must divide the world size at every node count the job may "

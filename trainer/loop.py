@@ -87,8 +87,9 @@ def run_shape(cfg: TrainJobConfig, dp_size: int) -> RunShape:
     per_step = t.micro_batch * dp_size
     if seqs % per_step:
         raise BatchError(f"training.globalBatchTokens is {seqs} sequences, which {dp_size} "
-                         f"data-parallel ranks x microBatch {t.micro_batch} do not divide; choose a global batch "
-                         f"that is a multiple of {per_step * T} tokens, or another microBatch")
+                         f"data-parallel ranks x microBatch {t.micro_batch} do not divide; "
+                         f"choose a global batch that is a multiple of {per_step * T} tokens, or "
+                         "another microBatch")
     return RunShape(dp_size=dp_size, seq_len=T, micro_batch=t.micro_batch,
                     accum_steps=seqs // per_step, global_batch_seqs=seqs,
                     tokens_per_step=t.global_batch_tokens,

@@ -280,8 +280,8 @@ class MemoryTier:
             f.write(payload)
         os.replace(f"{data}.tmp", data)
         marker = {"step": step, "shard": shard, "world_size": self.world_size,
-                  "mesh_shape": list(self.mesh_shape), "model_hash": self.model_hash, "xxh3": _digest(payload), "size": len(payload),
-                  "notes": self._notes}
+                  "mesh_shape": list(self.mesh_shape), "model_hash": self.model_hash,
+                  "xxh3": _digest(payload), "size": len(payload), "notes": self._notes}
         (folder / f"rank_{shard}.json.tmp").write_text(json.dumps(marker))
         os.replace(folder / f"rank_{shard}.json.tmp", folder / f"rank_{shard}.json")
 

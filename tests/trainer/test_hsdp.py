@@ -40,7 +40,8 @@ def straight(corpus, tmp_path_factory):
 
 
 def test_hsdp_on_a_2x2_mesh_follows_4_rank_fsdp(straight, corpus, tmp_path):
-    assert "HSDP: 2 replica(s) x shard groups of 2 rank(s)" in (straight / "straight.log").read_text()
+    log = (straight / "straight.log").read_text()
+    assert "HSDP: 2 replica(s) x shard groups of 2 rank(s)" in log
     fsdp = TrainProcess(config(corpus, tmp_path, "fsdp", str(tmp_path / "ckpt"), steps=STEPS,
                                every=STEPS, training={"sharding": "fsdp"}),
                         tmp_path / "fsdp.log", nproc=NPROC)
