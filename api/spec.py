@@ -34,7 +34,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from crucible.api import arch, launch
+from crucible.api import arch, launch, sharding
 from crucible.api.names import JOB_NAME_PATTERN, KIND, MAX_JOB_NAME_LENGTH
 
 
@@ -186,8 +186,16 @@ class DataSpec(Spec):
                                   "checked against the hash in the shard headers.")
 
 
+_GROUP_WITH_FSDP = ("training.shardGroupSize applies to sharding hsdp or auto: fsdp shards over "
+                    "every rank")
+
+
 class TrainingSpec(Spec):
     """Optimisation settings. Defaults follow GPT-3 small / nanoGPT's GPT-2 reproduction."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel("!has(self.shardGroupSize) || !has(self.sharding) || self.sharding != 'fsdp'",
+            _GROUP_WITH_FSDP)]})
 
     tokens: float = Field(..., gt=0, description="Total training tokens (e.g. 2.5e9).")
     global_batch_tokens: int = Field(524288, ge=1, description="Tokens per optimizer step, "
@@ -221,6 +229,23 @@ class TrainingSpec(Spec):
         "after every micro-batch (only sharded gradients are held; torchtitan's default), or "
         "only after the last (1/accumulation of the gradient traffic, but every GPU holds the "
         "full unsharded fp32 gradients, 4 bytes x parameters, while accumulating).")
+    sharding: Literal["auto", "fsdp", "hsdp"] = Field(
+        "auto", description="How the ranks share parameters, gradients and optimizer state: "
+        "fsdp shards them over every rank (each layer is all-gathered from every node); hsdp "
+        "shards them within groups of shardGroupSize ranks and keeps one copy per group "
+        "(all-gathers stay inside a group; only a gradient all-reduce crosses groups); auto: "
+        "hsdp with one node per group when the job spans more than one node, fsdp otherwise "
+        "(docs/defaults.md, \"Sharding: FSDP or HSDP\").")
+    shard_group_size: int | None = Field(
+        None, ge=1, le=4096, description="hsdp and auto: ranks per shard group (default: the "
+        "processes per node). It must divide the world size at every node count the job may "
+        "run at: a divisor of procsPerNode, or, with nodes.min = nodes.max, of the ranks.")
+
+    @model_validator(mode="after")
+    def _group_needs_hybrid(self) -> "TrainingSpec":
+        if self.shard_group_size is not None and self.sharding == "fsdp":
+            raise ValueError(_GROUP_WITH_FSDP)
+        return self
 
     @property
     def total_steps_hint(self) -> int:
@@ -560,6 +585,14 @@ class ServiceAccountSpec(Spec):
         "granted to it. Set at creation; change it with a new job.")
 
 
+_PROCS = "(has(self.procsPerNode) ? self.procsPerNode : 1)"
+_NODES_MIN = "(has(self.nodes) && has(self.nodes.min) ? self.nodes.min : 1)"
+_NODES_MAX = "(has(self.nodes) && has(self.nodes.max) ? self.nodes.max : 1)"
+_GROUP_MISFIT = ("training.shardGroupSize must divide the ranks at every node count from "
+                 "nodes.min to nodes.max: a divisor of procsPerNode, or, with nodes.min = "
+                 "nodes.max, of procsPerNode x nodes")
+
+
 class PretrainJobSpec(Spec):
     """The `spec` of a PretrainJob (crucible.dev/v1alpha1)."""
 
@@ -569,7 +602,12 @@ class PretrainJobSpec(Spec):
         cel(" == ".join(f"((has({o}.serviceAccount) && has({o}.serviceAccount.annotations)) ? "
                         f"{o}.serviceAccount.annotations : {{}})" for o in ("self", "oldSelf")),
             "serviceAccount cannot change once the job exists: create a new job to use another "
-            "workload identity")]})
+            "workload identity"),
+        # The same rule as _shard_group_fits below (sharding.group_fits_every_size).
+        cel(f"!has(self.training.shardGroupSize) || {_PROCS} % self.training.shardGroupSize == 0 "
+            f"|| ({_NODES_MIN} == {_NODES_MAX} && "
+            f"({_PROCS} * {_NODES_MIN}) % self.training.shardGroupSize == 0)",
+            _GROUP_MISFIT)]})
 
     image: str = Field(..., min_length=1, description="Trainer image (has torch and crucible).")
     nodes: NodesSpec = Field(default_factory=NodesSpec)
@@ -607,6 +645,15 @@ class PretrainJobSpec(Spec):
     shm_size_limit: str = Field("16Gi", pattern=QUANTITY, description="Size limit of each pod's "
                                 "/dev/shm (memory-backed: counts toward the pod's memory), "
                                 "used by NCCL and DataLoader workers.")
+
+    @model_validator(mode="after")
+    def _shard_group_fits(self) -> "PretrainJobSpec":
+        group = self.training.shard_group_size
+        if group is not None and not sharding.group_fits_every_size(
+                group, self.procs_per_node, self.nodes.min, self.nodes.max):
+            raise ValueError(f"{_GROUP_MISFIT} (got {group}, procsPerNode {self.procs_per_node}, "
+                             f"nodes {self.nodes.min}-{self.nodes.max})")
+        return self
 
     @field_validator("resources")
     @classmethod

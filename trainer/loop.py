@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from crucible.api import arch
+from crucible.api import arch, sharding
 from crucible.api.progress import RestoreRef, Straggler
 from crucible.api.spec import TrainJobConfig
 from crucible.trainer import optim, parallel
@@ -62,10 +62,10 @@ class Terminated(RuntimeError):
 
 @dataclass(frozen=True)
 class RunShape:
-    """A run's batch arithmetic and size, derived from the config and the world size and
-    logged at start."""
+    """A run's batch arithmetic and size, derived from the config and the data-parallel size
+    (the ranks that each read their own slice of the batch) and logged at start."""
 
-    world_size: int
+    dp_size: int
     seq_len: int
     micro_batch: int
     accum_steps: int
@@ -76,7 +76,7 @@ class RunShape:
     params: int
 
 
-def run_shape(cfg: TrainJobConfig, world_size: int) -> RunShape:
+def run_shape(cfg: TrainJobConfig, dp_size: int) -> RunShape:
     model_cfg = cfg.model.to_arch()
     t = cfg.training
     T = model_cfg.seq_len
@@ -84,12 +84,13 @@ def run_shape(cfg: TrainJobConfig, world_size: int) -> RunShape:
         raise BatchError(f"training.globalBatchTokens ({t.global_batch_tokens}) must be a multiple "
                          f"of model.seqLen ({T})")
     seqs = t.global_batch_tokens // T
-    per_step = t.micro_batch * world_size
+    per_step = t.micro_batch * dp_size
     if seqs % per_step:
-        raise BatchError(f"training.globalBatchTokens is {seqs} sequences, which {world_size} "
-                         f"ranks x microBatch {t.micro_batch} do not divide; choose a global batch "
-                         f"that is a multiple of {per_step * T} tokens, or another microBatch")
-    return RunShape(world_size=world_size, seq_len=T, micro_batch=t.micro_batch,
+        raise BatchError(f"training.globalBatchTokens is {seqs} sequences, which {dp_size} "
+                         f"data-parallel ranks x microBatch {t.micro_batch} do not divide; "
+                         f"choose a global batch that is a multiple of {per_step * T} tokens, or "
+                         "another microBatch")
+    return RunShape(dp_size=dp_size, seq_len=T, micro_batch=t.micro_batch,
                     accum_steps=seqs // per_step, global_batch_seqs=seqs,
                     tokens_per_step=t.global_batch_tokens,
                     total_steps=max(1, math.ceil(t.tokens / t.global_batch_tokens)),
@@ -217,7 +218,10 @@ class Run:
     def __init__(self, cfg: TrainJobConfig, env: parallel.DistEnv, log):
         self.cfg, self.env, self.log = cfg, env, log
         t, self.model_cfg = cfg.training, cfg.model.to_arch()
-        self.shape = run_shape(cfg, env.world_size)
+        self.mesh_shape = sharding.mesh_shape(t.sharding, t.shard_group_size,
+                                              world_size=env.world_size,
+                                              local_world_size=env.local_world_size)
+        self.shape = run_shape(cfg, self.mesh_shape.dp_size)
         self.train_shards = ShardSet(cfg.data.train)
         self.train_shards.check_compatible(self.model_cfg.vocab_size, _tokenizer_hash(cfg))
         self.val_shards = ShardSet(cfg.data.val) if cfg.data.val else None
@@ -226,9 +230,10 @@ class Run:
                                              self.train_shards.tokenizer_hash)
         p = self.shape
         log(f"run {cfg.name}: {p.params / 1e6:.2f}M params, {env.world_size} rank(s) on "
-            f"{env.device.type}, {p.tokens_per_step} tokens/step = {p.world_size} ranks x "
-            f"{p.micro_batch} seqs x {p.seq_len} tokens x {p.accum_steps} accumulation, "
-            f"{p.total_steps} steps, {p.flops_per_token / 1e6:.1f} MFLOP/token")
+            f"{env.device.type} ({self.mesh_shape.describe()}), {p.tokens_per_step} tokens/step "
+            f"= {p.dp_size} data-parallel ranks x {p.micro_batch} seqs x {p.seq_len} tokens x "
+            f"{p.accum_steps} accumulation, {p.total_steps} steps, "
+            f"{p.flops_per_token / 1e6:.1f} MFLOP/token")
 
         # Prove checkpoint storage works before anything expensive is built or trained.
         self.ckpt = self._checkpointer()
@@ -237,8 +242,10 @@ class Run:
             self.ckpt.claim()
 
         torch.manual_seed(t.seed)
+        self.mesh = parallel.build_mesh(env, self.mesh_shape)
+        self.dp = parallel.data_parallel(self.mesh)  # the batch slice this rank reads
         self.model = parallel.build_sharded_model(
-            self.model_cfg, env, parallel.build_mesh(env), precision=t.precision, seed=t.seed,
+            self.model_cfg, env, self.mesh, precision=t.precision, seed=t.seed,
             activation_checkpointing=t.activation_checkpointing, compile_blocks=t.compile)
         self.optimizer = optim.build_optimizer(self.model, t)
         self.lr_scale = optim.LRScale()
@@ -340,15 +347,14 @@ class Run:
         return MemoryTier(job=self.cfg.name, rank=self.env.rank,
                           world_size=self.env.world_size,
                           local_world_size=self.env.local_world_size, model_hash=model_hash,
-                          keep=spec.in_memory_keep)
+                          mesh_shape=self.mesh_shape.dims, keep=spec.in_memory_keep)
 
     def _restore_from_memory(self, max_step: int | None = None) -> dict | None:
         """Restore the newest in-memory snapshot (at or below `max_step`) unless storage holds a
         newer commit; what was restored (step and the snapshot's notes), or None."""
         # Only a listing: no checkpoint bytes are read from storage on this path.
         floor = self.ckpt.newest_committed(max_step) if self.ckpt is not None else 0
-        mesh = next(iter(self.model.parameters())).device_mesh
-        report = self.memory.restore(self.app, mesh, self.env.device, max_step=max_step,
+        report = self.memory.restore(self.app, self.mesh, self.env.device, max_step=max_step,
                                      min_step=floor)
         if report is None:
             return None
@@ -412,8 +418,8 @@ class Run:
         loss_sum = torch.zeros((), device=env.device)
         for micro in range(p.accum_steps):
             x, y = self.sampler.batch(step, micro, global_batch=p.global_batch_seqs,
-                                      micro_batch=p.micro_batch, rank=env.rank,
-                                      world_size=env.world_size)
+                                      micro_batch=p.micro_batch, rank=self.dp.rank,
+                                      world_size=self.dp.size)
             inputs = torch.from_numpy(x).to(env.device, non_blocking=True)  # (B, T)
             targets = torch.from_numpy(y).to(env.device, non_blocking=True)  # (B, T)
             if "garbage" in faults:
@@ -455,8 +461,13 @@ class Run:
         (loss_sum, norm, update_sq, saves, stops), local_s = parallel.all_reduce_sum(
             [loss_local, norm, update_sq, float(save), float(stop)], self.env.device, slot)
         self.local_timer.collect()  # after the host read: the GPU events before it are complete
+        # The sums run over every rank. Each rank's loss is its own batch slice's, so the mean is
+        # over the world size (a rank outside the data-parallel dimensions would hold a copy of
+        # its peer's loss, and the mean stay right). Each shard of the update is held by every
+        # replica of HSDP's shard groups: its sum counted it `replicas` times.
         return StepNumbers(loss=loss_sum / self.env.world_size, grad_norm=norm,
-                           update_norm=math.sqrt(update_sq), save=saves > 0, stop=stops > 0,
+                           update_norm=math.sqrt(update_sq / self.dp.replicas), save=saves > 0,
+                           stop=stops > 0,
                            local_seconds=local_s)
 
     def apply_update(self, apply: bool) -> None:
@@ -568,8 +579,8 @@ class Run:
             return None
         t = self.cfg.training
         result = evaluate(self.model, self.val_shards, seq_len=self.shape.seq_len,
-                          micro_batch=t.micro_batch, tokens=t.eval_tokens, rank=self.env.rank,
-                          world_size=self.env.world_size, device=self.env.device)
+                          micro_batch=t.micro_batch, tokens=t.eval_tokens, rank=self.dp.rank,
+                          world_size=self.dp.size, device=self.env.device)
         self.metrics.set(eval_loss=result.loss, eval_bits_per_byte=result.bits_per_byte)
         self.metrics.write({"kind": "eval", "step": self.state.step, "loss": result.loss,
                             "bits_per_byte": result.bits_per_byte, "tokens": result.tokens})
@@ -648,6 +659,7 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None,
                 step=state.step, tokens_total=state.tokens_seen, world_size=env.world_size,
                 train_loss=loss_mean, grad_norm=grad_norm, learning_rate=lr, applied=applied,
                 update_norm=agreed.update_norm if applied else 0.0, tokens_per_second=tps,
+                # Per device: every rank's device does the work, data-parallel or not.
                 mfu=tps / env.world_size * shape.flops_per_token / run.peak_flops,
                 step_seconds=step_s, lr_scale=run.lr_scale.at(state.step - 1),
                 checkpoint_age_seconds=(time.time() - last_commit.time

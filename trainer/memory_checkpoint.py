@@ -17,8 +17,10 @@ newest step of which every shard survived somewhere (same world size, same model
 which shards travel from which rank; a rank whose shard is in its own folder reads it there
 ("memory"), one on a replaced node receives it from a rank that holds it ("peer"). If any shard
 of every step is gone (a node and its peer lost together), or a rank fails to load, every rank
-learns it and the caller restores from S3 instead. The tier needs the same world size, so an
-elastic restart at another size reads S3 (DCP reshards; this tier does not).
+learns it and the caller restores from S3 instead. The tier needs the same world size and the
+same device mesh (a rank's shard under FSDP over 4 ranks is not its shard under HSDP's 2 x 2),
+so an elastic restart at another size, or with another sharding, reads S3 (DCP reshards; this
+tier does not).
 
 Trust: the folder is the pod's own memory and the copies come from the job's own ranks; files are
 still loaded with `weights_only=True` (tensors, plain values and DTensor placements only).
@@ -71,6 +73,7 @@ class Held:
     model_hash: str
     xxh3: str
     notes: str = "{}"  # JSON the snapshot was given (the same for every shard of a step)
+    mesh_shape: tuple[int, ...] = ()  # the device mesh it was taken on; () = 1-D over the world
 
 
 @dataclass(frozen=True)
@@ -86,15 +89,20 @@ class RestorePlan:
 
 
 def plan_restore(holdings: list[list[Held]], world_size: int, model_hash: str,
-                 max_step: int | None = None, min_step: int = 0) -> RestorePlan | None:
+                 max_step: int | None = None, min_step: int = 0,
+                 mesh_shape: tuple[int, ...] = ()) -> RestorePlan | None:
     """The newest step at or below `max_step` (and at or above `min_step`) whose every shard is
-    held by some rank's node, for this world size and model; None if there is none. Each rank
+    held by some rank's node, for this world size, device mesh and model; None if there is none.
+    A mesh of () means 1-D over the world (what snapshots written before meshes were recorded
+    were taken on). Each rank
     reads its own shard from its own folder when it is there; otherwise the lowest rank holding it
     sends it. `holdings[r]` is what rank r's node folder holds."""
     by_step: dict[int, dict[int, dict[str, list[int]]]] = {}
+    mesh = mesh_shape or (world_size,)
     for rank, held in enumerate(holdings):
         for h in held:
-            if h.world_size != world_size or h.model_hash != model_hash or not 0 <= h.shard < world_size:
+            if (h.world_size != world_size or (h.mesh_shape or (h.world_size,)) != mesh
+                    or h.model_hash != model_hash or not 0 <= h.shard < world_size):
                 continue
             by_step.setdefault(h.step, {}).setdefault(h.shard, {}).setdefault(h.xxh3, []).append(rank)
     for step in sorted(by_step, reverse=True):
@@ -179,9 +187,10 @@ class MemoryTier:
     restores from what survived."""
 
     def __init__(self, *, job: str, rank: int, world_size: int, local_world_size: int,
-                 model_hash: str, keep: int = 2, root: str | None = None,
-                 timeout_s: float = 300.0):
+                 model_hash: str, mesh_shape: tuple[int, ...] = (), keep: int = 2,
+                 root: str | None = None, timeout_s: float = 300.0):
         self.rank, self.world_size = rank, world_size
+        self.mesh_shape = tuple(mesh_shape) or (world_size,)
         self.model_hash, self.keep = model_hash, max(1, keep)
         self.peer = ring_peer(rank, world_size, local_world_size)
         self.source_rank = (None if self.peer is None
@@ -271,8 +280,8 @@ class MemoryTier:
             f.write(payload)
         os.replace(f"{data}.tmp", data)
         marker = {"step": step, "shard": shard, "world_size": self.world_size,
-                  "model_hash": self.model_hash, "xxh3": _digest(payload), "size": len(payload),
-                  "notes": self._notes}
+                  "mesh_shape": list(self.mesh_shape), "model_hash": self.model_hash,
+                  "xxh3": _digest(payload), "size": len(payload), "notes": self._notes}
         (folder / f"rank_{shard}.json.tmp").write_text(json.dumps(marker))
         os.replace(folder / f"rank_{shard}.json.tmp", folder / f"rank_{shard}.json")
 
@@ -313,7 +322,8 @@ class MemoryTier:
                     m = json.loads(marker.read_text())
                     held.append(Held(int(m["step"]), int(m["shard"]), int(m["world_size"]),
                                      str(m["model_hash"]), str(m["xxh3"]),
-                                     str(m.get("notes", "{}"))))
+                                     str(m.get("notes", "{}")),
+                                     tuple(int(n) for n in m.get("mesh_shape", ()))))
                 except (OSError, ValueError, KeyError, TypeError):
                     continue  # unreadable: as if absent
         return held
@@ -326,7 +336,8 @@ class MemoryTier:
         self.wait()
         gathered: list = [None] * self.world_size
         dist.all_gather_object(gathered, self.holdings(), group=self.group)
-        plan = plan_restore(gathered, self.world_size, self.model_hash, max_step, min_step)
+        plan = plan_restore(gathered, self.world_size, self.model_hash, max_step, min_step,
+                            self.mesh_shape)
         if plan is None:
             return None
         problem, payload, size, received = None, None, 0, 0

@@ -5,7 +5,9 @@ applied to an already-built single-device model in a fixed order, activation che
 per-block `torch.compile`, then FSDP (each block, then the root); the model is built on the meta
 device, sharded, and only then materialised (`to_empty` + `init_weights`), so it never exists
 unsharded on one device. Mixed precision is FSDP2's: parameters all-gathered in bf16, gradients
-reduce-scattered in fp32.
+reduce-scattered in fp32. The device mesh is 1-D (FSDP over every rank) or 2-D (HSDP: replicate x
+shard), as `crucible.api.sharding` decides from the job's shape; `data_parallel` reads this
+rank's slice of the batch from it.
 
 Initial weights do not depend on the world size: each parameter's full initial tensor is drawn
 from a generator seeded by (seed, parameter name) and each rank keeps its own slice. A run on 1
@@ -27,6 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from crucible.api import sharding
 from crucible.api.launch import TORCHRUN_ENV
 from crucible.trainer.model import GPT
 
@@ -81,8 +84,38 @@ def _warn_if_store_shared() -> None:
             "re-joined worker group can rendezvous again", " ".join(f"{k}={v}" for k, v in TORCHRUN_ENV.items()))
 
 
-def build_mesh(env: DistEnv) -> DeviceMesh:
-    return init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("fsdp",))
+# torchtitan's names (`distributed/parallel_dims.py`). FSDP2's `fully_shard` shards over the last
+# dimension and, given a 2-D mesh, replicates over the first: HSDP.
+MESH_DIM_NAMES = {1: ("dp_shard",), 2: ("dp_replicate", "dp_shard")}
+
+
+def build_mesh(env: DistEnv, shape: sharding.MeshShape | None = None) -> DeviceMesh:
+    """The data-parallel device mesh `shape` describes (default: FSDP over every rank)."""
+    shape = shape or sharding.fsdp(env.world_size)
+    if shape.dp_size != env.world_size:
+        raise ValueError(f"a mesh of {shape.dims} is not the {env.world_size} ranks of the job")
+    return init_device_mesh(env.device.type, shape.dims,
+                            mesh_dim_names=MESH_DIM_NAMES[len(shape.dims)])
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """This rank's place among the data-parallel ranks: which slice of the global batch it reads
+    (`rank` of `size`), and how many ranks hold each shard of the model state (`replicas`)."""
+
+    rank: int
+    size: int
+    replicas: int
+
+
+def data_parallel(mesh: DeviceMesh) -> DataParallel:
+    """Read from the mesh, the one place that knows: the rank is the row-major coordinate over
+    the mesh's data-parallel dimensions (every dimension of it, today)."""
+    rank = 0
+    for coordinate, size in zip(mesh.get_coordinate(), mesh.shape):
+        rank = rank * size + coordinate
+    replicas = mesh.shape[0] if mesh.ndim == 2 else 1
+    return DataParallel(rank, mesh.size(), replicas)
 
 
 def shard(model: GPT, mesh: DeviceMesh, precision: str, *, activation_checkpointing: bool = False,

@@ -35,9 +35,10 @@ def ckpt(s3):
     return uri, env
 
 
-def config(corpus, tmp_path, name: str, uri: str, steps: int, every: int = 4, **checkpoint):
+def config(corpus, tmp_path, name: str, uri: str, steps: int, every: int = 4,
+           training: dict | None = None, **checkpoint):
     cfg = job_config(corpus, tmp_path / name, name="chaos", steps=steps, batch_tokens=BATCH,
-                     evalTokens=4096)
+                     evalTokens=4096, **(training or {}))
     cfg["checkpoint"] = {"uri": uri, "everySteps": every, "everyMinutes": 0, "keep": 3, **checkpoint}
     return write_config(cfg, tmp_path / f"{name}.yaml")
 
@@ -120,3 +121,21 @@ def train_records(jsonl: Path) -> list[dict]:
 
 def now() -> float:
     return time.monotonic()
+
+
+def curve(jsonl: Path) -> list[tuple]:
+    """Each step's (loss, gradient norm, LR): what an exact resume reproduces bit for bit (fp32
+    on CPU with the same world size, mesh and seeds is deterministic)."""
+    return [(r["loss"], r["grad_norm"], r["lr"]) for r in train_records(jsonl)]
+
+
+def stop_and_resume(cfg: Path, tmp_path: Path, steps: int, *, nproc: int = 2,
+                    env: dict | None = None) -> str:
+    """Train `cfg` for `steps` steps and stop, then start it again to its end; the output of the
+    second start (which says where it resumed from)."""
+    first = TrainProcess(cfg, tmp_path / "first.log", nproc=nproc, env=env,
+                         extra_args=["--max-steps", str(steps)])
+    assert first.finish() == 0, first.text()[-3000:]
+    second = TrainProcess(cfg, tmp_path / "second.log", nproc=nproc, env=env)
+    assert second.finish() == 0, second.text()[-3000:]
+    return second.text()

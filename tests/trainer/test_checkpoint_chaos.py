@@ -22,7 +22,8 @@ from crucible.trainer.checkpoint import file_digest
 from tests.support.private_s3 import PrivateS3
 from tests.support.services import eventually
 from tests.support.training import job_config, run_crucible, write_config
-from tests.trainer.chaos import BATCH, TrainProcess, config, objects, train_records
+from tests.trainer.chaos import (BATCH, TrainProcess, config, curve, objects, stop_and_resume,
+                                 train_records)
 from tests.trainer.chaos import ckpt  # noqa: F401 - a fixture: pytest finds it by its name here
 
 
@@ -32,19 +33,14 @@ def test_exact_resume_equals_a_straight_run(corpus, tmp_path, ckpt):
     straight = TrainProcess(config(corpus, tmp_path, "straight", uri + "/a", steps=16, every=8),
                             tmp_path / "straight.log", env=env)
     assert straight.finish() == 0, straight.text()[-3000:]
-    first = TrainProcess(config(corpus, tmp_path, "resumed", uri + "/b", steps=16, every=8),
-                         tmp_path / "first.log", env=env, extra_args=["--max-steps", "8"])
-    assert first.finish() == 0, first.text()[-3000:]
-    second = TrainProcess(tmp_path / "resumed.yaml", tmp_path / "second.log", env=env)
-    assert second.finish() == 0, second.text()[-3000:]
-    assert "resumed from s3://" in second.text() and "(step 8," in second.text()
+    resumed = config(corpus, tmp_path, "resumed", uri + "/b", steps=16, every=8)
+    second = stop_and_resume(resumed, tmp_path, 8, env=env)
+    assert "resumed from s3://" in second and "(step 8," in second
 
-    a = train_records(tmp_path / "straight" / "metrics.jsonl")
     b = train_records(tmp_path / "resumed" / "metrics.jsonl")
     assert [r["step"] for r in b] == list(range(1, 17))
-    # fp32 on CPU with the same world size and seeds is deterministic: demand bitwise equality.
-    assert [(r["loss"], r["grad_norm"], r["lr"]) for r in a] == \
-           [(r["loss"], r["grad_norm"], r["lr"]) for r in b]
+    assert curve(tmp_path / "straight" / "metrics.jsonl") == \
+           curve(tmp_path / "resumed" / "metrics.jsonl")
 
 
 def test_sigkill_of_a_worker_restarts_from_the_last_commit(corpus, tmp_path, ckpt):

@@ -123,11 +123,11 @@ def config(**training) -> TrainJobConfig:
 
 def test_the_run_shape_splits_the_global_batch_over_ranks_and_micro_steps():
     seq_len = config().model.to_arch().seq_len
-    shape = run_shape(config(), world_size=2)
+    shape = run_shape(config(), dp_size=2)
     assert shape.global_batch_seqs == 4096 // seq_len
-    assert shape.accum_steps * shape.world_size * shape.micro_batch == shape.global_batch_seqs
+    assert shape.accum_steps * shape.dp_size * shape.micro_batch == shape.global_batch_seqs
     assert shape.tokens_per_step == 4096 and shape.total_steps == 10
     with pytest.raises(BatchError, match="must be a multiple of model.seqLen"):
-        run_shape(config(globalBatchTokens=4000), world_size=2)
+        run_shape(config(globalBatchTokens=4000), dp_size=2)
     with pytest.raises(BatchError, match="do not divide"):
-        run_shape(config(), world_size=3)
+        run_shape(config(), dp_size=3)

@@ -71,13 +71,14 @@ def _train(args: argparse.Namespace) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     for chatty in ("botocore", "boto3", "urllib3", "s3transfer"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
+    from crucible.api.sharding import ShardingError
     from crucible.trainer import loop
     from crucible.trainer.checkpoint import CheckpointError
     from crucible.trainer.data import DataError
 
     try:
         summary = loop.train(cfg, progress=args.progress, max_steps=args.max_steps)
-    except (DataError, loop.BatchError, CheckpointError) as err:
+    except (DataError, loop.BatchError, ShardingError, CheckpointError) as err:
         raise UserError(str(err)) from None
     except loop.Terminated as err:
         print(f"crucible train: {err}", file=sys.stderr)
