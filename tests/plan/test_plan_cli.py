@@ -146,3 +146,18 @@ def test_review_reads_a_crucible_job_config(tmp_path, capsys):
         "training": {"tokens": 2.5e9, "warmupSteps": 700, "evalEvery": 200}}))
     assert main(["review", str(path), "--gpus", "8"]) == 0
     assert "Crucible job config" in capsys.readouterr().out
+
+
+def test_hsdp_row_holds_the_model_state_once_per_node(capsys):
+    # 64 GPUs = 8 nodes: sharding auto shards within each node, so the states are 16 bytes per
+    # parameter over 8 GPUs, not over 64; activations and logits are FSDP's.
+    rc, out, _ = _run(capsys, "--model", "llama-8b", "--gpus", "64", "--json")
+    figs = {k.split(".", 1)[1]: v for k, v in json.loads(out)["figures"].items()
+            if k.startswith("memory_per_gpu")}
+    fsdp, hsdp = figs["crucible_fsdp"]["value"], figs["crucible_hsdp"]["value"]
+    params = 8_030_261_248
+    assert hsdp - fsdp == pytest.approx(16 * params / 8 - 16 * params / 64)
+    assert "8 replica(s) x shard groups of 8" in figs["crucible_hsdp"]["formula"]
+    # One node: FSDP and HSDP are the same thing, and no HSDP row is shown.
+    rc, out, _ = _run(capsys, "--model", "llama-1b", "--gpus", "8", "--json")
+    assert not any(k.endswith("crucible_hsdp") for k in json.loads(out)["figures"])

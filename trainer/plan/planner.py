@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from crucible.api import sharding
 from crucible.api.arch import GPTConfig, flops_per_token, non_embedding_params, param_count
 from crucible.trainer.hardware import Accelerator, accelerator
 from crucible.trainer.plan import cost as costs
@@ -26,6 +27,8 @@ ASSUMED_RESTART_S = 300.0  # reschedule pods, rendezvous, load the newest checkp
 # Crucible's model, nanoGPT and torchtitan all run attention through fused SDPA kernels, which
 # never store the s×s scores: "no recomputation" then holds what Korthikanti's selective does.
 FLASH_ATTENTION = True
+# An HGX/DGX node: what `training.sharding: auto` makes a shard group of on a multi-node job.
+GPUS_PER_NODE = 8
 CHINCHILLA = "Hoffmann et al. 2022"
 BESIROGLU = "Besiroglu et al. 2024, Table 1"
 
@@ -255,6 +258,18 @@ def _memory_section(plan: Plan, inp: PlanInputs, precision: mem.Precision) -> Se
     else:
         s.notes.append("Crucible's FSDP layout does not fit even with activation checkpointing: "
                        "add GPUs, or lower --micro-batch / --seq-len.")
+    if plan.fsdp is not None and inp.gpus > GPUS_PER_NODE and inp.gpus % GPUS_PER_NODE == 0:
+        # What `training.sharding: auto` runs on more than one node: the model state sharded
+        # within each node and held once per node; activations and logits as under FSDP.
+        mesh = sharding.mesh_shape("auto", None, world_size=inp.gpus,
+                                   local_world_size=GPUS_PER_NODE)
+        hsdp = mem.estimate(cfg, micro_batch=inp.micro_batch, capacity_bytes=plan.gpu.memory_bytes,
+                            stage=3, dp=mesh.shard, recompute=plan.fsdp.layout.recompute,
+                            precision=precision, flash_attention=FLASH_ATTENTION)
+        s.add("crucible_hsdp", "Crucible HSDP total (sharding: auto)", hsdp.total_bytes, "B",
+              f"{mesh.describe()}: ZeRO-3 within a node"
+              + ("" if hsdp.fits else " — does not fit: set training.sharding: fsdp"),
+              "states/shard group + activations + logits")
     return s
 
 
