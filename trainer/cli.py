@@ -23,6 +23,8 @@ from crucible.trainer import __version__
 COMMANDS: list[tuple[str, str]] = [
     ("train", "Train a GPT from random init (run under torchrun for several processes)."),
     ("eval", "Score a committed checkpoint on held-out text (loss, bits per byte)."),
+    ("export", "Write a committed checkpoint and the job's tokenizer as a Hugging Face model "
+     "folder (safetensors, config.json): Llama-style or GPT-2-exact models."),
     ("diagnose", "Replay the stability guard over a run's loss/grad-norm history (JSONL or CSV): "
      "verdicts with reasons, and a PNG."),
     ("demo", "The whole path on this machine in a few minutes: corpus, tokenizer, FSDP training "
