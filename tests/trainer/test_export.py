@@ -133,15 +133,20 @@ def test_gpt2_export_sharded_and_an_older_step(gpt2_job, tmp_path, corpus):
 
 
 def test_errors_are_one_line(llama_job, tmp_path, corpus):
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("someone else's")
+
     def fails(job: Path, *args: str, out: Path = tmp_path / "never") -> str:
         done = _export(job, out, *args)
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
-        assert not out.exists() or out == tmp_path
+        assert len(done.stderr.splitlines()) <= 3, done.stderr  # progress, error, hint
+        assert not (tmp_path / "never").exists() and [p.name for p in busy.iterdir()] == ["notes.txt"]
         return done.stderr
 
     assert "step 3 is not a committed checkpoint" in fails(llama_job, "--step", "3")
     assert "the newest before it is step 2" in fails(llama_job, "--step", "3")
-    assert "is not an empty folder" in fails(llama_job, out=tmp_path)
+    assert "is not an empty folder" in fails(llama_job, out=busy)
 
     cfg = yaml.safe_load(llama_job.read_text())
     cfg["checkpoint"]["uri"] = str(tmp_path / "empty")
