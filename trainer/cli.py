@@ -52,6 +52,20 @@ class UserError(Exception):
         self.hint = hint
 
 
+def load_checkpointed_job(path: str, verb: str):
+    """The job config at `path` for a command that reads its checkpoints (`eval`, `export`): a
+    config error, or a config without checkpoint.uri, is a UserError saying so."""
+    from crucible.api.spec import ConfigError, load_train_config
+
+    try:
+        cfg = load_train_config(path)
+    except ConfigError as err:
+        raise UserError(str(err)) from None
+    if not cfg.checkpoint.uri:
+        raise UserError(f"the config has no checkpoint.uri: there is nothing to {verb}")
+    return cfg
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="crucible",

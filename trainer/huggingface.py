@@ -41,7 +41,6 @@ from crucible.api.arch import GPTConfig
 LLAMA, GPT2 = "llama", "gpt2"
 ARCHITECTURES = {LLAMA: "LlamaForCausalLM", GPT2: "GPT2LMHeadModel"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-MAX_SHARD_SIZE = "5GB"  # huggingface_hub's split_torch_state_dict_into_shards default
 
 
 class ExportError(ValueError):

@@ -93,6 +93,9 @@ def assert_same_model(job: Path, folder: Path, step: int, architecture: str, cor
     assert ids == open_codec(corpus.tokenizer).encode(TEXT)
     assert tok.decode(ids) == TEXT
     assert (tok.eos_token, tok.eos_token_id, tok.pad_token_id) == ("<|endoftext|>", 0, 1)
+    # The one documented difference: HF takes a separator written in the text for the token.
+    quoted = "a <|endoftext|> b"
+    assert 0 in tok(quoted)["input_ids"] and 0 not in open_codec(corpus.tokenizer).encode(quoted)
     diff = (hf_logits(folder, ids) - crucible_logits(job, step, ids)).abs().max().item()
     print(f"{architecture} step {step}: max |logits difference| {diff:.3g}")
     assert diff < TOLERANCE

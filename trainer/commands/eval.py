@@ -22,15 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from crucible.api.spec import ConfigError, load_train_config
-    from crucible.trainer.cli import UserError
+    from crucible.trainer.cli import UserError, load_checkpointed_job
 
-    try:
-        cfg = load_train_config(args.config)
-    except ConfigError as err:
-        raise UserError(str(err)) from None
-    if not cfg.checkpoint.uri:
-        raise UserError("the config has no checkpoint.uri: there is nothing to evaluate")
+    cfg = load_checkpointed_job(args.config, "evaluate")
     if not cfg.data.val:
         raise UserError("the config has no data.val: there is no held-out text to score")
 

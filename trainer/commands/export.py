@@ -25,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=int, help="the committed step to export (default: newest)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="weights' dtype (default: float32, the checkpoint's own: exact)")
+    # huggingface_hub's split_torch_state_dict_into_shards default, which the Hub's models follow.
     parser.add_argument("--max-shard-size", default="5GB",
                         help="split model.safetensors into files of at most this size, with an "
                         "index, as save_pretrained does (default: 5GB)")
@@ -37,15 +38,9 @@ def _say(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from crucible.api.spec import ConfigError, load_train_config
-    from crucible.trainer.cli import UserError
+    from crucible.trainer.cli import UserError, load_checkpointed_job
 
-    try:
-        cfg = load_train_config(args.config)
-    except ConfigError as err:
-        raise UserError(str(err)) from None
-    if not cfg.checkpoint.uri:
-        raise UserError("the config has no checkpoint.uri: there is nothing to export")
+    cfg = load_checkpointed_job(args.config, "export")
     if not cfg.data.tokenizer:
         raise UserError("the config has no data.tokenizer: the model folder needs the tokenizer "
                         "the shards were encoded with",
