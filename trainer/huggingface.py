@@ -222,6 +222,11 @@ def _gpt2(cfg: GPTConfig, get) -> Iterable[tuple[str, torch.Tensor]]:
             yield f"transformer.{name}", tensor.t() if name.endswith(_GPT2_CONV1D) else tensor
 
 
+def _owned(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous copy in `dtype` (one copy, whatever the view)."""
+    return tensor.to(dtype=dtype, memory_format=torch.contiguous_format, copy=True)
+
+
 def hf_state_dict(cfg: GPTConfig, target: str, state: dict[str, torch.Tensor],
                   dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """Crucible's full model state (parameter names as in model.py) under `target`'s names, in
@@ -235,9 +240,9 @@ def hf_state_dict(cfg: GPTConfig, target: str, state: dict[str, torch.Tensor],
         return state[name]
 
     convert = _llama if target == LLAMA else _gpt2
-    out = {name: t.to(dtype).contiguous().clone() for name, t in convert(cfg, get)}
+    out = {name: _owned(t, dtype) for name, t in convert(cfg, get)}
     if not cfg.tied_embeddings:
-        out["lm_head.weight"] = get("lm_head.weight").to(dtype).clone()
+        out["lm_head.weight"] = _owned(get("lm_head.weight"), dtype)
     left = sorted(state.keys() - used - {"lm_head.weight"})
     if left:
         raise ExportError(f"{ARCHITECTURES[target]} has no place for {left[:5]}")
@@ -245,6 +250,16 @@ def hf_state_dict(cfg: GPTConfig, target: str, state: dict[str, torch.Tensor],
 
 
 # --- the folder ------------------------------------------------------------------------------
+def check_shard_size(max_shard_size: str | int) -> None:
+    """ExportError unless huggingface_hub reads `max_shard_size` ("5GB", "300KB", bytes)."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+
+    try:
+        split_torch_state_dict_into_shards({}, max_shard_size=max_shard_size)
+    except ValueError as err:
+        raise ExportError(f"--max-shard-size {max_shard_size}: {err}") from None
+
+
 def write_weights(folder: Path, tensors: dict[str, torch.Tensor], max_shard_size: str | int,
                   progress: bool) -> list[str]:
     """model.safetensors, or its shards and index, as `save_pretrained` writes them (the

@@ -150,6 +150,7 @@ def test_errors_are_one_line(llama_job, tmp_path, corpus):
     assert "step 3 is not a committed checkpoint" in fails(llama_job, "--step", "3")
     assert "the newest before it is step 2" in fails(llama_job, "--step", "3")
     assert "is not an empty folder" in fails(llama_job, out=busy)
+    assert "--max-shard-size 5 gigs: Unit" in fails(llama_job, "--max-shard-size", "5 gigs")
 
     cfg = yaml.safe_load(llama_job.read_text())
     cfg["checkpoint"]["uri"] = str(tmp_path / "empty")

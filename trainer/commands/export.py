@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     model_cfg = cfg.model.to_arch()
     try:
         target = hf.target_for(model_cfg)
+        hf.check_shard_size(args.max_shard_size)
     except hf.ExportError as err:
         raise UserError(str(err)) from None
     progress = sys.stderr.isatty() if args.progress is None else args.progress
