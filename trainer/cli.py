@@ -23,6 +23,8 @@ from crucible.trainer import __version__
 COMMANDS: list[tuple[str, str]] = [
     ("train", "Train a GPT from random init (run under torchrun for several processes)."),
     ("eval", "Score a committed checkpoint on held-out text (loss, bits per byte)."),
+    ("export", "Write a committed checkpoint and the job's tokenizer as a Hugging Face model "
+     "folder (safetensors, config.json): Llama-style or GPT-2-exact models."),
     ("diagnose", "Replay the stability guard over a run's loss/grad-norm history (JSONL or CSV): "
      "verdicts with reasons, and a PNG."),
     ("demo", "The whole path on this machine in a few minutes: corpus, tokenizer, FSDP training "
@@ -48,6 +50,20 @@ class UserError(Exception):
     def __init__(self, message: str, hint: str | None = None):
         super().__init__(message)
         self.hint = hint
+
+
+def load_checkpointed_job(path: str, verb: str):
+    """The job config at `path` for a command that reads its checkpoints (`eval`, `export`): a
+    config error, or a config without checkpoint.uri, is a UserError saying so."""
+    from crucible.api.spec import ConfigError, load_train_config
+
+    try:
+        cfg = load_train_config(path)
+    except ConfigError as err:
+        raise UserError(str(err)) from None
+    if not cfg.checkpoint.uri:
+        raise UserError(f"the config has no checkpoint.uri: there is nothing to {verb}")
+    return cfg
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,62 +21,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
-class _Weights:
-    """Only the model's part of the checkpoint (`app.model.*`): evaluation needs no optimizer."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def state_dict(self) -> dict:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-        return {"model": get_model_state_dict(self.model)}
-
-    def load_state_dict(self, state: dict) -> None:
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-        set_model_state_dict(self.model, state["model"])
-
-
 def run(args: argparse.Namespace) -> int:
-    from crucible.api.spec import ConfigError, load_train_config
-    from crucible.trainer.cli import UserError
+    from crucible.trainer.cli import UserError, load_checkpointed_job
 
-    try:
-        cfg = load_train_config(args.config)
-    except ConfigError as err:
-        raise UserError(str(err)) from None
-    if not cfg.checkpoint.uri:
-        raise UserError("the config has no checkpoint.uri: there is nothing to evaluate")
+    cfg = load_checkpointed_job(args.config, "evaluate")
     if not cfg.data.val:
         raise UserError("the config has no data.val: there is no held-out text to score")
 
     from crucible.trainer import parallel
-    from crucible.trainer.checkpoint import Checkpointer, CheckpointError, job_hashes
+    from crucible.trainer.checkpoint import CheckpointError
     from crucible.trainer.data import DataError, ShardSet
     from crucible.trainer.evaluate import evaluate
+    from crucible.trainer.weights import NoCommit, load_committed
 
     env = parallel.init_distributed()
     try:
         model_cfg = cfg.model.to_arch()
         val = ShardSet(cfg.data.val)
         val.check_compatible(model_cfg.vocab_size)
-        model = parallel.build_sharded_model(model_cfg, env, parallel.build_mesh(env),
-                                             precision=cfg.training.precision,
-                                             seed=cfg.training.seed)
-        model_hash, config_hash = job_hashes(cfg)
-        ckpt = Checkpointer(cfg.checkpoint, job=cfg.name, rank=env.rank,
-                            world_size=env.world_size, local_rank=env.local_rank,
-                            model_hash=model_hash, config_hash=config_hash)
-        commit_manifest = ckpt.load(_Weights(model), max_step=args.step)
-        if commit_manifest is None:
-            raise UserError(f"no committed checkpoint under {cfg.checkpoint.uri}"
-                            + (f" at or below step {args.step}" if args.step is not None else ""))
+        model, commit_manifest = load_committed(cfg, env, step=args.step)
         result = evaluate(model, val, seq_len=model_cfg.seq_len,
                           micro_batch=cfg.training.micro_batch,
                           tokens=args.tokens or cfg.training.eval_tokens, rank=env.rank,
                           world_size=env.world_size, device=env.device)
-    except (DataError, CheckpointError) as err:
+    except (DataError, CheckpointError, NoCommit) as err:
         raise UserError(str(err)) from None
     finally:
         parallel.shutdown()
