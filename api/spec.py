@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, ValidationError, WithJsonSchema,
+                      field_validator, model_validator)
 from pydantic.alias_generators import to_camel
 
 from crucible.api import arch, launch, sharding
@@ -190,6 +191,25 @@ _GROUP_WITH_FSDP = ("training.shardGroupSize applies to sharding hsdp or auto: f
                     "every rank")
 
 
+# Activation checkpointing (torchtitan's `activation_checkpoint` modes): recompute nothing, every
+# block, every k-th block, or inside every block all but the saved ops (matmuls, attention).
+AC_MODES = ("none", "full", "every-k-layers", "selective-op")
+_AC_DESCRIPTION = (
+    "What backward recomputes instead of keeping: none; full (every block); every-k-layers "
+    "(every activationCheckpointingEvery-th block); selective-op (every block, but matmul and "
+    "attention outputs are kept: torchtitan's per-op policy). true and false, the older form, "
+    "mean full and none.")
+
+
+class ProfileSpec(Spec):
+    """torch.profiler traces of a few steps (docs/defaults.md, "Step speed")."""
+
+    start_step: int = Field(..., ge=1, description="First step traced (1-based; the step "
+                            "before it warms the profiler up).")
+    steps: int = Field(3, ge=1, le=100, description="Steps traced; each rank writes one "
+                       "Chrome trace of them under <outputDir>/profile/.")
+
+
 class TrainingSpec(Spec):
     """Optimisation settings. Defaults follow GPT-3 small / nanoGPT's GPT-2 reproduction."""
 
@@ -222,8 +242,31 @@ class TrainingSpec(Spec):
     eval_every: int = Field(0, ge=0, description="Steps between held-out evals (0: at the end).")
     eval_tokens: int = Field(1 << 20, ge=1, description="Held-out tokens per eval.")
     log_every: int = Field(1, ge=1, description="Steps between log lines.")
-    compile: bool = Field(False, description="torch.compile each block (GPU).")
-    activation_checkpointing: bool = Field(False, description="Recompute each block in backward.")
+    compile: bool | None = Field(None, description="torch.compile each block. Unset: on when "
+                                 "training on CUDA GPUs, off on CPU (inductor's CPU kernels "
+                                 "need a C++ compiler and rarely repay the compile time); true "
+                                 "or false forces it.")
+    # Old job YAML says true/false, so the value is a boolean or a mode; the CRD cannot type a
+    # field as either, so it leaves it untyped and `activation_checkpointing_mode` validates it
+    # (the operator refuses a bad value as InvalidSpec). False stays the default so jobs written
+    # before the modes keep their drift hash.
+    activation_checkpointing: Annotated[
+        StrictBool | Literal[AC_MODES],
+        WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True})] = Field(
+        False, description=_AC_DESCRIPTION)
+    activation_checkpointing_every: int = Field(2, ge=1, le=256, description="k of "
+                                                "every-k-layers: blocks k, 2k, ... (1-based) are "
+                                                "recomputed (torchtitan's selective layer AC).")
+    gc_every_steps: int = Field(50, ge=0, description="Python's automatic garbage collection is "
+                                "turned off and a generation-1 collection runs every this many "
+                                "steps, so that no rank pauses at a random step and stalls the "
+                                "others (torchtitan's gc_freq, default 50); 0: automatic.")
+    profile: ProfileSpec | None = Field(None, description="torch.profiler traces of a step range "
+                                        "(unset: none).")
+    memory_snapshot_step: int | None = Field(None, ge=1, description="Record CUDA allocations "
+                                             "from start-up and dump a memory snapshot after "
+                                             "this step to <outputDir>/memory_snapshot/ (view it "
+                                             "at pytorch.org/memory_viz); CUDA only.")
     gradient_sync: Literal["everyMicroBatch", "lastMicroBatch"] = Field(
         "everyMicroBatch", description="When FSDP reduce-scatters gradients during accumulation: "
         "after every micro-batch (only sharded gradients are held; torchtitan's default), or "
@@ -250,6 +293,22 @@ class TrainingSpec(Spec):
     @property
     def total_steps_hint(self) -> int:
         return max(1, math.ceil(self.tokens / self.global_batch_tokens))
+
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _ac_mode(cls, value):
+        if not isinstance(value, bool) and value not in AC_MODES:
+            raise ValueError(f"activationCheckpointing must be one of {', '.join(AC_MODES)} (or "
+                             f"true/false, meaning full/none), got {value!r}")
+        return value
+
+    @property
+    def activation_checkpointing_mode(self) -> str:
+        """One of AC_MODES, whichever form the job used."""
+        value = self.activation_checkpointing
+        if isinstance(value, bool):
+            return "full" if value else "none"
+        return value
 
 
 # An object name (Secret, PriorityClass): RFC 1123 subdomain, as the apiserver requires.

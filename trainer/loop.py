@@ -36,6 +36,7 @@ from crucible.api import arch, sharding
 from crucible.api.progress import RestoreRef, Straggler
 from crucible.api.spec import TrainJobConfig
 from crucible.trainer import optim, parallel
+from crucible.trainer.cadence import Cadence
 from crucible.trainer.checkpoint import AppState, Checkpointer, Commit, job_hashes, should_save
 from crucible.trainer.data import DataError, Sampler, ShardSet
 from crucible.trainer.evaluate import EvalResult, evaluate
@@ -43,6 +44,7 @@ from crucible.trainer.faults import Faults, slowdown_from_env
 from crucible.trainer.guard import Guard, Verdict
 from crucible.trainer.lease import progress_lease
 from crucible.trainer.memory_checkpoint import MemoryTier
+from crucible.trainer.prefetch import Prefetcher
 from crucible.trainer.straggler import SegmentTimer, StragglerDetector
 from crucible.trainer.metrics import Metrics, StepMetrics, device_peak_flops
 
@@ -241,15 +243,25 @@ class Run:
             self.ckpt.probe()
             self.ckpt.claim()
 
+        # Before the model: a CUDA memory snapshot must see its allocations.
+        self.cadence = Cadence(t, Path(cfg.output_dir), env.rank, env.device, log)
         torch.manual_seed(t.seed)
         self.mesh = parallel.build_mesh(env, self.mesh_shape)
         self.dp = parallel.data_parallel(self.mesh)  # the batch slice this rank reads
+        compile_blocks = parallel.wants_compile(t.compile, env.device.type)
+        log(f"compile: {'on' if compile_blocks else 'off'}"
+            f"{' (training.compile unset: on for CUDA only)' if t.compile is None else ''}; "
+            f"activation checkpointing: {t.activation_checkpointing_mode}")
         self.model = parallel.build_sharded_model(
             self.model_cfg, env, self.mesh, precision=t.precision, seed=t.seed,
-            activation_checkpointing=t.activation_checkpointing, compile_blocks=t.compile)
+            activation_checkpointing=t.activation_checkpointing_mode,
+            checkpoint_every=t.activation_checkpointing_every, compile_blocks=compile_blocks)
         self.optimizer = optim.build_optimizer(self.model, t)
         self.lr_scale = optim.LRScale()
         self.sampler = Sampler(self.train_shards, p.seq_len, t.seed)
+        self.batches = Prefetcher(self.sampler, env.device, p.accum_steps,
+                                  global_batch=p.global_batch_seqs, micro_batch=p.micro_batch,
+                                  rank=self.dp.rank, world_size=self.dp.size)
         self.state = TrainState()
         parts = {"train": self.state, "sampler": self.sampler, "lr_scale": self.lr_scale}
         guard_spec = cfg.fault_tolerance.spike_guard
@@ -417,15 +429,12 @@ class Run:
         optim.set_lr(self.optimizer, lr)
         loss_sum = torch.zeros((), device=env.device)
         for micro in range(p.accum_steps):
-            x, y = self.sampler.batch(step, micro, global_batch=p.global_batch_seqs,
-                                      micro_batch=p.micro_batch, rank=self.dp.rank,
-                                      world_size=self.dp.size)
-            inputs = torch.from_numpy(x).to(env.device, non_blocking=True)  # (B, T)
-            targets = torch.from_numpy(y).to(env.device, non_blocking=True)  # (B, T)
+            inputs, targets = self.batches.get(step, micro)  # each (B, T), on the device
             if "garbage" in faults:
                 gen = torch.Generator(device=env.device).manual_seed(step * 1000 + micro)
-                inputs, targets = torch.randint(0, self.train_shards.vocab_size, (2, *x.shape),
-                                                generator=gen, device=env.device)
+                inputs, targets = torch.randint(0, self.train_shards.vocab_size,
+                                                (2, *inputs.shape), generator=gen,
+                                                device=env.device)
             if t.gradient_sync == "lastMicroBatch":
                 # Reduce-scatter once per step, after the last micro-batch: until then each
                 # rank holds full unsharded fp32 gradients.
@@ -589,6 +598,8 @@ class Run:
         return result
 
     def close(self) -> None:
+        self.batches.close()
+        self.cadence.close()
         if self.ckpt is not None:
             self.ckpt.wait()
         if self.memory is not None:
@@ -634,6 +645,7 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None,
     try:
         while state.step < stop_at:
             step_started = time.perf_counter()
+            run.cadence.before(state.step + 1)
             loss_local, grad_norm, lr = run.forward_backward()
             agreed = run.agree(loss_local, grad_norm, save=run.wants_save(state.step + 1),
                                stop=stop is not None and stop.is_set())
@@ -647,6 +659,7 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None,
             run.apply_update(applied)
             state.step += 1
             state.tokens_seen += shape.tokens_per_step
+            run.cadence.after(state.step)
             post = (run.guard.observe(state.step, loss_mean, grad_norm, applied)
                     if run.guard else None)
 

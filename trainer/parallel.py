@@ -1,13 +1,14 @@
 """Process group, device mesh and FSDP2 sharding: the only module that calls `fully_shard`.
 
-Follows torchtitan (`models/llama3/parallelize.py`, `distributed/fsdp.py`): techniques are
-applied to an already-built single-device model in a fixed order, activation checkpointing, then
-per-block `torch.compile`, then FSDP (each block, then the root); the model is built on the meta
-device, sharded, and only then materialised (`to_empty` + `init_weights`), so it never exists
-unsharded on one device. Mixed precision is FSDP2's: parameters all-gathered in bf16, gradients
-reduce-scattered in fp32. The device mesh is 1-D (FSDP over every rank) or 2-D (HSDP: replicate x
-shard), as `crucible.api.sharding` decides from the job's shape; `data_parallel` reads this
-rank's slice of the batch from it.
+Follows torchtitan (`models/llama3/parallelize.py`, `distributed/fsdp.py`,
+`distributed/activation_checkpoint.py`): techniques are applied to an already-built
+single-device model in a fixed order, activation checkpointing (full, every k-th block, or
+per-op selective), then per-block `torch.compile`, then FSDP (each block, then the root); the
+model is built on the meta device, sharded, and only then materialised (`to_empty` +
+`init_weights`), so it never exists unsharded on one device. Mixed precision is FSDP2's:
+parameters all-gathered in bf16, gradients reduce-scattered in fp32. The device mesh is 1-D
+(FSDP over every rank) or 2-D (HSDP: replicate x shard), as `crucible.api.sharding` decides from
+the job's shape; `data_parallel` reads this rank's slice of the batch from it.
 
 Initial weights do not depend on the world size: each parameter's full initial tensor is drawn
 from a generator seeded by (seed, parameter name) and each rank keeps its own slice. A run on 1
@@ -118,17 +119,74 @@ def data_parallel(mesh: DeviceMesh) -> DataParallel:
     return DataParallel(rank, mesh.size(), replicas)
 
 
-def shard(model: GPT, mesh: DeviceMesh, precision: str, *, activation_checkpointing: bool = False,
-          compile_blocks: bool = False) -> GPT:
-    """Apply AC, compile and FSDP2 to `model` in place (torchtitan's order) and return it."""
-    if activation_checkpointing:
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+def wants_compile(setting: bool | None, device_type: str) -> bool:
+    """`training.compile`: forced on or off, or (unset) on where it pays, CUDA. Pure."""
+    return device_type == "cuda" if setting is None else setting
 
-        for i, block in enumerate(model.h):
-            model.h[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+
+def checkpointed_blocks(mode: str, layers: int, every: int) -> list[int]:
+    """The blocks `mode` (api.spec.AC_MODES) recomputes in backward. Pure.
+
+    every-k-layers follows torchtitan's layer-selective AC: counting blocks from 1, every k-th
+    one (k, 2k, ...) is wrapped, so k=1 is full AC and k > layers checkpoints nothing."""
+    if mode == "none":
+        return []
+    if mode == "every-k-layers":
+        return [i for i in range(layers) if (i + 1) % every == 0]
+    return list(range(layers))
+
+
+# Ops whose outputs selective-op AC keeps (torchtitan's `_op_sac_save_list`): matmuls and the
+# attention kernels are what recomputing costs most; whatever else a block computes (norms,
+# activations, RoPE, views) is cheap to redo. getattr: not every build has every kernel.
+_SAC_SAVE = {getattr(torch.ops.aten, name).default for name in (
+    "mm", "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+    if hasattr(torch.ops.aten, name)}
+
+
+def _op_sac_context():
+    """A fresh per-block context pair for selective-op AC. Like torchtitan, every second matmul
+    output is recomputed rather than kept: half the matmul memory for one extra matmul in two.
+    Forward and recompute count matmuls separately, so both make the same choices."""
+    from collections import Counter
+
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    matmuls: Counter = Counter()
+
+    def policy(ctx, func, *args, **kwargs):
+        phase = "recompute" if ctx.is_recompute else "forward"
+        if func == torch.ops.aten.mm.default:
+            matmuls[phase] += 1
+            if matmuls[phase] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return (CheckpointPolicy.MUST_SAVE if func in _SAC_SAVE
+                else CheckpointPolicy.PREFER_RECOMPUTE)
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def shard(model: GPT, mesh: DeviceMesh, precision: str, *, activation_checkpointing: str = "none",
+          checkpoint_every: int = 2, compile_blocks: bool = False) -> GPT:
+    """Apply AC, compile and FSDP2 to `model` in place (torchtitan's order) and return it.
+
+    Blocks are wrapped, as torchtitan does (the wrappers' name segments leave checkpoint keys
+    alone: `canonical_name`), not compiled in place with `Module.compile()`: in place, FSDP's
+    forward hooks, registered on the same module afterwards, would run inside the compiled
+    call, and `fullgraph=True` cannot trace their collectives."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    # preserve_rng_state=False: the blocks draw no random numbers (no dropout).
+    context = {"context_fn": _op_sac_context} if activation_checkpointing == "selective-op" else {}
+    for i in checkpointed_blocks(activation_checkpointing, len(model.h), checkpoint_every):
+        model.h[i] = checkpoint_wrapper(model.h[i], preserve_rng_state=False, **context)
     if compile_blocks:
         for i, block in enumerate(model.h):
             model.h[i] = torch.compile(block, fullgraph=True)
+        # The loss too (torchtitan compiles its loss): inductor fuses the logits' fp32 upcast
+        # into the softmax instead of materialising an fp32 copy of them.
+        model.loss_fn = torch.compile(model.loss_fn)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
                               reduce_dtype=torch.float32)
     for block in model.h:
@@ -174,12 +232,12 @@ def materialize(model: GPT, device: torch.device, seed: int) -> GPT:
 
 
 def build_sharded_model(cfg, env: DistEnv, mesh: DeviceMesh, *, precision: str, seed: int,
-                        activation_checkpointing: bool = False, compile_blocks: bool = False) -> GPT:
-    """Meta-device build -> shard -> materialise (the three steps, in that order)."""
+                        **techniques) -> GPT:
+    """Meta-device build -> shard -> materialise (the three steps, in that order);
+    `techniques` are `shard`'s keywords (AC and compile)."""
     with torch.device("meta"):
         model = GPT(cfg)
-    shard(model, mesh, precision, activation_checkpointing=activation_checkpointing,
-          compile_blocks=compile_blocks)
+    shard(model, mesh, precision, **techniques)
     return materialize(model, env.device, seed)
 
 

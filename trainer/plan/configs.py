@@ -108,6 +108,13 @@ def load(path: str | Path, *, gpus: int | None = None) -> Setup:
                           "(model/data/training), a torchtitan .toml or a nanoGPT .py config")
 
 
+# The memory model's recompute for each activationCheckpointing mode, erring towards more
+# memory: selective-op keeps fewer activations than "selective" (only half the matmul outputs
+# and attention), and every-k-layers keeps every block's but the k-th's.
+_RECOMPUTE = {"none": "none", "full": "full", "selective-op": "selective",
+              "every-k-layers": "none"}
+
+
 def _common(path: Path, spec, source: str) -> Setup:
     """What a PretrainJob spec and a job config share. The operator's restart policy exists
     only in a PretrainJob, so a job config leaves it unset."""
@@ -118,7 +125,7 @@ def _common(path: Path, spec, source: str) -> Setup:
         warmup_steps=t.warmup_steps, total_steps=t.total_steps_hint, schedule=t.schedule,
         min_lr_ratio=t.min_lr_ratio, weight_decay=t.weight_decay, beta2=t.beta2,
         grad_clip=t.grad_clip, precision=t.precision, zero_stage=3,
-        recompute="full" if t.activation_checkpointing else "none",
+        recompute=_RECOMPUTE[t.activation_checkpointing_mode],
         checkpoint_enabled=ck.uri is not None, checkpoint_uri=ck.uri,
         checkpoint_every_s=ck.every_minutes * 60 if ck.every_minutes else None,
         checkpoint_every_steps=ck.every_steps or None, checkpoint_async=ck.async_,
