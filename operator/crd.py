@@ -77,7 +77,8 @@ def _int_or_string(node: dict) -> dict | None:
 
 def structural(node: dict, defs: dict) -> dict:
     """Translate one JSON Schema node (and everything under it) to a structural schema node."""
-    node = _without_null(_resolve(node, defs))
+    # Resolved again after dropping null: `X | None` for a model X is a `$ref` inside anyOf.
+    node = _resolve(_without_null(_resolve(node, defs)), defs)
     special = _int_or_string(node)
     if special is not None:
         return {k: v for k, v in special.items() if k not in _DROP}
