@@ -202,7 +202,7 @@ _AC_DESCRIPTION = (
 
 
 class ProfileSpec(Spec):
-    """torch.profiler traces of a few steps (docs/defaults.md, "Step speed")."""
+    """torch.profiler traces of a few steps (docs/training.md, "Step speed")."""
 
     start_step: int = Field(..., ge=1, description="First step traced (1-based; the step "
                             "before it warms the profiler up).")
