@@ -242,10 +242,10 @@ class TrainingSpec(Spec):
     eval_every: int = Field(0, ge=0, description="Steps between held-out evals (0: at the end).")
     eval_tokens: int = Field(1 << 20, ge=1, description="Held-out tokens per eval.")
     log_every: int = Field(1, ge=1, description="Steps between log lines.")
-    compile: bool | None = Field(None, description="torch.compile each block. Unset: on when "
-                                 "training on CUDA GPUs, off on CPU (inductor's CPU kernels "
-                                 "need a C++ compiler and rarely repay the compile time); true "
-                                 "or false forces it.")
+    compile: bool | None = Field(None, description="torch.compile each block and the loss. "
+                                 "Unset: on when training on CUDA GPUs, off on CPU (inductor's "
+                                 "CPU kernels need a C++ compiler and rarely repay the compile "
+                                 "time); true or false forces it.")
     # Old job YAML says true/false, so the value is a boolean or a mode; the CRD cannot type a
     # field as either, so it leaves it untyped and `activation_checkpointing_mode` validates it
     # (the operator refuses a bad value as InvalidSpec). False stays the default so jobs written
