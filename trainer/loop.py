@@ -15,8 +15,7 @@ garbage collection, profiler traces and memory snapshots keep a step schedule (`
 Each step's numbers are one `StepMetrics` record, built in `_loop`, that the exporter, the JSONL
 file, the log line, the progress bar and the progress Lease all read. Everything a restart needs
 is a `Stateful` part of `AppState` (model, optimizer, LR scale, sampler, `TrainState`, the
-stability guard). The guard's actions (skip, rollback) stay here beside the step they act on,
-which puts the module a little over ~400 lines.
+stability guard). The guard's actions (skip, rollback) stay here beside the step they act on.
 """
 
 from __future__ import annotations
