@@ -85,8 +85,10 @@ def main() -> None:
               "healthy_steps": a.healthy_steps, "false_alarms": len(false),
               "false_alarm_steps": [r["step"] for r in false]}
     Path(a.out).write_text(json.dumps(result, indent=1))
-    print(f"rank 1 made {a.slowdown}x slower: flagged at step {delays} (window 30 + patience 10 "
-          f"+ 1 step of lag = 41 at the earliest)")
+    # The detector judges once its window is full (30 steps) and flags after patience (10)
+    # judgements in a row: step 30 + 10 - 1 = 39 is the earliest a slow-from-the-start rank
+    # can be flagged.
+    print(f"rank 1 made {a.slowdown}x slower: flagged at step {delays} (39 at the earliest)")
     print(f"healthy: {len(false)} false alarm(s) in {a.healthy_steps} steps")
 
 
