@@ -134,7 +134,9 @@ def test_a_change_that_reaches_the_pods_restarts_them(path):
 
 # --- random valid specs ------------------------------------------------------------------------
 NAMES = st.from_regex(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?", fullmatch=True)
-URIS = st.one_of(st.from_regex(r"s3://[a-z0-9][a-z0-9-]{2,20}/[a-z0-9/_-]{1,30}", fullmatch=True),
+# Bucket names as S3 allows them: 3-63 characters, starting and ending with a letter or digit.
+URIS = st.one_of(st.from_regex(r"s3://[a-z0-9][a-z0-9-]{1,20}[a-z0-9]/[a-z0-9/_-]{1,30}",
+                               fullmatch=True),
                  st.from_regex(r"/data/[a-z0-9_]{1,12}", fullmatch=True))
 
 
