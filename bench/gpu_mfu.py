@@ -54,10 +54,7 @@ def measured_bf16_peak(torch, n: int = 8192, iters: int = 20) -> float:
     return peak
 
 
-def job(root: Path, data: dict, model: str, a: argparse.Namespace, nproc: int) -> Path:
-    from crucible.api import arch
-
-    seq = a.seq_len or arch.preset(model).seq_len
+def job(root: Path, data: dict, model: str, seq: int, a: argparse.Namespace, nproc: int) -> Path:
     batch = a.micro_batch * seq * nproc
     training = {"tokens": (a.warmup + a.steps) * batch, "globalBatchTokens": batch,
                 "microBatch": a.micro_batch, "warmupSteps": 5, "lr": 3e-4,
@@ -77,7 +74,8 @@ def run_model(root: Path, data: dict, model: str, a: argparse.Namespace, nproc: 
     """Train `model` and summarise its post-warm-up steps from its metrics.jsonl."""
     from crucible.api import arch
 
-    config = job(root, data, model, a, nproc)
+    cfg = arch.preset(model, **({"seq_len": a.seq_len} if a.seq_len else {}))
+    config = job(root, data, model, cfg.seq_len, a, nproc)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", "-m", "crucible.trainer", "train", "--config",
            str(config)]
@@ -91,7 +89,6 @@ def run_model(root: Path, data: dict, model: str, a: argparse.Namespace, nproc: 
     steps = [r for r in records if r["kind"] == "train" and r["step"] > a.warmup]
     if not steps:
         raise SystemExit(f"{model}: no steps after the warm-up in {root / model}")
-    cfg = arch.preset(model, seq_len=a.seq_len or arch.preset(model).seq_len)
     return {"model": model, "params": arch.param_count(cfg), "gpus": nproc,
             "seq_len": cfg.seq_len, "micro_batch": a.micro_batch,
             "tokens_per_step": a.micro_batch * cfg.seq_len * nproc,
