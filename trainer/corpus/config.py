@@ -18,7 +18,8 @@ Example (YAML):
       - {name: manuals, paths: [/usr/share/doc], format: auto}
     steps: [extract, normalise, {language: {languages: [en, de]}}, gopher_repetition,
             gopher_quality, {c4: {filter_no_terminal_punct: false}}, fineweb]
-    dedup: {exact: true, near: {n_grams: 5, bands: 14, rows: 8}}
+    dedup: {exact: true, near: {n_grams: 5, bands: 14, rows: 8}, url: true, partitions: 16,
+            index: s3://bucket/corpus/exact-index}
     pii: {emails: true, ips: true}
     mixture: {weights: {web: 0.7, manuals: 0.3}, seed: 0}
     limits: {max_record_bytes: 8388608, max_file_bytes: 17179869184}   # the defaults
@@ -67,6 +68,32 @@ class SourceConfig:
 class DedupConfig:
     exact: bool = True                         # drop byte-identical texts (after normalisation)
     near: MinhashConfig | None = MinhashConfig()   # None turns near-dedup off
+    url: bool = False                          # drop later pages with the same URL (WARC input)
+    # Hash ranges each dedup stage's work is split into; None: the shard count. A task holds
+    # about 1/partitions of the corpus' signatures (~50 bytes per document while sorting), so
+    # 10^8 documents want partitions >= 8 for 2 GB tasks (docs/corpus.md, "Dedup at scale").
+    partitions: int | None = None
+    # A folder (local or s3://) of earlier runs' content digests: documents seen in a committed
+    # earlier run are dropped too, and this run's digests are added when it finishes.
+    index: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.partitions is not None and (isinstance(self.partitions, bool) or
+                                            not isinstance(self.partitions, int) or
+                                            self.partitions < 1):
+            raise ValueError(f"dedup.partitions {self.partitions!r}: want a whole number >= 1, "
+                             "or leave it out to use the shard count")
+        if self.index is not None and (not isinstance(self.index, str) or not self.index):
+            raise ValueError("dedup.index: a folder or s3://bucket/prefix for the digest index")
+        if self.index is not None and not self.exact:
+            raise ValueError("dedup.index needs dedup.exact: true (the index holds exact digests)")
+
+    @property
+    def on(self) -> bool:
+        return self.exact or self.url or self.near is not None
+
+    def partitions_for(self, shard_count: int) -> int:
+        return self.partitions or shard_count
 
 
 @dataclass(frozen=True)
@@ -137,10 +164,19 @@ def from_dict(data: dict[str, Any]) -> CorpusConfig:
         raise ConfigError(f"sources: names must be unique, got {names}")
     steps = tuple(_step_entry(e) for e in data.get("steps", DEFAULT_STEPS) or [])
     dedup_data = data.get("dedup", {}) or {}
+    if not isinstance(dedup_data, dict):
+        raise ConfigError("dedup: a mapping, e.g. {exact: true, near: {bands: 14, rows: 8}}")
     near = dedup_data.get("near", {})
+    unknown = set(dedup_data) - {"exact", "near", "url", "partitions", "index"}
+    if unknown:
+        raise ConfigError(f"dedup: unknown keys {', '.join(sorted(unknown))}; known: exact, near, "
+                          "url, partitions, index")
     try:
         dedup = DedupConfig(exact=bool(dedup_data.get("exact", True)),
-                            near=None if near is False or near is None else MinhashConfig(**near))
+                            near=None if near is False or near is None else MinhashConfig(**near),
+                            url=bool(dedup_data.get("url", False)),
+                            partitions=dedup_data.get("partitions"),
+                            index=dedup_data.get("index"))
         mixture = MixtureConfig(**data["mixture"]) if data.get("mixture") else None
         pii = data.get("pii")
         pii = None if pii is None or pii is False else (pii if isinstance(pii, dict) else {})
@@ -173,7 +209,8 @@ def describe(config: CorpusConfig) -> dict[str, Any]:
     """The config as plain data, for run.json and the report."""
     return {"sources": [asdict(s) for s in config.sources],
             "steps": [{name: params} for name, params in config.steps],
-            "dedup": {"exact": config.dedup.exact,
+            "dedup": {"exact": config.dedup.exact, "url": config.dedup.url,
+                      "partitions": config.dedup.partitions, "index": config.dedup.index,
                       "near": None if config.dedup.near is None else
                       {**asdict(config.dedup.near),
                        "threshold": round(config.dedup.near.threshold, 4)}},

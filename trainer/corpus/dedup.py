@@ -1,162 +1,379 @@
-"""Exact and MinHash-LSH near dedup as four stages that pass files, so N workers can share them.
+"""Exact, URL and MinHash-LSH near dedup as stages that pass files, each task holding only its
+slice of the corpus, so a Common Crawl dump (10^8 documents) fits tasks of a few GB.
 
-Owns the stage bodies and their file formats:
-  1. signatures (per shard): key, 128-bit content digest and one LSH key per band of every document
-     -> dedup/signatures/shard-NNNNN.npz
-  2. buckets (per band): documents sharing that band's key are candidate pairs (each paired with
-     the bucket's smallest key) -> dedup/buckets/band-BB.npy, shape (m, 2) uint64
-  3. clusters (one task): exact groups first, then union-find over the candidate pairs of what is
-     left; all but the smallest key of each group or cluster is removed -> dedup/remove.npz and
-     dedup/clusters.json (cluster-size histograms)
-  4. filter (per shard): the `ExactDuplicate` and `NearDuplicate` filters drop what stage 3 chose.
+Owns the stage bodies and their file formats (P = `DedupConfig.partitions`, N = shards):
+  1. signatures (per shard): each document's key, its 128-bit content digest (and URL digest),
+     and one LSH key per band, written split by hash range into P partitions:
+       dedup/digests/<family>/part-PPPPP/shard-NNNNN.npy   (key, digest) records
+       dedup/bands/band-BB/part-PPPPP/shard-NNNNN.npy      (m, 2) uint64: key, band key
+  2. exact (per family and partition): the partition's digests of every shard, sorted; all but the
+     smallest key of each digest group is removed, and so is every document whose digest an
+     earlier run in the persistent index holds -> dedup/<family>/part-PPPPP.npz
+  3. buckets (per band and partition): documents sharing a band key are candidate pairs (each
+     paired with the bucket's smallest key) -> dedup/pairs/band-BB-part-PPPPP.npy (m, 2) uint64
+  4. clusters (one task): pairs deduplicated across bands (clusters.merge_unique_pairs), pairs
+     touching an exactly removed document dropped, connected components (scipy); all but the
+     smallest key of each cluster is removed -> dedup/near/shard-NNNNN.npy per shard, and
+     dedup/clusters.json (counts and size histograms for the report)
+  5. filter (per shard): the `ExactDuplicate`, `UrlDuplicate` and `NearDuplicate` filters drop what
+     stages 2 and 4 chose, each shard loading only its own keys.
 Must not: decide which pipeline stage runs when (pipeline.py).
 
+Memory per task: a signatures task holds its shard's signatures (~140 bytes per document); an
+exact or buckets task one partition of one family or band (24 or 16 bytes per document of the
+slice, about 3x that while sorting); the clusters task the distinct candidate pairs (16 bytes
+each, ~3x while merging) and the keys removed as exact copies (8 bytes each). Nothing scales with
+the whole corpus except the clusters task's pairs, and those only with its near duplicates.
+bench/dedup_scale.py measures it.
+
 Follows datatrove's MinhashDedupSignature / Buckets / Cluster / Filter (src/datatrove/pipeline/
-dedup/minhash.py) and ExactDedup (dedup/exact_dedup.py). Differences: stage 2 writes pairs to the
-bucket's smallest key (a star), which is all union-find needs, instead of chains; the survivor of a
-cluster is the smallest global key (earliest input) so results do not depend on sharding.
+dedup/minhash.py: its buckets stage also splits each band's hash range across workers), ExactDedup
+(dedup/exact_dedup.py) and UrlDedup (dedup/url_dedup.py). Differences: stage 3 writes pairs to
+the bucket's smallest key (a star), which is all connected components need, instead of chains; the
+survivor of a cluster is the smallest global key (earliest input) so results do not depend on
+sharding or partitioning.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from dataclasses import dataclass
-from typing import ClassVar, Iterable
+from typing import ClassVar, Iterable, Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 import xxhash
 
 from crucible.trainer import storage
-from crucible.trainer.corpus.clusters import clusters_from_pairs, exact_duplicates, size_histogram
-from crucible.trainer.corpus.document import Document
+from crucible.trainer.corpus.clusters import (Clusters, connected_clusters, exact_duplicates,
+                                              merge_unique_pairs, size_histogram)
+from crucible.trainer.corpus.document import RECORD_BITS, Document
 from crucible.trainer.corpus.minhash import MinHasher, MinhashConfig
 from crucible.trainer.corpus.step import Filter, FilterResult
 
-DIGEST_DTYPE = "S16"   # xxh3-128 of the UTF-8 text: no birthday collision below ~10^18 documents
+DIGEST_DTYPE = "S16"   # xxh3-128: no birthday collision below ~10^18 documents
+DIGEST_RECORD = np.dtype([("key", "<u8"), ("digest", DIGEST_DTYPE)])
+FAMILIES = ("exact", "url")   # what a digest is of: the normalised text, or the page's URL
 
 
-def signatures_uri(output: str, shard: int) -> str:
-    return storage.join(output, "dedup", "signatures", f"shard-{shard:05d}.npz")
+# ---- file layout ----------------------------------------------------------------------------
+def digest_part_uri(output: str, family: str, part: int, shard: int) -> str:
+    return storage.join(output, "dedup", "digests", family, f"part-{part:05d}",
+                        f"shard-{shard:05d}.npy")
 
 
-def bucket_uri(output: str, band: int) -> str:
-    return storage.join(output, "dedup", "buckets", f"band-{band:02d}.npy")
+def band_part_uri(output: str, band: int, part: int, shard: int) -> str:
+    return storage.join(output, "dedup", "bands", f"band-{band:02d}", f"part-{part:05d}",
+                        f"shard-{shard:05d}.npy")
 
 
-def remove_uri(output: str) -> str:
-    return storage.join(output, "dedup", "remove.npz")
+def removed_uri(output: str, family: str, part: int) -> str:
+    return storage.join(output, "dedup", family, f"part-{part:05d}.npz")
+
+
+def pairs_uri(output: str, band: int, part: int) -> str:
+    return storage.join(output, "dedup", "pairs", f"band-{band:02d}-part-{part:05d}.npy")
+
+
+def near_removed_uri(output: str, shard: int) -> str:
+    return storage.join(output, "dedup", "near", f"shard-{shard:05d}.npy")
 
 
 def clusters_uri(output: str) -> str:
     return storage.join(output, "dedup", "clusters.json")
 
 
+def save_array(uri: str, array: np.ndarray) -> None:
+    with storage.open_write(uri) as out:
+        np.save(out, array, allow_pickle=False)
+
+
+def load_array(uri: str) -> np.ndarray:
+    if storage.is_s3(uri):
+        return np.load(io.BytesIO(storage.read_bytes(uri)), allow_pickle=False)
+    return np.load(uri, allow_pickle=False)
+
+
 def _save_npz(uri: str, **arrays: np.ndarray) -> None:
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    storage.write_bytes(uri, buffer.getvalue())
+    with storage.open_write(uri) as out:
+        np.savez(out, **arrays)
 
 
 def _load_npz(uri: str) -> dict[str, np.ndarray]:
-    with np.load(io.BytesIO(storage.read_bytes(uri))) as data:
+    source = io.BytesIO(storage.read_bytes(uri)) if storage.is_s3(uri) else uri
+    with np.load(source, allow_pickle=False) as data:
         return {name: data[name] for name in data.files}
 
 
-def signatures(docs: Iterable[Document], config: MinhashConfig | None) -> dict[str, np.ndarray]:
-    """Stage 1 for one shard: keys (n,), digests (n,) S16 and band keys (n, bands)."""
+# ---- partitions and shards ------------------------------------------------------------------
+def partition_of(hashes: np.ndarray, partitions: int) -> np.ndarray:
+    """The partition of each uint64 hash (band keys, digest prefixes): uniform, as they are."""
+    return (hashes % np.uint64(partitions)).astype(np.int64)
+
+
+def digest_prefix(digests: np.ndarray) -> np.ndarray:
+    """The first 8 bytes of each 16-byte digest as uint64: what digests are partitioned by."""
+    raw = np.ascontiguousarray(digests.astype(DIGEST_DTYPE)).view(np.uint8).reshape(-1, 16)
+    return np.ascontiguousarray(raw[:, :8]).view("<u8").ravel()
+
+
+def shard_of_keys(keys: np.ndarray, shard_count: int) -> np.ndarray:
+    """The shard that owns each document key: shard i reads files i, i+N, ... (shards.py)."""
+    return ((keys >> np.uint64(RECORD_BITS)) % np.uint64(shard_count)).astype(np.int64)
+
+
+def keys_of_shard(sorted_keys: np.ndarray, shard: int, shard_count: int) -> np.ndarray:
+    return sorted_keys[shard_of_keys(sorted_keys, shard_count) == shard]
+
+
+# ---- stage 1: signatures --------------------------------------------------------------------
+def normalise_url(url: str) -> str:
+    """One spelling per page: scheme and host lower case, default port and fragment dropped.
+    The path and query are kept as they are: servers may treat their case and order as
+    meaningful, and merging two different pages would lose one."""
+    try:
+        parts = urlsplit(url.strip())
+        host = (parts.hostname or "").rstrip(".")
+        port = parts.port
+    except ValueError:          # a malformed port or host: compare the text as it is
+        return url.strip()
+    default = {"http": 80, "https": 443}.get(parts.scheme.lower())
+    netloc = host if port is None or port == default else f"{host}:{port}"
+    return urlunsplit((parts.scheme.lower(), netloc, parts.path or "/", parts.query, ""))
+
+
+def signatures(docs: Iterable[Document], config: MinhashConfig | None,
+               urls: bool = False) -> dict[str, np.ndarray]:
+    """Stage 1 for one shard: keys (n,), digests (n,) S16, band keys (n, bands) and, with `urls`,
+    url_keys/url_digests of the documents whose metadata has a "url"."""
     hasher = MinHasher(config) if config is not None else None
-    keys, digests, bands = [], [], []
+    keys, digests, bands, url_keys, url_digests = [], [], [], [], []
     for doc in docs:
         keys.append(doc.key)
         digests.append(xxhash.xxh3_128_digest(doc.text.encode("utf-8")))
         if hasher is not None:
             bands.append(hasher.keys_of(doc.text))
+        url = doc.metadata.get("url") if urls else None
+        if isinstance(url, str) and url:
+            url_keys.append(doc.key)
+            url_digests.append(xxhash.xxh3_128_digest(normalise_url(url).encode("utf-8")))
     n_bands = config.bands if config is not None else 0
     return {"keys": np.asarray(keys, dtype=np.uint64),
             "digests": np.asarray(digests, dtype=DIGEST_DTYPE),
-            "bands": np.asarray(bands, dtype=np.uint64).reshape(len(keys), n_bands)}
+            "bands": np.asarray(bands, dtype=np.uint64).reshape(len(keys), n_bands),
+            "url_keys": np.asarray(url_keys, dtype=np.uint64),
+            "url_digests": np.asarray(url_digests, dtype=DIGEST_DTYPE)}
 
 
-def write_signatures(output: str, shard: int, arrays: dict[str, np.ndarray]) -> None:
-    _save_npz(signatures_uri(output, shard), **arrays)
+def digest_records(keys: np.ndarray, digests: np.ndarray) -> np.ndarray:
+    records = np.empty(len(keys), DIGEST_RECORD)
+    records["key"], records["digest"] = keys, digests
+    return records
 
 
+def write_signatures(output: str, shard: int, arrays: dict[str, np.ndarray], partitions: int,
+                     families: Iterable[str]) -> None:
+    """Stage 1's files for one shard: every partition of every family and band, empty ones too
+    (a missing file then means an unfinished task, never 'no documents')."""
+    sources = {"exact": ("keys", "digests"), "url": ("url_keys", "url_digests")}
+    for family in families:
+        key_name, digest_name = sources[family]
+        records = digest_records(arrays[key_name], arrays[digest_name])
+        part = partition_of(digest_prefix(records["digest"]), partitions)
+        for p in range(partitions):
+            save_array(digest_part_uri(output, family, p, shard), records[part == p])
+    keys, bands = arrays["keys"], arrays["bands"]
+    for band in range(bands.shape[1]):
+        column = bands[:, band]
+        part = partition_of(column, partitions)
+        for p in range(partitions):
+            chosen = part == p
+            save_array(band_part_uri(output, band, p, shard),
+                       np.stack([keys[chosen], column[chosen]], axis=1))
+
+
+# ---- stage 2: exact and URL groups ----------------------------------------------------------
+@dataclass
+class ExactPart:
+    """One partition's decision: keys removed as later copies, and keys whose digest an earlier
+    run already holds (every copy, the first one included)."""
+    removed: np.ndarray
+    earlier: np.ndarray
+    sizes: np.ndarray          # sizes of the groups of 2 or more within this run
+
+
+def decide_exact(records: np.ndarray, earlier_digests: Iterable[np.ndarray]) -> ExactPart:
+    """`records`: (key, digest) of one partition. `earlier_digests`: sorted digest arrays of
+    earlier runs (each may hold other partitions' digests too; only membership is asked)."""
+    groups = exact_duplicates(records["key"], records["digest"])
+    seen = np.zeros(len(records), dtype=bool)
+    for known in earlier_digests:
+        if known.size and records.size:
+            at = np.searchsorted(known, records["digest"]).clip(max=known.size - 1)
+            seen |= known[at] == records["digest"]
+    return ExactPart(groups.remove, np.sort(records["key"][seen]), groups.sizes)
+
+
+def run_exact(output: str, family: str, part: int, shard_count: int,
+              earlier: Iterable[np.ndarray] = ()) -> dict:
+    """Stage 2 task: read partition `part` of `family` from every shard, write its decision.
+    Returns the partition's summary (merged by the clusters task for the report)."""
+    records = np.concatenate([load_array(digest_part_uri(output, family, part, s))
+                              for s in range(shard_count)]) if shard_count else \
+        np.zeros(0, DIGEST_RECORD)
+    decision = decide_exact(records, earlier)
+    summary = {"documents": int(records.size), "groups": int(decision.sizes.size),
+               "removed": int(decision.removed.size), "earlier_run": int(decision.earlier.size),
+               "group_sizes": size_histogram(decision.sizes)}
+    _save_npz(removed_uri(output, family, part), removed=decision.removed,
+              earlier=decision.earlier, summary=np.frombuffer(json.dumps(summary).encode(), np.uint8))
+    return summary
+
+
+def exact_summary(output: str, family: str, partitions: int) -> dict:
+    """The partitions' summaries added up (histogram bins are fixed, so they add by label)."""
+    total = {"documents": 0, "groups": 0, "removed": 0, "earlier_run": 0, "group_sizes": {}}
+    for part in range(partitions):
+        summary = json.loads(_load_npz(removed_uri(output, family, part))["summary"].tobytes())
+        for name in ("documents", "groups", "removed", "earlier_run"):
+            total[name] += summary[name]
+        for label, count in summary["group_sizes"].items():
+            total["group_sizes"][label] = total["group_sizes"].get(label, 0) + count
+    total["group_sizes"] = dict(sorted(total["group_sizes"].items(),
+                                       key=lambda item: int(item[0].split("-")[0])))
+    return total
+
+
+def exact_removal_of_shard(output: str, family: str, partitions: int, shard: int,
+                           shard_count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(removed, earlier) keys of one shard, each sorted, reading one partition at a time."""
+    removed, earlier = [], []
+    for part in range(partitions):
+        arrays = _load_npz(removed_uri(output, family, part))
+        removed.append(keys_of_shard(arrays["removed"], shard, shard_count))
+        earlier.append(keys_of_shard(arrays["earlier"], shard, shard_count))
+    return np.sort(np.concatenate(removed)), np.sort(np.concatenate(earlier))
+
+
+# ---- stage 3: buckets -----------------------------------------------------------------------
 def bucket_pairs(keys: np.ndarray, band_keys: np.ndarray) -> np.ndarray:
-    """Stage 2 for one band: (m, 2) pairs (member, smallest member) of every shared band key."""
+    """Stage 3 for one band (or a hash range of it): (m, 2) pairs (member, smallest member) of
+    every shared band key."""
     if keys.size == 0:
         return np.zeros((0, 2), dtype=np.uint64)
     order = np.lexsort((keys, band_keys))
     sorted_bands, sorted_keys = band_keys[order], keys[order]
-    starts = np.ones(len(order), dtype=bool)
+    del order
+    starts = np.ones(len(sorted_keys), dtype=bool)
     starts[1:] = sorted_bands[1:] != sorted_bands[:-1]
     heads = sorted_keys[np.flatnonzero(starts)][np.cumsum(starts) - 1]   # bucket's smallest key
     members = ~starts
     return np.stack([sorted_keys[members], heads[members]], axis=1)
 
 
-def run_buckets(output: str, band: int, shard_count: int) -> int:
-    """Stage 2 task: read every shard's column `band`, write its pairs. Returns the pair count."""
-    keys, band_keys = [], []
-    for shard in range(shard_count):
-        arrays = _load_npz(signatures_uri(output, shard))
-        keys.append(arrays["keys"])
-        band_keys.append(arrays["bands"][:, band])
-    pairs = bucket_pairs(np.concatenate(keys), np.concatenate(band_keys))
-    buffer = io.BytesIO()
-    np.save(buffer, pairs)
-    storage.write_bytes(bucket_uri(output, band), buffer.getvalue())
+def run_buckets(output: str, band: int, part: int, shard_count: int) -> int:
+    """Stage 3 task: read partition `part` of `band` from every shard, write its pairs. Returns
+    the pair count."""
+    slices = [load_array(band_part_uri(output, band, part, s)) for s in range(shard_count)]
+    rows = np.concatenate(slices) if slices else np.zeros((0, 2), np.uint64)
+    del slices
+    pairs = bucket_pairs(rows[:, 0].copy(), rows[:, 1].copy())
+    del rows
+    save_array(pairs_uri(output, band, part), pairs)
     return len(pairs)
 
 
-@dataclass
-class Removal:
-    exact: np.ndarray      # sorted keys removed as exact copies
-    near: np.ndarray       # sorted keys removed as near copies
+# ---- stage 4: clusters ----------------------------------------------------------------------
+def _pair_files(output: str, bands: int, partitions: int) -> Iterator[np.ndarray]:
+    for band in range(bands):
+        for part in range(partitions):
+            yield load_array(pairs_uri(output, band, part))
 
 
-def run_clusters(output: str, shard_count: int, exact: bool,
+def _members(sorted_keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    if sorted_keys.size == 0:
+        return np.zeros(values.shape, dtype=bool)
+    at = np.searchsorted(sorted_keys, values).clip(max=sorted_keys.size - 1)
+    return sorted_keys[at] == values
+
+
+def near_clusters(pair_batches: Iterable[np.ndarray], gone: np.ndarray) -> Clusters:
+    """Clusters of the distinct candidate pairs, leaving out pairs that touch a key in `gone`
+    (sorted keys already removed as exact or earlier-run copies: an exact copy has the same bands
+    as its survivor, so its pairs add nothing)."""
+    pairs = merge_unique_pairs(pair_batches)
+    if gone.size and pairs.size:
+        pairs = pairs[~_members(gone, pairs).any(axis=1)]
+    return connected_clusters(pairs)
+
+
+def run_clusters(output: str, shard_count: int, partitions: int, exact: bool, url: bool,
                  near: MinhashConfig | None) -> dict:
-    """Stage 3: decide every removal. Returns (and writes) the cluster summary for the report."""
-    keys, digests = [], []
-    for shard in range(shard_count):
-        arrays = _load_npz(signatures_uri(output, shard))
-        keys.append(arrays["keys"])
-        digests.append(arrays["digests"])
-    all_keys = np.concatenate(keys)
-    exact_groups = exact_duplicates(all_keys, np.concatenate(digests)) if exact else None
-    removed_exact = exact_groups.remove if exact_groups else np.zeros(0, np.uint64)
-
-    near_clusters = None
+    """Stage 4: decide the near removals, write them per shard and the summary for the report."""
+    summary: dict = {"exact": None, "url": None, "near": None}
+    gone = []   # near clusters are found among the documents the exact and URL steps keep
+    for family, on in (("exact", exact), ("url", url)):
+        if not on:
+            continue
+        summary[family] = exact_summary(output, family, partitions)
+        for part in range(partitions):
+            arrays = _load_npz(removed_uri(output, family, part))
+            gone += [arrays["removed"], arrays["earlier"]]
     if near is not None:
-        pairs = [np.load(io.BytesIO(storage.read_bytes(bucket_uri(output, band))))
-                 for band in range(near.bands)]
-        pairs = np.concatenate(pairs) if pairs else np.zeros((0, 2), np.uint64)
-        # An exact copy has the same bands as its survivor, so its pairs add nothing.
-        alive = ~np.isin(pairs, removed_exact).any(axis=1)
-        near_clusters = clusters_from_pairs(pairs[alive])
-    removed_near = near_clusters.remove if near_clusters else np.zeros(0, np.uint64)
-
-    _save_npz(remove_uri(output), exact=removed_exact, near=removed_near)
-    summary = {
-        "documents": int(all_keys.size),
-        "exact": None if exact_groups is None else {
-            "groups": int(exact_groups.sizes.size), "removed": int(removed_exact.size),
-            "group_sizes": size_histogram(exact_groups.sizes)},
-        "near": None if near_clusters is None else {
+        found = near_clusters(_pair_files(output, near.bands, partitions),
+                              np.unique(np.concatenate(gone)) if gone else np.zeros(0, np.uint64))
+        owner = shard_of_keys(found.remove, shard_count)
+        for shard in range(shard_count):
+            save_array(near_removed_uri(output, shard), found.remove[owner == shard])
+        summary["near"] = {
             "config": str(near), "threshold": round(near.threshold, 4),
-            "clusters": int(near_clusters.sizes.size), "removed": int(removed_near.size),
-            "cluster_sizes": size_histogram(near_clusters.sizes)},
-    }
+            "clusters": int(found.sizes.size), "removed": int(found.remove.size),
+            "cluster_sizes": size_histogram(found.sizes)}
     storage.write_bytes(clusters_uri(output), json.dumps(summary, indent=1).encode())
     return summary
 
 
-def load_removal(output: str) -> Removal:
-    arrays = _load_npz(remove_uri(output))
-    return Removal(exact=arrays["exact"], near=arrays["near"])
+# ---- the persistent exact-dedup index -------------------------------------------------------
+def run_id(output: str, fingerprint: str) -> str:
+    """The name a run's digests have in an index: its config and where it wrote."""
+    return f"{fingerprint}-{hashlib.sha256(output.encode()).hexdigest()[:8]}"
 
 
+def index_run_uri(index: str, run: str, *parts: str) -> str:
+    return storage.join(index, "runs", run, *parts)
+
+
+def committed_runs(index: str) -> list[str]:
+    """Runs whose digests are whole in the index (the commit marker is written last)."""
+    return [run for run in storage.list_dirs(storage.join(index, "runs"))
+            if storage.exists(index_run_uri(index, run, "COMMITTED"))]
+
+
+def earlier_digests(index: str, runs: list[str], family: str, partitions: int,
+                    part: int) -> Iterator[np.ndarray]:
+    """Each earlier run's sorted digests that fall in partition `part` (under this run's
+    partition count, whatever the earlier run used), one run's file at a time."""
+    for run in runs:
+        for uri in storage.list_files(index_run_uri(index, run, family)):
+            digests = load_array(uri)
+            yield digests[partition_of(digest_prefix(digests), partitions) == part]
+
+
+def publish_part(index: str, run: str, output: str, family: str, part: int,
+                 shard_count: int) -> None:
+    """Add this run's distinct digests of one partition to the index (invisible until commit)."""
+    digests = np.unique(np.concatenate([load_array(digest_part_uri(output, family, part, s))
+                                        ["digest"] for s in range(shard_count)]))
+    save_array(index_run_uri(index, run, family, f"part-{part:05d}.npy"), digests)
+
+
+def commit_run(index: str, run: str) -> None:
+    storage.write_bytes(index_run_uri(index, run, "COMMITTED"), b"")
+
+
+# ---- stage 5: filters -----------------------------------------------------------------------
 def _contains(sorted_keys: np.ndarray, key: int) -> bool:
     at = int(np.searchsorted(sorted_keys, np.uint64(key)))
     return at < sorted_keys.size and int(sorted_keys[at]) == key
@@ -167,13 +384,38 @@ class ExactDuplicate(Filter):
     name: ClassVar[str] = "exact_dedup"
     why: ClassVar[str] = "the same text twice teaches nothing new and skews the mixture"
 
-    removed: np.ndarray = None   # type: ignore[assignment]  # sorted keys chosen by stage 3
+    removed: np.ndarray = None   # type: ignore[assignment]  # sorted keys chosen by stage 2
+    earlier: np.ndarray = None   # type: ignore[assignment]  # sorted keys an earlier run holds
 
     def params(self) -> dict:
         return {"hash": "xxh3-128 of the normalised UTF-8 text", "keep": "earliest copy"}
 
     def filter(self, doc: Document) -> FilterResult:
-        return (False, "exact_duplicate") if _contains(self.removed, doc.key) else True
+        if _contains(self.removed, doc.key):
+            return False, "exact_duplicate"
+        if self.earlier is not None and _contains(self.earlier, doc.key):
+            return False, "seen_in_earlier_run"
+        return True
+
+
+@dataclass
+class UrlDuplicate(Filter):
+    name: ClassVar[str] = "url_dedup"
+    why: ClassVar[str] = "the same page crawled twice (a refetch, a mirror of the URL) counts once"
+
+    removed: np.ndarray = None   # type: ignore[assignment]
+    earlier: np.ndarray = None   # type: ignore[assignment]
+
+    def params(self) -> dict:
+        return {"hash": "xxh3-128 of the URL (scheme and host lower case, no fragment, "
+                        "no default port)", "keep": "earliest copy"}
+
+    def filter(self, doc: Document) -> FilterResult:
+        if _contains(self.removed, doc.key):
+            return False, "url_duplicate"
+        if self.earlier is not None and _contains(self.earlier, doc.key):
+            return False, "url_seen_in_earlier_run"
+        return True
 
 
 @dataclass
@@ -191,3 +433,26 @@ class NearDuplicate(Filter):
 
     def filter(self, doc: Document) -> FilterResult:
         return (False, "near_duplicate") if _contains(self.removed, doc.key) else True
+
+
+# ---- the in-memory reference ----------------------------------------------------------------
+@dataclass
+class Removal:
+    exact: np.ndarray      # sorted keys removed as exact copies
+    near: np.ndarray       # sorted keys removed as near copies
+
+
+def removal_in_memory(keys: np.ndarray, digests: np.ndarray | None,
+                      bands: np.ndarray | None) -> Removal:
+    """Every decision from whole-corpus arrays in one process, with the pure-Python union-find:
+    the simple path the partitioned stages must agree with exactly (tests, bench)."""
+    from crucible.trainer.corpus.clusters import clusters_from_pairs
+
+    exact = exact_duplicates(keys, digests).remove if digests is not None else \
+        np.zeros(0, np.uint64)
+    near = np.zeros(0, np.uint64)
+    if bands is not None and bands.shape[1]:
+        pairs = np.concatenate([bucket_pairs(keys, bands[:, b]) for b in range(bands.shape[1])])
+        pairs = pairs[~_members(exact, pairs).any(axis=1)]
+        near = clusters_from_pairs(pairs).remove
+    return Removal(exact, near)

@@ -98,7 +98,11 @@ class Job:
         self.shard_count = shard_count
         self.progress = progress
         self.output = config.output
-        self.dedup_on = config.dedup.exact or config.dedup.near is not None
+        self.dedup_on = config.dedup.on
+        self.partitions = config.dedup.partitions_for(shard_count)
+        # Digest families with a partitioned exact stage: content copies, then URL copies.
+        self.families = [family for family, on in (("exact", config.dedup.exact),
+                                                   ("url", config.dedup.url)) if on]
         self._files = None
 
     # ---- bookkeeping -------------------------------------------------------------------------
@@ -127,6 +131,26 @@ class Job:
             return
         storage.write_bytes(uri, json.dumps({**mine, "config": describe(self.config)},
                                             indent=1).encode())
+        self._freeze_index_runs()
+
+    # ---- the persistent exact-dedup index ----------------------------------------------------
+    def _index_runs_uri(self) -> str:
+        return storage.join(self.output, "dedup", "index-runs.json")
+
+    def _freeze_index_runs(self) -> None:
+        """Which committed earlier runs this run dedups against, fixed at its start: a resumed
+        task must see the same set, even if another run commits in between."""
+        index = self.config.dedup.index
+        if index is None or storage.exists(self._index_runs_uri()):
+            return
+        mine = dedup.run_id(self.output, self.config.fingerprint())
+        runs = [run for run in dedup.committed_runs(index) if run != mine]
+        storage.write_bytes(self._index_runs_uri(), json.dumps(runs).encode())
+
+    def index_runs(self) -> list[str]:
+        if self.config.dedup.index is None:
+            return []
+        return json.loads(storage.read_bytes(self._index_runs_uri()))
 
     def _finish(self, stage: str, task: int, stats: list[StepStats]) -> None:
         storage.write_bytes(self.stats_uri(stage, task),
@@ -141,11 +165,15 @@ class Job:
     # ---- stages -----------------------------------------------------------------------------
     def stages(self) -> list[Stage]:
         n = self.shard_count
+        dedup_config = self.config.dedup
         stages = [Stage("filter", n, Job.filter_task)]
         if self.dedup_on:
             stages.append(Stage("signatures", n, Job.signatures_task))
-            if self.config.dedup.near is not None:
-                stages.append(Stage("buckets", self.config.dedup.near.bands, Job.buckets_task))
+            if self.families:
+                stages.append(Stage("exact", self.partitions * len(self.families), Job.exact_task))
+            if dedup_config.near is not None:
+                stages.append(Stage("buckets", dedup_config.near.bands * self.partitions,
+                                    Job.buckets_task))
             stages.append(Stage("clusters", 1, Job.clusters_task))
         if self.dedup_on or self.config.pii is not None:
             stages.append(Stage("dedup", n, Job.dedup_task))
@@ -190,27 +218,44 @@ class Job:
     def signatures_task(self, shard: int) -> None:
         docs = read_docs(shard_uri(self.output, "filtered", shard))
         arrays = dedup.signatures(_progress(docs, f"signatures {shard}", self.progress),
-                                  self.config.dedup.near)
-        dedup.write_signatures(self.output, shard, arrays)
+                                  self.config.dedup.near, urls=self.config.dedup.url)
+        dedup.write_signatures(self.output, shard, arrays, self.partitions, self.families)
         self._finish("signatures", shard, [])
 
-    def buckets_task(self, band: int) -> None:
-        dedup.run_buckets(self.output, band, self.shard_count)
-        self._finish("buckets", band, [])
+    def exact_task(self, task: int) -> None:
+        family, part = self.families[task // self.partitions], task % self.partitions
+        index = self.config.dedup.index
+        earlier = dedup.earlier_digests(index, self.index_runs(), family, self.partitions,
+                                        part) if index else ()
+        dedup.run_exact(self.output, family, part, self.shard_count, earlier)
+        if index:
+            dedup.publish_part(index, dedup.run_id(self.output, self.config.fingerprint()),
+                               self.output, family, part, self.shard_count)
+        self._finish("exact", task, [])
+
+    def buckets_task(self, task: int) -> None:
+        dedup.run_buckets(self.output, task // self.partitions, task % self.partitions,
+                          self.shard_count)
+        self._finish("buckets", task, [])
 
     def clusters_task(self, _task: int) -> None:
-        dedup.run_clusters(self.output, self.shard_count, self.config.dedup.exact,
-                           self.config.dedup.near)
+        dedup_config = self.config.dedup
+        dedup.run_clusters(self.output, self.shard_count, self.partitions, dedup_config.exact,
+                           dedup_config.url, dedup_config.near)
         self._finish("clusters", 0, [])
 
     def dedup_task(self, shard: int) -> None:
+        dedup_config = self.config.dedup
         steps = []
-        if self.dedup_on:
-            removal = dedup.load_removal(self.output)
-            if self.config.dedup.exact:
-                steps.append(dedup.ExactDuplicate(removed=removal.exact))
-            if self.config.dedup.near is not None:
-                steps.append(dedup.NearDuplicate(removed=removal.near, config=self.config.dedup.near))
+        for family, step_type in (("exact", dedup.ExactDuplicate), ("url", dedup.UrlDuplicate)):
+            if family in self.families:
+                removed, earlier = dedup.exact_removal_of_shard(
+                    self.output, family, self.partitions, shard, self.shard_count)
+                steps.append(step_type(removed=removed, earlier=earlier))
+        if dedup_config.near is not None:
+            steps.append(dedup.NearDuplicate(
+                removed=dedup.load_array(dedup.near_removed_uri(self.output, shard)),
+                config=dedup_config.near))
         pii = self.config.build_pii()
         if pii is not None:
             steps.append(pii)
@@ -259,6 +304,9 @@ class Job:
         from crucible.trainer.corpus.report import build_report, write_report
 
         write_report(self.output, build_report(self))
+        if self.config.dedup.index:   # every part is published: later runs may now see this one
+            dedup.commit_run(self.config.dedup.index,
+                             dedup.run_id(self.output, self.config.fingerprint()))
         storage.write_bytes(self.marker("report", 0), b"")
 
 

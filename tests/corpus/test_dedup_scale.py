@@ -1,0 +1,200 @@
+"""Dedup split into hash-range partitions gives exactly the in-memory decisions; URL dedup and
+the persistent exact-dedup index across runs.
+
+The partitioned stages (exact per digest range, buckets per band and hash range, clusters by
+sparse connected components over pairs deduplicated across bands) are what bounds each task's
+memory (bench/dedup_scale.py measures it at 20M documents). Here they must remove the very same
+keys as the simple whole-corpus path (`dedup.removal_in_memory`: one sort, pure-Python union-find)
+on synthetic signatures with planted exact and near clusters that cross shards, for several
+partition counts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from crucible.api.spec import ConfigError
+from crucible.trainer.corpus import config as corpus_config
+from crucible.trainer.corpus import dedup, pipeline
+from crucible.trainer.corpus.clusters import (clusters_from_pairs, connected_clusters,
+                                              merge_unique_pairs)
+from tests.corpus import synthetic
+
+DOCS, SHARDS = 30_000, 4
+
+
+def dedup_job(output: Path, shards: int, **dedup_config) -> pipeline.Job:
+    config = corpus_config.from_dict({"output": str(output), "steps": [],
+                                      "sources": [{"name": "s", "paths": [str(output / "none")]}],
+                                      "dedup": dedup_config})
+    return pipeline.Job(config, shards)
+
+
+def partitioned_removal(output: Path, partitions: int) -> dedup.Removal:
+    """Stage 1's files from the synthetic corpus, then the exact, buckets and clusters stages
+    task by task, as any runner would run them."""
+    job = dedup_job(output, SHARDS, partitions=partitions)
+    for shard in range(SHARDS):
+        dedup.write_signatures(job.output, shard, synthetic.shard_signatures(shard, SHARDS, DOCS),
+                               job.partitions, job.families)
+    for stage in job.stages():
+        if stage.name in ("exact", "buckets", "clusters"):
+            for task in range(stage.tasks):
+                stage.body(job, task)
+    exact = [dedup.exact_removal_of_shard(job.output, "exact", partitions, s, SHARDS)[0]
+             for s in range(SHARDS)]
+    near = [dedup.load_array(dedup.near_removed_uri(job.output, s)) for s in range(SHARDS)]
+    return dedup.Removal(np.sort(np.concatenate(exact)), np.sort(np.concatenate(near)))
+
+
+@pytest.fixture(scope="module")
+def in_memory() -> dedup.Removal:
+    corpus = synthetic.whole_corpus(SHARDS, DOCS)
+    return dedup.removal_in_memory(corpus["keys"], corpus["digests"], corpus["bands"])
+
+
+@pytest.mark.parametrize("partitions", [1, 3, 8])
+def test_partitioned_stages_remove_exactly_what_the_in_memory_path_removes(
+        in_memory, partitions, tmp_path):
+    # The planted shares: ~5% exact copies, ~10% near copies (some land in other clusters).
+    assert 0.03 * DOCS < in_memory.exact.size < 0.06 * DOCS
+    assert 0.05 * DOCS < in_memory.near.size < 0.11 * DOCS
+    found = partitioned_removal(tmp_path, partitions)
+    assert np.array_equal(found.exact, in_memory.exact)
+    assert np.array_equal(found.near, in_memory.near)
+    shards_hit = set(dedup.shard_of_keys(found.near, SHARDS).tolist())
+    assert shards_hit == set(range(SHARDS))
+    summary = json.loads((tmp_path / "dedup" / "clusters.json").read_text())
+    assert summary["exact"]["removed"] == in_memory.exact.size
+    assert summary["exact"]["documents"] == DOCS
+    assert summary["near"]["removed"] == in_memory.near.size
+
+
+def test_a_task_reads_only_its_partition(tmp_path):
+    """Each partition file holds only hashes of its range, and together they hold every row."""
+    job = dedup_job(tmp_path, 1, partitions=4)
+    arrays = synthetic.shard_signatures(0, 1, 2_000)
+    dedup.write_signatures(job.output, 0, arrays, 4, ["exact"])
+    rows = 0
+    for part in range(4):
+        band = dedup.load_array(dedup.band_part_uri(job.output, 5, part, 0))
+        assert (dedup.partition_of(band[:, 1], 4) == part).all()
+        digests = dedup.load_array(dedup.digest_part_uri(job.output, "exact", part, 0))
+        assert (dedup.partition_of(dedup.digest_prefix(digests["digest"]), 4) == part).all()
+        rows += len(band)
+    assert rows == 2_000
+
+
+def test_connected_components_agree_with_union_find_on_random_graphs():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        nodes = np.unique(rng.integers(1, 10**12, size=60, dtype=np.uint64))
+        pairs = rng.choice(nodes, size=(int(rng.integers(1, 80)), 2))
+        pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+        expected, found = clusters_from_pairs(pairs), connected_clusters(pairs)
+        assert np.array_equal(found.remove, expected.remove)
+        assert sorted(found.sizes.tolist()) == sorted(expected.sizes.tolist())
+    chain = np.array([[30, 20], [20, 10], [40, 50]], dtype=np.uint64)
+    result = connected_clusters(chain)
+    assert result.remove.tolist() == [20, 30, 50] and sorted(result.sizes.tolist()) == [2, 3]
+
+
+def test_pairs_from_every_band_are_merged_once():
+    rng = np.random.default_rng(5)
+    batches = [rng.integers(0, 40, size=(int(rng.integers(0, 50)), 2)).astype(np.uint64)
+               for _ in range(30)]
+    merged = merge_unique_pairs(batches, min_batch_rows=16)   # forces many intermediate merges
+    expected = np.unique(np.concatenate(batches), axis=0)
+    assert np.array_equal(merged, expected)
+
+
+# ---- URL dedup and the index, through the whole pipeline -------------------------------------
+def write_jsonl(path: Path, records: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def pipeline_config(raw: Path, output: Path, **dedup_config) -> corpus_config.CorpusConfig:
+    return corpus_config.from_dict({"output": str(output), "steps": ["normalise"],
+                                    "sources": [{"name": "web", "paths": [str(raw)]}],
+                                    "dedup": {"near": False, **dedup_config}})
+
+
+def kept_ids(output: Path) -> list[str]:
+    return sorted(doc.id for path in sorted((output / "deduped").glob("shard-*.jsonl.zst"))
+                  for doc in pipeline.read_docs(str(path)))
+
+
+def reasons(output: Path, step: str) -> dict:
+    report = json.loads((output / "report.json").read_text())
+    entry = next(s for s in report["steps"] if s["step"] == step)
+    return {r["reason"]: r["docs"] for r in entry["reasons"] + entry["other_reasons"]}
+
+
+def test_url_dedup_keeps_the_earliest_page_of_a_url(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    write_jsonl(raw / "a.jsonl", [
+        {"id": "a1", "text": "first fetch of the page", "url": "HTTPS://Example.org:443/x#top"},
+        {"id": "a2", "text": "another page", "url": "https://example.org/y"}])
+    write_jsonl(raw / "b.jsonl", [
+        {"id": "b1", "text": "a later fetch of the page", "url": "https://example.org/x"},
+        {"id": "b2", "text": "the y page with a query", "url": "https://example.org/y?q=1"},
+        {"id": "b3", "text": "a page without a url"}])
+    output = tmp_path / "out"
+    pipeline.run_local(pipeline_config(raw, output, url=True, exact=False), 2)
+    assert kept_ids(output) == ["a1", "a2", "b2", "b3"]
+    assert reasons(output, "url_dedup") == {"url_duplicate": 1}
+
+
+def test_normalised_urls():
+    assert dedup.normalise_url("HTTP://Example.COM:80/a/B?x=1#f") == "http://example.com/a/B?x=1"
+    assert dedup.normalise_url("https://example.com:8443") == "https://example.com:8443/"
+    assert dedup.normalise_url("http://[::1:bad") == "http://[::1:bad"     # kept, not raised
+
+
+def test_a_later_run_drops_what_an_earlier_committed_run_kept(tmp_path):
+    index = tmp_path / "index"
+    dump1, dump2 = tmp_path / "dump1", tmp_path / "dump2"
+    dump1.mkdir(), dump2.mkdir()
+    write_jsonl(dump1 / "a.jsonl", [{"id": f"old{i}", "text": f"text number {i}"}
+                                    for i in range(6)])
+    write_jsonl(dump2 / "a.jsonl", [{"id": f"new{i}", "text": f"text number {i}"}
+                                    for i in range(3, 9)] + [{"id": "dup", "text": "text number 8"}])
+    first = tmp_path / "out1"
+    pipeline.run_local(pipeline_config(dump1, first, index=str(index)), 2)
+    assert len(kept_ids(first)) == 6
+    assert dedup.committed_runs(str(index)) != []
+
+    second = tmp_path / "out2"
+    pipeline.run_local(pipeline_config(dump2, second, index=str(index)), 3)
+    assert kept_ids(second) == ["new6", "new7", "new8"]
+    assert reasons(second, "exact_dedup") == {"seen_in_earlier_run": 3, "exact_duplicate": 1}
+    assert len(dedup.committed_runs(str(index))) == 2
+
+    # A run that never finished (no commit marker) is not deduped against.
+    uncommitted = tmp_path / "out3"
+    stopped = pipeline_config(dump1, uncommitted, index=str(index))
+    job = pipeline.Job(stopped, 1)
+    job.check_run_file()
+    assert len(job.index_runs()) == 2
+    # Re-running the first dump's run does not drop its own documents as "seen before".
+    pipeline.run_local(pipeline_config(dump1, first, index=str(index)), 2)
+    assert len(kept_ids(first)) == 6
+
+
+@pytest.mark.parametrize("dedup_config, message", [
+    ({"partitions": 0}, "partitions"),
+    ({"partitions": True}, "partitions"),
+    ({"partitions": "8"}, "partitions"),
+    ({"index": "s3://b/i", "exact": False}, "index needs dedup.exact"),
+    ({"urls": True}, "unknown keys urls"),
+    ("yes", "dedup: a mapping"),
+])
+def test_bad_dedup_config_says_what_is_wrong(dedup_config, message, tmp_path):
+    with pytest.raises(ConfigError, match=message):
+        corpus_config.from_dict({"output": str(tmp_path), "sources": [{"name": "s", "paths": ["x"]}],
+                                 "dedup": dedup_config})
