@@ -1,0 +1,197 @@
+"""Dedup at scale: peak memory and time per task of the exact, buckets and clusters stages on
+synthetic signatures with planted clusters, from 1M to 20M documents.
+
+    python bench/dedup_scale.py [--docs 1000000 5000000 20000000] [--out FILE.json]
+                                [--check-docs 1000000] [--work DIR]
+
+For each size, stage 1's files are written straight from tests/corpus/synthetic.py (no text:
+signature computation is per shard and already bounded by its shard), one shard per
+--docs-per-shard documents and one hash-range partition per --docs-per-partition documents (1M
+each by default: a task's slice stays the same size as the corpus grows, as a user sizing a run
+for 2 GB tasks would keep it). Then every task of the three stages runs in its own forked
+process, as a pod or Ray task would, and the process's peak RSS is read back from the kernel
+(os.wait4's rusage, the figure `/usr/bin/time -v` prints). Printed per size: the largest peak RSS
+of any task of each stage, the seconds of all its tasks added up, and both per document of the
+task's input (a partition's slice for exact and buckets, the whole corpus for clusters, whose
+input is the candidate pairs); then the growth of each per-document figure from the smallest to
+the largest size (the goal: within +-20%).
+
+Reference: at --check-docs documents, the removal set must equal the in-memory path's
+(dedup.removal_in_memory: whole-corpus arrays, one sort per band, pure-Python union-find), whose
+own peak RSS and time are printed beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+STAGES = ("exact", "buckets", "clusters")
+
+
+def in_child(work, *args) -> tuple[float, int, object]:
+    """Run work(*args) in a forked process: (seconds, peak RSS bytes, its JSON-able result)."""
+    read_end, write_end = os.pipe()
+    started = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:                                   # the child: run, report, exit at once
+        os.close(read_end)
+        try:
+            payload = json.dumps({"ok": work(*args)}).encode()
+        except BaseException as err:               # noqa: BLE001 - reported to the parent
+            payload = json.dumps({"error": f"{type(err).__name__}: {err}"}).encode()
+        with os.fdopen(write_end, "wb") as out:
+            out.write(payload)
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as source:
+        payload = json.loads(source.read() or b'{"error": "no result"}')
+    _, status, usage = os.wait4(pid, 0)
+    seconds = time.perf_counter() - started
+    if "error" in payload or status != 0:
+        raise RuntimeError(f"task failed: {payload.get('error', status)}")
+    return seconds, usage.ru_maxrss * 1024, payload["ok"]
+
+
+def make_job(work: Path, shards: int, partitions: int):
+    from crucible.trainer.corpus import config as corpus_config
+    from crucible.trainer.corpus import pipeline
+
+    config = corpus_config.from_dict({
+        "output": str(work), "steps": [], "sources": [{"name": "synthetic", "paths": [str(work)]}],
+        "dedup": {"exact": True, "near": {}, "partitions": partitions}})
+    return pipeline.Job(config, shards)
+
+
+def write_stage1(work: Path, shards: int, partitions: int, docs: int) -> None:
+    from crucible.trainer.corpus import dedup
+    from tests.corpus import synthetic
+
+    job = make_job(work, shards, partitions)
+    for shard in range(shards):
+        dedup.write_signatures(job.output, shard, synthetic.shard_signatures(shard, shards, docs),
+                               partitions, job.families)
+
+
+def run_task(work: str, shards: int, partitions: int, stage: str, task: int) -> None:
+    job = make_job(Path(work), shards, partitions)
+    next(s for s in job.stages() if s.name == stage).body(job, task)
+
+
+def removal(work: str, shards: int, partitions: int) -> dict:
+    import numpy as np
+
+    from crucible.trainer.corpus import dedup
+
+    exact = np.concatenate([dedup.exact_removal_of_shard(work, "exact", partitions, s, shards)[0]
+                            for s in range(shards)])
+    near = np.concatenate([dedup.load_array(dedup.near_removed_uri(work, s))
+                           for s in range(shards)])
+    return {"exact": np.sort(exact).tolist(), "near": np.sort(near).tolist()}
+
+
+def in_memory_removal(shards: int, docs: int) -> dict:
+    from crucible.trainer.corpus import dedup
+    from tests.corpus import synthetic
+
+    corpus = synthetic.whole_corpus(shards, docs)
+    found = dedup.removal_in_memory(corpus["keys"], corpus["digests"], corpus["bands"])
+    return {"exact": found.exact.tolist(), "near": found.near.tolist()}
+
+
+def measure(docs: int, args: argparse.Namespace, root: Path) -> dict:
+    shards = max(1, -(-docs // args.docs_per_shard))
+    partitions = max(1, -(-docs // args.docs_per_partition))
+    work = root / f"docs-{docs}"
+    shutil.rmtree(work, ignore_errors=True)
+    started = time.perf_counter()
+    write_stage1(work, shards, partitions, docs)
+    print(f"{docs:>11,} docs: {shards} shards, {partitions} partitions; stage 1 files written in "
+          f"{time.perf_counter() - started:.0f}s", flush=True)
+    job = make_job(work, shards, partitions)
+    stages = {}
+    for stage in job.stages():
+        if stage.name not in STAGES:
+            continue
+        seconds, peaks = [], []
+        for task in range(stage.tasks):
+            s, peak, _ = in_child(run_task, str(work), shards, partitions, stage.name, task)
+            seconds.append(s)
+            peaks.append(peak)
+        # What one task reads: a partition's slice, except clusters (all pairs, so all docs).
+        slice_docs = docs if stage.name == "clusters" else docs / partitions
+        stages[stage.name] = {
+            "tasks": stage.tasks, "task_seconds": round(sum(seconds), 2),
+            "peak_rss_bytes": max(peaks), "slice_docs": int(slice_docs),
+            "seconds_per_mdoc": round(sum(seconds) / docs * 1e6, 3),
+            "rss_bytes_per_slice_doc": round((max(peaks) - args.baseline_rss) / slice_docs, 2)}
+        print(f"   {stage.name:<9} {stage.tasks:>4} tasks {sum(seconds):8.1f}s  peak RSS "
+              f"{max(peaks) / 2**30:5.2f} GiB", flush=True)
+    result = {"docs": docs, "shards": shards, "partitions": partitions, "stages": stages}
+    if docs == args.check_docs:
+        _, _, found = in_child(removal, str(work), shards, partitions)
+        ref_s, ref_peak, expected = in_child(in_memory_removal, shards, docs)
+        result["reference"] = {
+            "identical": found == expected, "exact_removed": len(expected["exact"]),
+            "near_removed": len(expected["near"]), "seconds": round(ref_s, 1),
+            "peak_rss_bytes": ref_peak}
+        print(f"   in-memory path: {ref_s:.0f}s, peak RSS {ref_peak / 2**30:.2f} GiB; removal set "
+              f"{'identical' if found == expected else 'DIFFERENT'} "
+              f"({len(expected['exact']):,} exact, {len(expected['near']):,} near)", flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def growth(results: list[dict]) -> dict:
+    """Per-document figures at the largest size over those at the smallest, per stage."""
+    first, last = results[0]["stages"], results[-1]["stages"]
+    return {stage: {"seconds_per_doc": round(last[stage]["seconds_per_mdoc"] /
+                                             first[stage]["seconds_per_mdoc"], 3),
+                    "rss_per_slice_doc": round(last[stage]["rss_bytes_per_slice_doc"] /
+                                               first[stage]["rss_bytes_per_slice_doc"], 3)}
+            for stage in first}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--docs", type=int, nargs="+", default=[1_000_000, 5_000_000, 20_000_000])
+    parser.add_argument("--docs-per-shard", type=int, default=1_000_000)
+    parser.add_argument("--docs-per-partition", type=int, default=1_000_000)
+    parser.add_argument("--check-docs", type=int, default=1_000_000,
+                        help="size at which the removal set is compared with the in-memory path")
+    parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp)")
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
+    args = parser.parse_args()
+
+    # Loaded once here, as a long-lived worker process has them: the baseline every task starts
+    # from, and no import time counted in a task's seconds.
+    import numpy  # noqa: F401
+    import scipy.sparse.csgraph  # noqa: F401
+
+    from crucible.trainer.corpus import pipeline  # noqa: F401
+    args.baseline_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    root = args.work or Path(tempfile.mkdtemp(prefix="dedup-scale-"))
+    results = [measure(docs, args, root) for docs in sorted(args.docs)]
+    summary = {"baseline_rss_bytes": args.baseline_rss, "results": results}
+    if len(results) > 1:
+        summary["growth"] = growth(results)
+        print("growth of per-document cost, largest size over smallest (goal: 0.8-1.2):")
+        for stage, figures in summary["growth"].items():
+            print(f"   {stage:<9} time x{figures['seconds_per_doc']:.2f}   "
+                  f"memory x{figures['rss_per_slice_doc']:.2f}")
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
