@@ -73,14 +73,15 @@ _NOISE = frozenset([
 # of Scotland 🏴 + "gbsct" in tags + U+E007F. Only the black flag has such sequences (RGI flags of
 # England, Scotland, Wales). Any other run of tag characters is invisible: the deprecated language
 # tags (U+E0001), or text hidden from a reader ("ASCII smuggling" of instructions), so it goes.
-_TAG_RUN = re.compile(r"(\U0001F3F4)?([\U000E0000-\U000E007F]+)")
+_TAG_RUN = re.compile(r"[\U000E0000-\U000E007F]+")   # no optional flag group: 10x faster search
 _FLAG_TAGS = re.compile(r"[\U000E0020-\U000E007E]+\U000E007F")
+_BLACK_FLAG = "\U0001F3F4"
 
 
 def _stray_tags(match: re.Match) -> str:
-    if match.group(1) and _FLAG_TAGS.fullmatch(match.group(2)):
-        return match.group(0)
-    return match.group(1) or ""
+    start = match.start()
+    after_flag = start > 0 and match.string[start - 1] == _BLACK_FLAG
+    return match.group() if after_flag and _FLAG_TAGS.fullmatch(match.group()) else ""
 
 
 @cache
