@@ -35,24 +35,26 @@ _BLANK_RUN = re.compile(r"\n{3,}")
 # sentence hash differently. Every other Cf character is kept: deleting one of those corrupts a
 # script, while keeping a rare invisible one costs at most a missed exact duplicate.
 _NOISE = frozenset([
-    0x00AD,             # SOFT HYPHEN: a hyphenation hint, invisible unless a line breaks there
-    0x200B,             # ZERO WIDTH SPACE: a line-break hint; Thai, Khmer, Lao and Burmese text
-                        # uses it for word boundaries, but so inconsistently that the same sentence
-                        # comes with and without it; the letters read the same either way
-    0x2060,             # WORD JOINER: forbids a line break, nothing else (U+FEFF's modern spelling)
-    0xFEFF,             # BOM / ZERO WIDTH NO-BREAK SPACE: encoding residue at the start of a file
-                        # or of a concatenated part; its in-text use is deprecated (now U+2060)
-    *range(0x202A, 0x202F),  # LRE RLE PDF LRO RLO: explicit bidi embeddings and overrides, and
-    *range(0x2066, 0x206A),  # LRI RLI FSI PDI: isolates. They only change display order, never the
-                        # logical order a model reads; they are paired state, so a cut text with an
-                        # unclosed one flips the rest of its paragraph; and an override makes what is
-                        # displayed differ from what is stored (the "Trojan Source" attack, CVE-2021-
-                        # 42574). The implicit marks LRM, RLM and ALM (U+200E, U+200F, U+061C) are
-                        # kept: single characters with no state, typed by Persian, Arabic and Hebrew
-                        # writers (standard keyboards have them) to place numbers and Latin words.
-    *range(0x206A, 0x2070),  # deprecated since Unicode 3.0 (symmetric swapping, Arabic form shaping,
-                        # digit shapes): "strongly discouraged", and the shaping ones override
-                        # what the letters say
+    0x00AD,     # SOFT HYPHEN: a hyphenation hint, invisible unless a line breaks there
+    # ZERO WIDTH SPACE: a line-break hint. Thai, Khmer, Lao and Burmese text uses it to mark word
+    # boundaries, but so inconsistently that the same sentence comes with and without it; the
+    # letters read the same either way.
+    0x200B,
+    0x2060,     # WORD JOINER: forbids a line break, nothing else (U+FEFF's modern spelling)
+    # BOM / ZERO WIDTH NO-BREAK SPACE: encoding residue at the start of a file or of a concatenated
+    # part; its in-text use is deprecated in favour of U+2060.
+    0xFEFF,
+    # Explicit bidi formatting: embeddings and overrides (LRE RLE PDF LRO RLO) and isolates (LRI
+    # RLI FSI PDI). They change display order only, never the logical order a model reads; they
+    # are paired state, so a cut text with an unclosed one flips the rest of its paragraph; and an
+    # override makes what is displayed differ from what is stored (the "Trojan Source" attack,
+    # CVE-2021-42574). The implicit marks LRM, RLM and ALM (U+200E, U+200F, U+061C) are kept:
+    # single characters with no state, typed by Persian, Arabic and Hebrew writers (the Persian and
+    # Hebrew standard keyboard layouts have them) to place numbers and Latin words.
+    *range(0x202A, 0x202F), *range(0x2066, 0x206A),
+    # Deprecated since Unicode 3.0 (symmetric swapping, Arabic form shaping, digit shapes):
+    # "strongly discouraged", and the shaping ones override what the letters say.
+    *range(0x206A, 0x2070),
 ])
 # Kept on purpose (all Cf):
 # - U+200C ZERO WIDTH NON-JOINER and U+200D ZERO WIDTH JOINER: part of the spelling. Persian
@@ -69,11 +71,12 @@ _NOISE = frozenset([
 # - U+FFF9-FFFB (interlinear annotation): removing them would run an annotation into its base text.
 # - Tag characters (U+E0001-E007F) only inside an emoji tag sequence, see `_stray_tags`.
 
-# An emoji tag sequence (UTS #51 §2.7): a black flag, tag letters and a CANCEL TAG, e.g. the flag
-# of Scotland 🏴 + "gbsct" in tags + U+E007F. Only the black flag has such sequences (RGI flags of
-# England, Scotland, Wales). Any other run of tag characters is invisible: the deprecated language
-# tags (U+E0001), or text hidden from a reader ("ASCII smuggling" of instructions), so it goes.
-_TAG_RUN = re.compile(r"[\U000E0000-\U000E007F]+")   # no optional flag group: 10x faster search
+# An emoji tag sequence (UTS #51, "Emoji Tag Sequences"): a black flag, tag letters and a CANCEL
+# TAG, e.g. the flag of Scotland 🏴 + "gbsct" in tags + U+E007F. Only the black flag has such
+# sequences (the RGI flags of England, Scotland and Wales). Any other run of tag characters is
+# invisible: the deprecated language tags (U+E0001), or text hidden from a reader ("ASCII
+# smuggling" of instructions), so it goes.
+_TAG_RUN = re.compile(r"[\U000E0000-\U000E007F]+")   # no optional flag group: ~9x faster search
 _FLAG_TAGS = re.compile(r"[\U000E0020-\U000E007E]+\U000E007F")
 _BLACK_FLAG = "\U0001F3F4"
 
