@@ -116,7 +116,7 @@ def meta_charset(raw: bytes) -> str | None:
             found = _CONTENT_CHARSET.search(attributes.get(b"content", b""))
             label = found and next(g for g in found.groups() if g is not None)
         if label:
-            # The prescan's own rules (HTML spec, "get an attribute" step 10): x-user-defined is
+            # The prescan's own rules (HTML spec, its "<meta" step): x-user-defined is
             # bytes as windows-1252 shows them, and a page whose <meta> could be read as ASCII is
             # not UTF-16 whatever it says.
             label_text = label.decode("ascii", "replace").strip().lower()
