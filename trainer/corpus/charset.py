@@ -42,6 +42,7 @@ from __future__ import annotations
 import codecs
 import re
 from dataclasses import dataclass
+from typing import Iterator
 
 WEB_CODECS = frozenset({
     "utf-8", "utf-8-sig", "utf-16", "utf-16-be", "utf-16-le", "ascii", "cp866",
@@ -160,19 +161,19 @@ def decode_page(raw: bytes, content_type: str | None) -> Decoded | str:
     label = _charset_label(content_type or "")
     http = None if label is None else web_codec(label)
     tried = set()
-    for source, codec in (("http", http), ("meta", None), ("default", "utf-8")):
-        if source == "meta":
-            codec = meta_charset(raw)
-        if codec is None or codec in tried:
-            continue
-        tried.add(codec)
-        text = _decode(raw, codec)
-        if text is not None:
-            return Decoded(text, codec, source)
-    for codec in _detected(raw):
-        if codec not in tried:
+    for source, codec in _candidates(raw, http):
+        if codec is not None and codec not in tried:
             tried.add(codec)
             text = _decode(raw, codec)
             if text is not None:
-                return Decoded(text, codec, "detected")
+                return Decoded(text, codec, source)
     return "unknown_charset" if label is not None and http is None else "bad_encoding"
+
+
+def _candidates(raw: bytes, http: str | None) -> Iterator[tuple[str, str | None]]:
+    """(source, codec) in the chain's order, each computed only when the ones before failed."""
+    yield "http", http
+    yield "meta", meta_charset(raw)
+    yield "default", "utf-8"
+    for codec in _detected(raw):
+        yield "detected", codec
