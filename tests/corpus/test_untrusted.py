@@ -8,11 +8,13 @@ zeros compressed as they are generated (4 GiB of zeros are ~130 kB of zstd)."""
 from __future__ import annotations
 
 import codecs
+import functools
 import gzip
 import io
 import json
 import time
 import tracemalloc
+import zlib
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,10 +26,10 @@ from crucible.api.spec import ConfigError
 from crucible.trainer.corpus import config as corpus_config
 from crucible.trainer.corpus import pipeline
 from crucible.trainer.corpus.bounded import MiB, ReadLimits
+from crucible.trainer.corpus.charset import PRESCAN_BYTES, WEB_CODECS, meta_charset, web_codec
 from crucible.trainer.corpus.document import Document, Malformed
 from crucible.trainer.corpus.readers import Reader
 from crucible.trainer.corpus.shards import InputFile, detect_format
-from crucible.trainer.corpus.warc import WEB_CODECS, web_codec
 from tests.corpus import realtext
 
 COOKIES = [t for t in realtext.fortunes("en") if realtext.is_prose(t)][:4]
@@ -92,31 +94,120 @@ def peak_memory(fn):
 
 
 # ---- decoding ------------------------------------------------------------------------------------
-def test_warc_charsets_that_are_no_web_encoding_are_counted_not_raised(tmp_path):
+# A body no charset decodes to text: compressed bytes served as HTML (deterministic, unlike random).
+BINARY = zlib.compress(page(" ".join(COOKIES)).encode())
+
+
+@functools.cache
+def man_text(lang: str, chars: int = 1500) -> str:
+    """The start of man-db's apropos(1) page in `lang`, rendered: real Russian or Japanese text."""
+    return realtext.man_page(realtext.MAN / lang / "man1/apropos.1.gz")[:chars]
+
+
+def test_warc_charsets_that_are_no_web_encoding_are_skipped_not_raised(tmp_path):
     html = page(COOKIES[0])
     (tmp_path / "crawl.warc.gz").write_bytes(warc([
         ("text/html; charset=utf-8", html.encode()),
-        ("text/html; charset=punycode", b"caf\xc3\xa9-bombe"),   # raised UnicodeError before
+        ("text/html; charset=punycode", b"caf\xc3\xa9-bombe"),   # raised UnicodeError once
         ("text/html; charset=hex", b"<p>not hex</p>"),             # LookupError
         ("text/html; charset=x-no-such-charset", html.encode()),
         ("text/html; charset=unicode_escape", b"\\N{BULLET} Python syntax, not a charset"),
-        ("text/html; charset=shift_jis", b"\x81\x39 invalid double byte"),
+        ("text/html; charset=punycode", BINARY),
+        ("text/html; charset=shift_jis", BINARY),
         ("text/html; charset=ISO-8859-1", page("Stra\xdfe").encode("latin-1")),
         ("text/html; charset=windows-874",
          page("\u0e2a\u0e27\u0e31\u0e2a\u0e14\u0e35").encode("cp874")),
     ]))
     records = read(tmp_path / "crawl.warc.gz")
-    assert summary(records) == ["doc", "unknown_charset", "unknown_charset", "unknown_charset",
-                                "unknown_charset", "bad_encoding", "doc", "doc"]
-    assert records[1].raw == "text/html; charset=punycode"
-    assert "Stra\xdfe" in records[6].text and "\u0e2a" in records[7].text
+    # An unknown label is skipped as browsers skip it: UTF-8 reads the next four.
+    assert summary(records) == ["doc"] * 5 + ["unknown_charset", "bad_encoding", "doc", "doc"]
+    assert [r.metadata["charset_source"] for r in records if isinstance(r, Document)] == [
+        "http", "default", "default", "default", "default", "http", "http"]
+    assert records[1].text == "caf\xe9-bombe"
+    assert records[4].text == "\\N{BULLET} Python syntax, not a charset"   # not interpreted
+    assert records[5].raw == "text/html; charset=punycode"
+    assert "Stra\xdfe" in records[7].text and "\u0e2a" in records[8].text
 
 
 def test_web_codecs_are_python_codec_names():
     assert all(codecs.lookup(name).name == name for name in WEB_CODECS)
-    assert web_codec("text/html") == "utf-8"
-    assert web_codec('text/html; charset="UTF8"') == "utf-8"
-    assert web_codec("text/html; charset=utf\x00-8") is None
+    assert web_codec("UTF8") == web_codec('"utf-8"') == "utf-8"
+    assert web_codec("windows-874") == "cp874" and web_codec("Windows-1251") == "cp1251"
+    assert web_codec("utf\x00-8") is None and web_codec("punycode") is None
+
+
+def test_a_windows_1251_page_declared_utf8_is_decoded_not_dropped(tmp_path):
+    body = page(man_text("ru")).encode("cp1251", "replace")
+    (tmp_path / "crawl.warc.gz").write_bytes(warc([("text/html; charset=utf-8", body)]))
+    [record] = read(tmp_path / "crawl.warc.gz")
+    assert isinstance(record, Document), record
+    assert record.text == body.decode("cp1251") and "справочных" in record.text
+    assert (record.metadata["charset"], record.metadata["charset_source"]) == ("cp1251", "detected")
+
+
+@pytest.mark.parametrize("codec, head", [
+    ("koi8-r", '<meta charset="KOI8-R">'),
+    ("shift_jis", '<!-- <meta charset="utf-8"> is a comment -->'
+                  '<meta http-equiv="Content-Type" content="text/html; charset=Shift_JIS">'),
+])
+def test_a_page_without_an_http_charset_is_read_by_its_meta(tmp_path, codec, head):
+    text = man_text("ru" if codec == "koi8-r" else "ja")
+    body = f"<html><head>{head}</head><body><p>{text}</p></body></html>".encode(codec, "replace")
+    (tmp_path / "crawl.warc.gz").write_bytes(warc([("text/html", body)]))
+    [record] = read(tmp_path / "crawl.warc.gz")
+    assert record.text == body.decode(codec)
+    assert (record.metadata["charset"], record.metadata["charset_source"]) == (codec, "meta")
+
+
+def test_meta_prescan_follows_the_html_spec():
+    assert meta_charset(b"<html><head><meta charset='windows-1251'>") == "cp1251"
+    assert meta_charset(b"<META HTTP-EQUIV=content-type CONTENT='text/html;charset=euc-jp'>") \
+        == "euc_jp"
+    assert meta_charset(b'<meta charset="UTF-16LE">') == "utf-8"      # read as ASCII: not UTF-16
+    assert meta_charset(b'<meta charset="x-user-defined">') == "cp1252"
+    assert meta_charset(b"<meta charset=punycode><meta charset=koi8-r>") == "koi8-r"
+    assert meta_charset(b"<!-- <meta charset=koi8-r> -->") is None
+    assert meta_charset(b" " * PRESCAN_BYTES + b"<meta charset=koi8-r>") is None  # past the scan
+
+
+def test_a_utf8_page_cut_inside_a_character_keeps_its_label(tmp_path):
+    body = page(man_text("ru")).encode()
+    cut = body[:body.index("справочных".encode()) + 1]          # half of the "с"
+    (tmp_path / "crawl.warc.gz").write_bytes(warc([("text/html; charset=utf-8", cut)]))
+    [record] = read(tmp_path / "crawl.warc.gz")
+    assert record.text == cut[:-1].decode() and record.metadata["charset_source"] == "http"
+
+
+def test_pages_are_counted_by_how_they_were_decoded(tmp_path):
+    ru = page(man_text("ru"))
+    (tmp_path / "crawl.warc.gz").write_bytes(warc([
+        ("text/html; charset=utf-8", ru.encode()),
+        ("text/html; charset=utf-8", ru.encode("cp1251", "replace")),
+        ("text/html", BINARY),
+        ("text/html", codecs.BOM_UTF16_LE + ru.encode("utf-16-le")),
+    ]))
+    reader = Reader()
+    uri = str(tmp_path / "crawl.warc.gz")
+    records = list(reader.read(InputFile("src", uri, str(tmp_path), "warc", 0)))
+    assert summary(records) == ["doc", "doc", "bad_encoding", "doc"]
+    assert records[2].raw                                      # an excerpt for the report
+    assert reader.counters == {"charset_http": 1, "charset_detected": 1, "charset_bom": 1}
+
+
+def test_html_files_get_the_same_fallback(tmp_path):
+    ru = man_text("ru")
+    (tmp_path / "meta.html").write_bytes(
+        f'<html><head><meta charset="koi8-r"></head><body>{ru}</body></html>'.encode("koi8-r",
+                                                                                    "replace"))
+    (tmp_path / "bare.html").write_bytes(page(ru).encode("cp1251", "replace"))
+    (tmp_path / "binary.html").write_bytes(BINARY)
+    (tmp_path / "cp1251.txt").write_bytes(ru.encode("cp1251", "replace"))
+    by_name = {p.name: read(p)[0] for p in tmp_path.iterdir()}
+    assert by_name["meta.html"].metadata["charset_source"] == "meta"
+    assert by_name["bare.html"].metadata["charset"] == "cp1251" and "справочных" in \
+        by_name["bare.html"].text
+    assert by_name["binary.html"].reason == "bad_encoding"
+    assert by_name["cp1251.txt"].reason == "bad_utf8"      # text files are UTF-8 by contract
 
 
 def test_json_lines_that_crash_parsers_are_counted(tmp_path):
@@ -255,7 +346,7 @@ def test_a_run_over_hostile_files_completes_and_keeps_every_good_record(tmp_path
     raw.mkdir()
     (raw / "a-good.jsonl").write_bytes(jsonl(COOKIES[:2]))
     (raw / "b-punycode.warc.gz").write_bytes(warc([
-        ("text/html; charset=punycode", b"bombe"), ("text/html", page(COOKIES[2]).encode())]))
+        ("text/html; charset=punycode", BINARY), ("text/html", page(COOKIES[2]).encode())]))
     cut = gzip.compress(jsonl([f"{COOKIES[3]} ({i})" for i in range(2000)]))
     (raw / "c-cut.jsonl.gz").write_bytes(cut[:len(cut) // 2])
     (raw / "d-bomb.jsonl.zst").write_bytes(zeros_compressed("zst", 1 * GiB,

@@ -9,6 +9,7 @@ downloads a model or a word list at run time.
 Layout, one concept per module:
     document, words          the record that flows through steps; the one word splitter
     storage, readers         local and s3:// files; JSONL/Parquet/text/HTML/WARC records
+    charset                  which charset a web page is in (label, <meta>, detection)
     step, stats              the Step/Filter/Formatter split; mergeable per-step counters
     extract, normalise, language, gopher_quality, gopher_repetition, c4, fineweb, pii
                              the per-document steps

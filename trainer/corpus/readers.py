@@ -11,17 +11,24 @@ pipeline counts like any other drop, with a sample: bad UTF-8 (`bad_utf8`), a JS
 decodes to a lone UTF-16 surrogate, which no UTF-8 output can hold (`lone_surrogate`), lines
 that are not JSON objects (`bad_json`), a missing or non-string text field (`missing_text`),
 blank text (`empty_text`), blank JSONL lines (`blank_line`), a record over
-`limits.max_record_bytes` (`record_too_large`, skipped unread), a WARC body whose charset is no web
-encoding (`unknown_charset`) or does not decode in it (`bad_encoding`). A file that cannot be read
-to its end becomes one `Malformed` with `file_problem` set after the records read before it, which
-are kept: more than `limits.max_file_bytes` decompressed (`file_too_large`), a gzip or zstd stream
-cut short (`truncated_file`) or corrupt (`bad_compression`), a malformed WARC (`bad_warc`) or
-Parquet file (`bad_parquet`), more records than a key can number (`too_many_records`). Storage
-errors (S3, disk) are not the data's fault and still fail the task, which the Job retries.
+`limits.max_record_bytes` (`record_too_large`, skipped unread), a WARC body or HTML file that no
+step of charset.py's chain decodes (`bad_encoding`, or `unknown_charset` when its Content-Type
+named no web encoding). A file that cannot be read to its end becomes one `Malformed` with
+`file_problem` set after the records read before it, which are kept: more than
+`limits.max_file_bytes` decompressed (`file_too_large`), a gzip or zstd stream cut short
+(`truncated_file`) or corrupt (`bad_compression`), a malformed WARC (`bad_warc`) or Parquet file
+(`bad_parquet`), more records than a key can number (`too_many_records`). Storage errors (S3,
+disk) are not the data's fault and still fail the task, which the Job retries.
 
 Follows datatrove's readers (src/datatrove/pipeline/readers/: jsonl, parquet, warc) for field
 names and WARC handling: only HTTP responses whose content type is HTML become documents; the URL
 goes into metadata.
+
+Web pages (WARC bodies, HTML files) are decoded as browsers decode them (charset.py: BOM, HTTP
+charset, <meta>, UTF-8, detection); each document's metadata says how (`charset`, the Python
+codec, and `charset_source`, the step of the chain), and `Reader.counters` counts pages per
+step as "charset_<source>", so a run can report how many needed a fallback. Text files, JSONL
+and Parquet are UTF-8 by contract and stay strict (`bad_utf8`).
 """
 
 from __future__ import annotations
@@ -79,6 +86,7 @@ class Reader:
         self.text_field = text_field
         self.id_field = id_field
         self.limits = limits
+        self.counters: dict[str, int] = {}   # pages per charset source, across the files read
 
     def read(self, file: InputFile) -> Iterator[Record]:
         method = getattr(self, f"_read_{file.format}")
@@ -114,6 +122,24 @@ class Reader:
             return Malformed("bad_utf8", doc_id, file.source, _key(file, position), _excerpt(raw),
                              len(raw))
         return self._record(file, position, text, doc_id, raw, metadata)
+
+    def _page_record(self, file: InputFile, position: int, raw: bytes | None, size: int,
+                     doc_id: str, content_type: str | None, metadata: dict) -> Record:
+        """A record from a web page's bytes (charset.py's chain); None: over the record cap."""
+        from crucible.trainer.corpus.charset import decode_page
+
+        key = _key(file, position)
+        if raw is None:
+            return Malformed("record_too_large", doc_id, file.source, key, "", size)
+        decoded = decode_page(raw, content_type)
+        if isinstance(decoded, str):
+            shown = content_type.encode() if decoded == "unknown_charset" else raw
+            return Malformed(decoded, doc_id, file.source, key, _excerpt(shown), len(raw))
+        counter = f"charset_{decoded.source}"
+        self.counters[counter] = self.counters.get(counter, 0) + 1
+        return self._record(file, position, decoded.text, doc_id, raw,
+                            {**metadata, "charset": decoded.codec,
+                             "charset_source": decoded.source})
 
     def _read_jsonl(self, file: InputFile) -> Iterator[Record]:
         with open_capped(file.uri, self.limits.max_file_bytes) as stream:
@@ -174,45 +200,32 @@ class Reader:
                     yield self._record(file, position, text, doc_id, b"")
                 position += 1
 
-    def _whole_file(self, file: InputFile, metadata: dict) -> Iterator[Record]:
+    def _whole_file(self, file: InputFile) -> tuple[bytes | None, int]:
         with open_capped(file.uri, self.limits.max_file_bytes) as stream:
             raw = read_capped(stream, self.limits.max_record_bytes)
-        size = self.limits.max_record_bytes + 1 if raw is None else len(raw)
-        yield self._utf8_record(file, 0, raw, size, file.relative_path, metadata)
+        return raw, self.limits.max_record_bytes + 1 if raw is None else len(raw)
 
     def _read_text(self, file: InputFile) -> Iterator[Record]:
-        yield from self._whole_file(file, {"path": file.relative_path})
+        raw, size = self._whole_file(file)
+        yield self._utf8_record(file, 0, raw, size, file.relative_path,
+                                {"path": file.relative_path})
 
     def _read_html(self, file: InputFile) -> Iterator[Record]:
-        yield from self._whole_file(file, {"path": file.relative_path, "format": "html"})
+        raw, size = self._whole_file(file)
+        yield self._page_record(file, 0, raw, size, file.relative_path, None,
+                                {"path": file.relative_path, "format": "html"})
 
     def _read_warc(self, file: InputFile) -> Iterator[Record]:
-        from crucible.trainer.corpus.warc import html_responses, web_codec
+        from crucible.trainer.corpus.warc import html_responses
 
         with open_capped(file.uri, self.limits.max_file_bytes) as stream:
             responses = html_responses(stream, self.limits.max_record_bytes,
                                        "arc" if stem(file.uri).endswith(".arc") else "warc")
             for position, response in enumerate(responses):
                 doc_id = response.record_id or f"{file.relative_path}#{position + 1}"
-                key = _key(file, position)
-                raw = response.body
-                if raw is None:
-                    yield Malformed("record_too_large", doc_id, file.source, key, "",
-                                    response.size)
-                    continue
-                codec = web_codec(response.content_type)
-                if codec is None:
-                    yield Malformed("unknown_charset", doc_id, file.source, key,
-                                    _excerpt(response.content_type.encode()), len(raw))
-                    continue
-                try:
-                    text = raw.decode(codec)
-                except UnicodeError:
-                    yield Malformed("bad_encoding", doc_id, file.source, key, _excerpt(raw),
-                                    len(raw))
-                    continue
-                yield self._record(file, position, text, doc_id, raw,
-                                   {"url": response.url, "format": "html"})
+                yield self._page_record(file, position, response.body, response.size, doc_id,
+                                        response.content_type,
+                                        {"url": response.url, "format": "html"})
 
 
 def _column(batch, name: str) -> list[Any]:

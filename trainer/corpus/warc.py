@@ -1,10 +1,9 @@
-"""The HTML responses of a WARC archive that nobody vouches for, and the charsets their bodies may
-be decoded with.
+"""The HTML responses of a WARC archive that nobody vouches for.
 
 Owns: `html_responses` (an uncompressed WARC stream -> `Response`s, a body over the record cap
-as None), `web_codec` (a Content-Type -> the Python codec of its charset, or None) and
-`WEB_CODECS`. Must not: open or decompress files (bounded.open_capped does, so the file cap and
-the truncation checks apply to WARC as to every format) or make records (readers do).
+as None). Must not: open or decompress files (bounded.open_capped does, so the file cap and the
+truncation checks apply to WARC as to every format), decode bodies (charset.py does) or make
+records (readers do).
 
 warcio 1.8 trusts its input: it reads header lines with an unbounded readline() and keeps them
 all, sniffs and decompresses gzip on its own (a second, uncapped layer inside an archive would
@@ -12,16 +11,10 @@ be inflated), and reports malformed records with several unrelated exception typ
 AttributeError for a response without WARC-Target-URI. Here its line reader is swapped for one
 that does not decompress and allows at most the record cap of header lines per record, and every
 error it raises ends the file as `bad_warc`, keeping the responses read before.
-
-Charsets: a Content-Type may name any Python codec. `punycode` raises UnicodeError (and decodes in
-quadratic time), `hex` and `rot13` raise LookupError, `unicode_escape` is Python syntax, not a
-charset. Bodies are decoded only with the WHATWG Encoding Standard's encodings (what browsers
-decode; https://encoding.spec.whatwg.org/#names-and-labels) and Python's names for them.
 """
 
 from __future__ import annotations
 
-import codecs
 from dataclasses import dataclass
 from typing import IO, Iterator
 
@@ -31,18 +24,6 @@ from warcio.exceptions import ArchiveLoadFailed
 from warcio.statusandheaders import StatusAndHeadersParserException
 
 from crucible.trainer.corpus.bounded import FileProblem, read_capped
-
-WEB_CODECS = frozenset({
-    "utf-8", "utf-8-sig", "utf-16", "utf-16-be", "utf-16-le", "ascii", "cp866",
-    "iso8859-1", "iso8859-2", "iso8859-3", "iso8859-4", "iso8859-5", "iso8859-6", "iso8859-7",
-    "iso8859-8", "iso8859-9", "iso8859-10", "iso8859-11", "iso8859-13", "iso8859-14",
-    "iso8859-15", "iso8859-16", "tis-620", "koi8-r", "koi8-u", "mac-roman", "mac-cyrillic",
-    "cp874", "cp1250", "cp1251", "cp1252", "cp1253", "cp1254", "cp1255", "cp1256", "cp1257",
-    "cp1258", "gbk", "gb2312", "gb18030", "big5", "big5hkscs", "euc_jp", "iso2022_jp",
-    "shift_jis", "cp932", "euc_kr", "cp949"})
-# The standard's names that Python does not know, as the Python codec that decodes them.
-_WHATWG_ONLY = {"windows-874": "cp874", "x-mac-cyrillic": "mac-cyrillic",
-                "iso-8859-8-i": "iso8859-8", "x-sjis": "shift_jis", "x-gbk": "gbk"}
 
 # warcio's ways of saying a record is malformed (it has no common base class).
 _WARC_ERRORS = (ArchiveLoadFailed, StatusAndHeadersParserException, ChunkedDataException,
@@ -110,21 +91,3 @@ def html_responses(stream: IO[bytes], max_record_bytes: int,
     while (response := _next_html(records, max_record_bytes)) is not None:
         yield response
 
-
-def _charset_label(content_type: str) -> str:
-    """The charset named in an HTTP Content-Type, UTF-8 when none is named."""
-    for part in content_type.split(";")[1:]:
-        name, _, value = part.strip().partition("=")
-        if name.lower() == "charset" and value.strip("\"' "):
-            return value.strip("\"' ")
-    return "utf-8"
-
-
-def web_codec(content_type: str) -> str | None:
-    """Python's codec for the Content-Type's charset, or None when that is no web encoding."""
-    label = _charset_label(content_type)
-    try:
-        name = codecs.lookup(_WHATWG_ONLY.get(label.lower(), label)).name
-    except (LookupError, ValueError):    # an unknown name; ValueError: a NUL in the name
-        return None
-    return name if name in WEB_CODECS else None
