@@ -119,6 +119,8 @@ def test_report_adds_up_and_every_step_removed_something_for_a_reason(single):
         assert t["docs_in"] - t["removed_docs"] + sum(
             n for k, n in step["counters"].items() if k.startswith("extra_copies.")) == t["docs_out"]
     assert {r["reason"] for r in steps["read"]["reasons"]} == {"missing_text", "bad_json", "bad_utf8"}
+    charsets = {k: n for k, n in steps["read"]["counters"].items() if k.startswith("charset_")}
+    assert sum(charsets.values()) == steps["read"]["sources"]["manuals"]["docs_in"] == 40
     mirror = steps["near_dedup"]["sources"]["mirror"]                # planted near copies that
     assert mirror["docs_in"] >= 3 and mirror["docs_out"] == 0          # passed the filters: gone
     assert mirror["reasons"] == {"near_duplicate": mirror["docs_in"]}

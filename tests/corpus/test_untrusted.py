@@ -122,7 +122,7 @@ def test_warc_charsets_that_are_no_web_encoding_are_skipped_not_raised(tmp_path)
     # An unknown label is skipped as browsers skip it: UTF-8 reads the next four.
     assert summary(records) == ["doc"] * 5 + ["unknown_charset", "bad_encoding", "doc", "doc"]
     assert [r.metadata["charset_source"] for r in records if isinstance(r, Document)] == [
-        "http", "default", "default", "default", "default", "http", "http"]
+        "http", "utf8", "default", "default", "default", "http", "http"]
     assert records[1].text == "caf\xe9-bombe"
     assert records[4].text == "\\N{BULLET} Python syntax, not a charset"   # not interpreted
     assert records[5].raw == "text/html; charset=punycode"
@@ -143,6 +143,16 @@ def test_a_windows_1251_page_declared_utf8_is_decoded_not_dropped(tmp_path):
     assert isinstance(record, Document), record
     assert record.text == body.decode("cp1251") and "справочных" in record.text
     assert (record.metadata["charset"], record.metadata["charset_source"]) == ("cp1251", "detected")
+
+
+def test_a_utf8_page_with_legacy_labels_is_read_as_utf8_not_mojibake(tmp_path):
+    text = man_text("ru")
+    body = (f'<html><head><meta charset="windows-1251"></head><body><p>{text}</p></body>'
+            '</html>').encode()
+    (tmp_path / "crawl.warc.gz").write_bytes(warc([("text/html; charset=ISO-8859-1", body)]))
+    [record] = read(tmp_path / "crawl.warc.gz")
+    assert record.text == body.decode() and "справочных" in record.text
+    assert (record.metadata["charset"], record.metadata["charset_source"]) == ("utf-8", "utf8")
 
 
 @pytest.mark.parametrize("codec, head", [

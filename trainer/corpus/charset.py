@@ -9,6 +9,8 @@ The chain, in the order browsers consult the same sources, each step tried only 
 before it gave nothing that decodes:
 1. "bom": a UTF-8 or UTF-16 byte order mark (the Encoding Standard's BOM sniff, which overrides
    every label: https://encoding.spec.whatwg.org/#decode).
+   "utf8": a body with non-ASCII bytes that is valid UTF-8 is UTF-8, whatever a label says (as
+   trafilatura's decoder and Chromium's detector assume; see `_candidates`).
 2. "http": the charset of the HTTP Content-Type.
 3. "meta": a `<meta charset>` or `<meta http-equiv="Content-Type" content="...; charset=...">` in
    the first 1,024 bytes (HTML's "prescan a byte stream to determine its encoding",
@@ -23,8 +25,8 @@ One difference from a browser, on purpose: a browser decodes with the first labe
 shows U+FFFD for bytes that do not fit; here a label that does not decode is taken as wrong and the
 next source is tried, because crawls hold pages declared UTF-8 and written in windows-1251 (a UTF-8
 server configuration in front of old files), and the page decoded right is better training text
-than one full of replacement characters. A body that a label decodes wrongly but without error
-(windows-1251 declared ISO-8859-1) is mojibake here as in a browser: only failures are repaired.
+than one full of replacement characters. A legacy-charset body that a wrong legacy label decodes
+without error (windows-1251 declared ISO-8859-1) is mojibake here as in a browser.
 
 Every decode is strict except for a multi-byte character cut off at the very end of the body:
 Common Crawl truncates captures at 1 MiB mid-character, and a strict decoder would otherwise send
@@ -172,6 +174,12 @@ def decode_page(raw: bytes, content_type: str | None) -> Decoded | str:
 
 def _candidates(raw: bytes, http: str | None) -> Iterator[tuple[str, str | None]]:
     """(source, codec) in the chain's order, each computed only when the ones before failed."""
+    if http != "utf-8" and not raw.isascii() and _decode(raw, "utf-8") is not None:
+        # Non-ASCII bytes that form valid UTF-8 are almost never text in a legacy charset (its
+        # letters above 0x7F rarely fall into UTF-8's lead/continuation patterns), while servers
+        # label UTF-8 pages ISO-8859-1 by default and copied templates keep an old <meta>. Those
+        # labels decode without error, into mojibake, so they cannot be caught as failures.
+        yield "utf8", "utf-8"
     yield "http", http
     yield "meta", meta_charset(raw)
     yield "default", "utf-8"

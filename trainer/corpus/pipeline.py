@@ -209,6 +209,9 @@ class Job:
                     read_stats.record_in(record.source, size_bytes)
                     read_stats.record_out(record.source, size_bytes)
                     yield record
+            for reader in reader_for.values():   # how web pages' charsets were found
+                for name, count in reader.counters.items():
+                    read_stats.count(name, count)
 
         kept = run_steps(_progress(documents(), f"filter {shard}/{self.shard_count}",
                                    self.progress), steps, stats[1:])
