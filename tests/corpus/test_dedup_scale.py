@@ -12,12 +12,14 @@ partition counts.
 from __future__ import annotations
 
 import json
+import secrets
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from crucible.api.spec import ConfigError
+from crucible.trainer import storage
 from crucible.trainer.corpus import config as corpus_config
 from crucible.trainer.corpus import dedup, pipeline
 from crucible.trainer.corpus.clusters import (clusters_from_pairs, connected_clusters,
@@ -117,19 +119,19 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def pipeline_config(raw: Path, output: Path, **dedup_config) -> corpus_config.CorpusConfig:
+def pipeline_config(raw: Path, output: str | Path, **dedup_config) -> corpus_config.CorpusConfig:
     return corpus_config.from_dict({"output": str(output), "steps": ["normalise"],
                                     "sources": [{"name": "web", "paths": [str(raw)]}],
                                     "dedup": {"near": False, **dedup_config}})
 
 
-def kept_ids(output: Path) -> list[str]:
-    return sorted(doc.id for path in sorted((output / "deduped").glob("shard-*.jsonl.zst"))
-                  for doc in pipeline.read_docs(str(path)))
+def kept_ids(output: str) -> list[str]:
+    return sorted(doc.id for uri in storage.list_files(storage.join(output, "deduped"))
+                  for doc in pipeline.read_docs(uri))
 
 
-def reasons(output: Path, step: str) -> dict:
-    report = json.loads((output / "report.json").read_text())
+def reasons(output: str, step: str) -> dict:
+    report = json.loads(storage.read_bytes(storage.join(output, "report.json")))
     entry = next(s for s in report["steps"] if s["step"] == step)
     return {r["reason"]: r["docs"] for r in entry["reasons"] + entry["other_reasons"]}
 
@@ -144,7 +146,7 @@ def test_url_dedup_keeps_the_earliest_page_of_a_url(tmp_path):
         {"id": "b1", "text": "a later fetch of the page", "url": "https://example.org/x"},
         {"id": "b2", "text": "the y page with a query", "url": "https://example.org/y?q=1"},
         {"id": "b3", "text": "a page without a url"}])
-    output = tmp_path / "out"
+    output = str(tmp_path / "out")
     pipeline.run_local(pipeline_config(raw, output, url=True, exact=False), 2)
     assert kept_ids(output) == ["a1", "a2", "b2", "b3"]
     assert reasons(output, "url_dedup") == {"url_duplicate": 1}
@@ -156,34 +158,48 @@ def test_normalised_urls():
     assert dedup.normalise_url("http://[::1:bad") == "http://[::1:bad"     # kept, not raised
 
 
-def test_a_later_run_drops_what_an_earlier_committed_run_kept(tmp_path):
-    index = tmp_path / "index"
-    dump1, dump2 = tmp_path / "dump1", tmp_path / "dump2"
+def later_run_drops_what_an_earlier_committed_run_kept(raw: Path, runs: str) -> None:
+    """Two dumps through two runs sharing the index `runs`/index, outputs under `runs`."""
+    index = storage.join(runs, "index")
+    dump1, dump2 = raw / "dump1", raw / "dump2"
     dump1.mkdir(), dump2.mkdir()
     write_jsonl(dump1 / "a.jsonl", [{"id": f"old{i}", "text": f"text number {i}"}
                                     for i in range(6)])
     write_jsonl(dump2 / "a.jsonl", [{"id": f"new{i}", "text": f"text number {i}"}
                                     for i in range(3, 9)] + [{"id": "dup", "text": "text number 8"}])
-    first = tmp_path / "out1"
-    pipeline.run_local(pipeline_config(dump1, first, index=str(index)), 2)
+    first = storage.join(runs, "out1")
+    pipeline.run_local(pipeline_config(dump1, first, index=index), 2)
     assert len(kept_ids(first)) == 6
-    assert dedup.committed_runs(str(index)) != []
+    assert len(dedup.committed_runs(index)) == 1
 
-    second = tmp_path / "out2"
-    pipeline.run_local(pipeline_config(dump2, second, index=str(index)), 3)
+    second = storage.join(runs, "out2")
+    pipeline.run_local(pipeline_config(dump2, second, index=index), 3)
     assert kept_ids(second) == ["new6", "new7", "new8"]
     assert reasons(second, "exact_dedup") == {"seen_in_earlier_run": 3, "exact_duplicate": 1}
-    assert len(dedup.committed_runs(str(index))) == 2
+    assert len(dedup.committed_runs(index)) == 2
 
-    # A run that never finished (no commit marker) is not deduped against.
-    uncommitted = tmp_path / "out3"
-    stopped = pipeline_config(dump1, uncommitted, index=str(index))
-    job = pipeline.Job(stopped, 1)
-    job.check_run_file()
-    assert len(job.index_runs()) == 2
+    # A run that has started but not finished is not committed: nobody dedups against it.
+    started = pipeline.Job(pipeline_config(dump2, storage.join(runs, "out3"), index=index), 1)
+    started.check_run_file()
+    assert started.index_runs() == dedup.committed_runs(index)
+    for stage in started.stages()[:3]:            # filter, signatures, exact: digests published
+        assert stage.name in ("filter", "signatures", "exact")
+        stage.body(started, 0)
+    assert storage.list_files(storage.join(index, "runs")) != []
+    assert len(dedup.committed_runs(index)) == 2
     # Re-running the first dump's run does not drop its own documents as "seen before".
-    pipeline.run_local(pipeline_config(dump1, first, index=str(index)), 2)
+    pipeline.run_local(pipeline_config(dump1, first, index=index), 2)
     assert len(kept_ids(first)) == 6
+
+
+def test_a_later_run_drops_what_an_earlier_committed_run_kept(tmp_path):
+    later_run_drops_what_an_earlier_committed_run_kept(tmp_path, str(tmp_path / "runs"))
+
+
+@pytest.mark.stack
+def test_the_index_and_outputs_on_s3(tmp_path, s3_storage):
+    later_run_drops_what_an_earlier_committed_run_kept(
+        tmp_path, f"s3://{s3_storage.bucket}/corpus-index-test/{secrets.token_hex(4)}")
 
 
 @pytest.mark.parametrize("dedup_config, message", [

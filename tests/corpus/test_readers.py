@@ -106,12 +106,8 @@ def test_shard_spec():
 
 
 @pytest.mark.stack
-def test_s3_inputs_and_outputs(s3, monkeypatch):
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret_key)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", s3.region)
-    storage.s3_client.cache_clear()
+def test_s3_inputs_and_outputs(s3_storage):
+    s3 = s3_storage
     prefix = f"s3://{s3.bucket}/corpus-test/{secrets.token_hex(4)}"
     storage.write_bytes(f"{prefix}/raw/a.jsonl.zst", zstandard.compress(jsonl_bytes()))
     storage.write_bytes(f"{prefix}/raw/b.txt", COOKIES[0].encode())
@@ -123,4 +119,3 @@ def test_s3_inputs_and_outputs(s3, monkeypatch):
     assert [r.text for r in records] == COOKIES + COOKIES[:1]
     assert records[-1].id == "b.txt"
     assert storage.exists(f"{prefix}/raw/b.txt") and not storage.exists(f"{prefix}/raw/zz")
-    storage.s3_client.cache_clear()

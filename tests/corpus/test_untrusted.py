@@ -395,14 +395,10 @@ def test_a_run_over_hostile_files_completes_and_keeps_every_good_record(tmp_path
 
 
 @pytest.mark.stack
-def test_s3_parquet_is_spooled_within_the_file_cap(s3, monkeypatch, tmp_path):
+def test_s3_parquet_is_spooled_within_the_file_cap(s3_storage, tmp_path):
     from crucible.trainer import storage
 
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret_key)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", s3.region)
-    storage.s3_client.cache_clear()
+    s3 = s3_storage
     pq.write_table(pa.table({"text": COOKIES}), tmp_path / "t.parquet")
     uri = f"s3://{s3.bucket}/corpus-test/{time.time_ns()}/t.parquet"
     storage.upload_file(tmp_path / "t.parquet", uri)
@@ -411,4 +407,3 @@ def test_s3_parquet_is_spooled_within_the_file_cap(s3, monkeypatch, tmp_path):
     size = (tmp_path / "t.parquet").stat().st_size
     [problem] = Reader(limits=ReadLimits(max_file_bytes=size - 1)).read(file)
     assert (problem.reason, problem.file_problem) == ("file_too_large", True)
-    storage.s3_client.cache_clear()
