@@ -234,7 +234,7 @@ def test_cli_runs_on_ray_and_prints_a_line_per_stage_and_the_table(cluster, raw,
     assert main(argv) == 0
     out = capsys.readouterr().out.splitlines()
     stages = [s.name for s in pipeline.Job(corpus_config.load(path.read_text()), 2).stages()]
-    assert [line.split()[1] for line in out if line.startswith("stage ")] == stages
+    assert [line.split()[1] for line in out if re.match(r"stage \S+ done: ", line)] == stages
     header = next(i for i, line in enumerate(out) if line.startswith("stage") and "busy" in line)
     assert [line.split()[0] for line in out[header + 1:header + 2 + len(stages)]] == \
         stages + ["total"]
