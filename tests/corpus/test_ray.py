@@ -127,6 +127,7 @@ def test_utilisation_report_adds_up(ray_run):
         assert usage.reserved_cpu_s == pytest.approx(2.0 * usage.wall_s)
         assert usage.busy_cpu_s + usage.idle_cpu_s == pytest.approx(usage.reserved_cpu_s)
         assert usage.idle_cpu_s >= 0 and 0 < usage.busy_share <= 1
+    print(ray_runner.usage_table(run.stages))                # the measured figures, in the log
     table = ray_runner.usage_table(run.stages).splitlines()
     assert len(table) == len(run.stages) + 2
     total = table[-1].split()
