@@ -67,6 +67,7 @@ def test_head_runs_no_tasks_and_the_worker_group_has_the_workers():
     _, job = rendered()
     cluster = job["spec"]["rayClusterSpec"]
     assert cluster["rayVersion"] == "2.60.0"
+    assert cluster["authOptions"] == {"mode": "token"}      # the job API wants KubeRay's token
     assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
     [workers] = cluster["workerGroupSpecs"]
     assert workers["replicas"] == workers["minReplicas"] == workers["maxReplicas"] == 8

@@ -352,7 +352,9 @@ def run_ray(config: CorpusConfig, shard_count: int | None, address: str | None =
     needs = resources_by_stage([s.name for s in pipeline.Job(config, 1).stages()], resources or {})
     owns = connect(address, num_cpus, runtime_env)
     try:
-        _wait_schedulable(needs, schedulable_timeout_s)
+        # A Ray started here will not grow: what does not fit now never will.
+        local = parse_address(address)[0] == "local" and owns
+        _wait_schedulable(needs, 0.0 if local else schedulable_timeout_s)
         if shard_count is None:
             shard_count = recorded_shards(config) or \
                 max(1, int(TASKS_PER_CPU * _cluster_cpus()))

@@ -27,10 +27,10 @@ read-only root filesystem. Ray needs more writable places than the Indexed Job's
     (ray-operator/controllers/ray/common/pod.go, "shared-mem"); our tasks put only the config and
     one float per task in it, hence the small `object-store-memory`.
   - /scratch: HOME and TMPDIR, as in the Indexed Job (S3 upload and Parquet spools).
-KubeRay's default probes for Ray >= 2.53 are HTTP gets, so the image needs no wget. The head's
-dashboard accepts job submissions without authentication: anyone who can reach port 8265 can run
-code in these pods, so keep it inside the namespace (a NetworkPolicy where that is not the
-default).
+KubeRay's default probes for Ray >= 2.53 are HTTP gets, so the image needs no wget. Ray's job API
+(the head's dashboard, port 8265) runs whatever it is sent; `authOptions: {mode: token}` (KubeRay
+1.5.1+, ray-operator/apis/ray/v1/raycluster_types.go::AuthOptions) has KubeRay generate a token
+Secret per cluster and hand it to the Ray containers and the submitter, so only they can.
 """
 
 from __future__ import annotations
@@ -145,6 +145,7 @@ def render_rayjob(name: str, image: str, config_yaml: str, workers: int, *,
             "backoffLimit": 0,
             "submitterPodTemplate": submitter,
             "rayClusterSpec": {"rayVersion": RAY_VERSION,
+                               "authOptions": {"mode": "token"},
                                "headGroupSpec": head,
                                "workerGroupSpecs": [worker_group]},
         },
