@@ -29,9 +29,10 @@ from crucible.trainer.corpus.ray_runner import (ResourceError, StageResources, S
                                                 parse_stage_resources, transient)
 from tests.corpus.test_pipeline import config_dict, raw  # noqa: F401 - `raw` is a fixture
 
-ray = pytest.importorskip("ray")   # a trainer dependency: missing only where the extra is not installed
+ray = pytest.importorskip("ray")   # a trainer dependency: absent only without the trainer extra
 
 SHARDS = 4
+DELAY_S = 1.0     # each task of the stage a node is killed in: long enough to be caught running
 OBJECT_STORE_BYTES = 100 * 2**20   # tasks return floats; the store holds the config and results
 
 
@@ -150,22 +151,23 @@ def setup_hook(log: Path, slow_stage: str, delay_s: float):
         def traced(config, shard_count, progress, stage_name, task):
             node = worker_ray.get_runtime_context().get_node_id()
             with open(log, "a") as out:
-                out.write(f"start {stage_name} {task} {node}\n")
+                out.write(f"start {stage_name} {task} {node} {clock.time()}\n")
             if stage_name == slow_stage:
                 clock.sleep(delay_s)
             seconds = original(config, shard_count, progress, stage_name, task)
             with open(log, "a") as out:
-                out.write(f"end {stage_name} {task} {node}\n")
+                out.write(f"end {stage_name} {task} {node} {clock.time()}\n")
             return seconds
 
         worker_pipeline._run_task = traced
     return hook
 
 
-def attempts(log: Path, stage: str) -> list[tuple[str, int, str]]:
+def attempts(log: Path, stage: str) -> list[tuple[str, int, str, float]]:
+    """(start|end, task, node id, wall-clock time) of each attempt of `stage`'s tasks."""
     if not log.exists():
         return []
-    return [(kind, int(task), node) for kind, name, task, node in
+    return [(kind, int(task), node, float(at)) for kind, name, task, node, at in
             (line.split() for line in log.read_text().splitlines()) if name == stage]
 
 
@@ -184,18 +186,19 @@ def test_a_worker_node_killed_mid_stage_costs_a_retry_not_the_output(cluster, lo
         try:
             result["run"] = ray_runner.run_ray(
                 cfg, SHARDS, address=cluster.address,
-                runtime_env={"worker_process_setup_hook": setup_hook(log, slow.name, 1.0)})
+                runtime_env={"worker_process_setup_hook": setup_hook(log, slow.name, DELAY_S)})
         except BaseException as err:  # noqa: BLE001 - re-raised in the test thread below
             result["error"] = err
 
     thread = threading.Thread(target=run)
     thread.start()
     deadline = time.monotonic() + 180
-    while True:       # kill once some of the stage's tasks ended and the victim is running one
+    while True:   # kill once some of the stage's tasks ended and the victim has just begun one
         seen = attempts(log, slow.name)
-        ended = {task for kind, task, _ in seen if kind == "end"}
-        running_on_victim = {task for kind, task, node in seen
-                             if kind == "start" and node == victim.node_id} - ended
+        ended = {task for kind, task, _, _ in seen if kind == "end"}
+        running_on_victim = {task for kind, task, node, at in seen
+                             if kind == "start" and node == victim.node_id
+                             and time.time() - at < DELAY_S / 2} - ended
         if ended and running_on_victim:
             break
         assert time.monotonic() < deadline and thread.is_alive(), f"never mid-stage: {seen}"
@@ -208,9 +211,9 @@ def test_a_worker_node_killed_mid_stage_costs_a_retry_not_the_output(cluster, lo
         assert 0 < markers_at_kill < slow.tasks          # the kill landed mid-stage
         seen = attempts(log, slow.name)
         for task in running_on_victim:                   # its task ran again, elsewhere, to the end
-            assert [n for k, t, n in seen if t == task and k == "start"][-1] != victim.node_id
-            assert any(k == "end" and t == task and n != victim.node_id for k, t, n in seen)
-        assert {t for k, t, _ in seen if k == "end"} == set(range(slow.tasks))
+            assert [n for k, t, n, _ in seen if t == task and k == "start"][-1] != victim.node_id
+            assert any(k == "end" and t == task and n != victim.node_id for k, t, n, _ in seen)
+        assert {t for k, t, _, _ in seen if k == "end"} == set(range(slow.tasks))
         assert assert_same_outputs(root / "out", root / "local") > 20
     finally:
         cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
@@ -227,8 +230,8 @@ def small_config(raw: Path, tmp_path: Path) -> Path:  # noqa: F811
 
 
 @pytest.mark.timeout(240)
-def test_cli_runs_on_ray_and_prints_a_line_per_stage_and_the_table(cluster, raw, tmp_path,  # noqa: F811
-                                                                   capsys):
+def test_cli_runs_on_ray_and_prints_a_line_per_stage_and_the_table(
+        cluster, raw, tmp_path, capsys):  # noqa: F811
     path = small_config(raw, tmp_path)
     argv = ["corpus", "run", "--config", str(path), "--shards", "2", "--ray", cluster.address,
             "--ray-resources", "clusters=cpu:1,memory:64Mi"]
@@ -301,14 +304,15 @@ def test_stage_resources_parse_and_validate():
     assert parse_stage_resources("filter=cpu:0.5") == ("filter", StageResources(0.5, None))
     for bad, why in [("buckets", "STAGE=cpu:N"), ("buckets=", "STAGE=cpu:N"),
                      ("buckets=cpu:x", "not a number"), ("buckets=cpu:0", "cpu must be > 0"),
-                     ("buckets=memory:2GB", "memory '2GB'"), ("buckets=cpu:1,cpu:2", "at most once"),
+                     ("buckets=memory:2GB", "memory '2GB'"),
+                     ("buckets=cpu:1,cpu:2", "at most once"),
                      ("buckets=disk:1", "cpu:N or memory:Q")]:
         with pytest.raises(ResourceError, match=why):
             parse_stage_resources(bad)
     needs = ray_runner.resources_by_stage(["filter", "clusters"],
                                           {"clusters": StageResources(1.0, 2**30)})
     assert needs == {"filter": StageResources(), "clusters": StageResources(1.0, 2**30)}
-    with pytest.raises(ResourceError, match="no stage cluster in this run; its stages: filter, clusters"):
+    with pytest.raises(ResourceError, match="no stage cluster in this run; its stages: filter, clu"):
         ray_runner.resources_by_stage(["filter", "clusters"], {"cluster": StageResources()})
     nodes = [{"CPU": 1.0, "memory": 2.0 * 2**30}, {"memory": 8.0 * 2**30}]   # a 0-CPU head
     assert ray_runner.unschedulable(needs, nodes) == []

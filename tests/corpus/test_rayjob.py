@@ -42,6 +42,8 @@ def test_manifest_cli_renders_the_rayjob(capsys):
     _, job = yaml.safe_load_all(capsys.readouterr().out)
     assert job["spec"]["entrypoint"].endswith("--ray-resources buckets=cpu:1,memory:2Gi")
     assert main(argv + ["--engine", "ray", "--ray-resources", "buckets=gpu:1"]) == 2
+    assert main(argv + ["--engine", "ray", "--ray-resources", "bucket=cpu:1"]) == 2  # a typo
+    assert "no stage bucket in this run" in capsys.readouterr().err
     assert main(argv + ["--ray-resources", "buckets=cpu:1"]) == 2   # not for the Indexed Job
 
 

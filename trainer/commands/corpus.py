@@ -140,10 +140,18 @@ def _shard_count_from_run(config) -> int:
 def _manifest(args: argparse.Namespace) -> int:
     from crucible.trainer.corpus.indexed_job import render_job, to_yaml
 
-    _config, text = _load_config(args)
+    config, text = _load_config(args)
     if args.engine == "indexed-job" and args.ray_resources:
         raise UserError("--ray-resources is for --engine ray")
-    _stage_resources(args.ray_resources)          # refused here, not in a pod
+    if args.ray_resources:                        # refused here, not in a pod
+        from crucible.trainer.corpus.pipeline import Job
+        from crucible.trainer.corpus.ray_runner import ResourceError, resources_by_stage
+
+        try:
+            resources_by_stage([s.name for s in Job(config, 1).stages()],
+                               _stage_resources(args.ray_resources))
+        except ResourceError as err:
+            raise UserError(f"--ray-resources: {err}") from None
     try:
         if args.engine == "ray":
             from crucible.trainer.corpus.rayjob import render_rayjob
@@ -185,8 +193,8 @@ def _run_on_ray(args: argparse.Namespace, config) -> int:
                                  max_retries=args.ray_retries, num_cpus=args.workers,
                                  on_stage=finished)
     except ray_runner.RayUnreachable as err:
-        raise UserError(str(err), "start one with `ray start --head`, pass --ray auto on a node "
-                                  "of the cluster, or --ray alone for a Ray on this machine") from None
+        raise UserError(str(err), "start one with `ray start --head`, pass --ray auto on a "
+                                  "node of the cluster, or --ray alone for a Ray here") from None
     except ray_runner.ResourceError as err:
         raise UserError(f"--ray-resources: {err}") from None
     except RunMismatch as err:

@@ -1,4 +1,4 @@
-"""The KubeRay RayJob that runs a corpus config on a Ray cluster of N worker pods, as a pure function.
+"""The KubeRay RayJob that runs a corpus config on a Ray cluster of N worker pods, as pure data.
 
 Owns: `render_rayjob(...)` (the ConfigMap holding the corpus config, and a ray.io/v1 RayJob).
 Must not: talk to the API server, or repeat what indexed_job.py owns (the S3 environment from a
