@@ -15,6 +15,7 @@ from crucible.trainer.cli import build_parser, main
 from crucible.trainer.corpus import config as corpus_config
 from crucible.trainer.corpus.indexed_job import to_yaml
 from crucible.trainer.corpus.rayjob import render_rayjob
+from tests.corpus.test_indexed_job import restricted_namespace  # noqa: F401 - a fixture
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "manifests" / "corpus" / "rayjob.yaml"
@@ -123,3 +124,19 @@ def test_s3_credentials_are_read_key_by_key_where_tasks_run():
         assert refs["AWS_SECRET_ACCESS_KEY"]["key"] == "AWS_SECRET_ACCESS_KEY"
     [submitter] = pods(job)["submitter"]["containers"]
     assert not any("valueFrom" in e for e in submitter["env"])   # it only submits the job
+
+
+@pytest.mark.stack
+def test_restricted_namespace_admits_every_ray_pod(kube, restricted_namespace):  # noqa: F811
+    """Pod Security admission on a real API server: the head, worker and submitter pods as their
+    templates describe them (KubeRay adds a command, probes, env and the /dev/shm emptyDir, none
+    of which the restricted profile looks at). The RayJob itself needs KubeRay's CRD, which the
+    stack does not have."""
+    _, job = rendered(namespace=restricted_namespace)
+    core = kube.core()
+    for role, spec in pods(job).items():
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": f"corpus-{role}", "namespace": restricted_namespace},
+               "spec": {**spec, "containers": [{**c, "command": ["sleep", "1"]}
+                                               for c in spec["containers"]]}}
+        core.create_namespaced_pod(restricted_namespace, pod, dry_run="All")
