@@ -263,8 +263,9 @@ def _probe(host: str, port: int, timeout_s: float) -> None:
 
 def connect(address: str | None, num_cpus: int | None = None,
             runtime_env: dict[str, Any] | None = None) -> bool:
-    """Connect this process to Ray (see `parse_address`); False when it already was, in which
-    case the caller must not shut it down."""
+    """Connect this process to Ray (see `parse_address`); False when it already was: that
+    connection is used as it is (`address`, `num_cpus` and `runtime_env` unused) and the caller
+    must not shut it down."""
     import ray
 
     if ray.is_initialized():
