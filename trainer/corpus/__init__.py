@@ -18,6 +18,7 @@ Layout, one concept per module:
     config, shards, pipeline what a run is, which files a shard owns, running the stages
     report, report_html      the JSON report and its self-contained HTML page
     indexed_job              the Kubernetes Indexed Job (`crucible corpus manifest` prints it)
+    ray_runner, rayjob       the stages on a Ray cluster; the KubeRay RayJob (`--engine ray`)
 
 The `crucible corpus` command is `crucible.trainer.commands.corpus`.
 """
