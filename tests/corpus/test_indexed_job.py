@@ -60,6 +60,16 @@ def test_container_command_parses_with_the_real_cli():
         assert Shard.parse(args.shard, {"JOB_COMPLETION_INDEX": str(index)}) == Shard(index, 8)
 
 
+def test_more_shards_than_pods_reach_the_workers():
+    _, job = render_job("c", "img", EXAMPLE.read_text(), 4, shards=32)
+    args = build_parser().parse_args(job["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert args.shards == 32 and Shard.parse(args.shard, {"JOB_COMPLETION_INDEX": "3"}) == \
+        Shard(3, 4)
+    assert "--shards" not in pod_spec(rendered()[1])["containers"][0]["args"]   # one per pod
+    with pytest.raises(ValueError, match="shards"):
+        render_job("c", "img", EXAMPLE.read_text(), 4, shards=0)
+
+
 def pod_spec(job: dict) -> dict:
     return job["spec"]["template"]["spec"]
 

@@ -149,14 +149,16 @@ def test_three_shards_equal_one(raw, single, tmp_path):
     assert final_docs(tmp_path / "sharded") == final_docs(output)
 
 
-def test_indexed_job_workers_equal_one_shard_run(raw, single, tmp_path):
+@pytest.mark.parametrize("shards", [None, 5])    # one shard per worker, or more shards than pods
+def test_indexed_job_workers_equal_one_shard_run(raw, single, tmp_path, shards):
     output, report = single
     cfg = corpus_config.from_dict(config_dict(raw, tmp_path / "workers"))
     errors = []
 
     def worker(index: int) -> None:
         try:
-            pipeline.run_worker(cfg, Shard(index, 2), wait_timeout_s=120, poll_s=0.05)
+            pipeline.run_worker(cfg, Shard(index, 2), wait_timeout_s=120, poll_s=0.05,
+                                shard_count=shards)
         except Exception as err:  # noqa: BLE001 - re-raised in the test thread below
             errors.append(err)
 
@@ -167,6 +169,7 @@ def test_indexed_job_workers_equal_one_shard_run(raw, single, tmp_path):
         t.join(timeout=300)
     assert not errors and not any(t.is_alive() for t in threads)
     worker_report = json.loads((tmp_path / "workers" / "report.json").read_text())
+    assert worker_report["run"]["shards"] == (shards or 2)
     assert comparable(worker_report) == comparable(report)
     assert final_docs(tmp_path / "workers") == final_docs(output)
 

@@ -69,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                "default: the key named like the variable)")
     manifest.add_argument("--scratch", default="32Gi",
                           help="size limit of the pods' writable emptyDir (temporary files)")
+    manifest.add_argument("--shards", type=int, default=None,
+                          help="Indexed Job: shards of the corpus (default: one per worker); a "
+                               "multiple of --workers makes a lost pod redo one shard, not 1/N")
     manifest.add_argument("--engine", choices=("indexed-job", "ray"), default="indexed-job",
                           help="an Indexed Job (no operator needed) or a KubeRay RayJob")
     _add_ray_resources(manifest)
@@ -163,7 +166,8 @@ def _manifest(args: argparse.Namespace) -> int:
         else:
             objects = render_job(args.name, args.image, text, args.workers,
                                  namespace=args.namespace, s3_secret=args.s3_secret or None,
-                                 s3_keys=_s3_keys(args.s3_key), scratch=args.scratch)
+                                 s3_keys=_s3_keys(args.s3_key), scratch=args.scratch,
+                                 shards=args.shards)
     except ValueError as err:
         raise UserError(str(err)) from None
     sys.stdout.write(to_yaml(objects))
@@ -229,7 +233,10 @@ def run(args: argparse.Namespace) -> int:
             except ValueError as err:
                 raise UserError(str(err),
                                 "use --shard 0/4, or auto/4 inside an Indexed Job") from None
-            pipeline.run_worker(config, worker, progress, wait_timeout_s=args.wait_timeout_s)
+            if args.shards is not None and args.shards < 1:
+                raise UserError("--shards must be >= 1")
+            pipeline.run_worker(config, worker, progress, wait_timeout_s=args.wait_timeout_s,
+                                shard_count=args.shards)
             print(f"worker {worker}: done; report at {config.output}/report.html")
             return 0
         shards = args.shards or workers

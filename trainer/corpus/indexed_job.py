@@ -55,12 +55,15 @@ def render_job(name: str, image: str, config_yaml: str, workers: int, *,
                namespace: str = "default", s3_secret: str | None = "s3-creds",
                s3_keys: dict[str, str] | None = None, cpu: str = "1", memory: str = "4Gi",
                scratch: str = "32Gi", retries_per_index: int = 3,
-               wait_timeout_s: int = 24 * 3600) -> list[dict[str, Any]]:
+               wait_timeout_s: int = 24 * 3600, shards: int | None = None) -> list[dict[str, Any]]:
     """[ConfigMap, Job] for running `config_yaml` on `workers` pods. `scratch` is the emptyDir's
     size limit: room for one output shard and one Parquet input from S3 (at most the config's
-    limits.max_file_bytes) at a time."""
+    limits.max_file_bytes) at a time. `shards` (default: one per pod) splits the corpus finer
+    than the pods: pod i runs tasks i, i+N, ..., so a pod lost mid-stage redoes one shard."""
     if workers < 1:
         raise ValueError("workers must be >= 1")
+    if shards is not None and shards < 1:
+        raise ValueError("shards must be >= 1")
     labels = {"app.kubernetes.io/name": "crucible-corpus", "crucible.dev/corpus": name}
     config_map = {
         "apiVersion": "v1", "kind": "ConfigMap",
@@ -75,7 +78,8 @@ def render_job(name: str, image: str, config_yaml: str, workers: int, *,
         "image": image,
         "command": ["crucible"],
         "args": ["corpus", "run", "--config", f"{CONFIG_MOUNT}/corpus.yaml",
-                 "--shard", f"auto/{workers}", "--wait-timeout-s", str(wait_timeout_s)],
+                 "--shard", f"auto/{workers}", "--wait-timeout-s", str(wait_timeout_s),
+                 *(["--shards", str(shards)] if shards else [])],
         "workingDir": SCRATCH_DIR,
         "env": env,
         "resources": {"requests": {"cpu": cpu, "memory": memory},

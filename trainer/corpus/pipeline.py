@@ -352,11 +352,14 @@ def run_local(config: CorpusConfig, shard_count: int, workers: int = 1,
 def run_worker(config: CorpusConfig, worker: Shard, progress: bool = False,
                wait_timeout_s: float = 24 * 3600, poll_s: float = 5.0,
                clock: Callable[[], float] = time.monotonic,
-               sleep: Callable[[float], None] = time.sleep) -> None:
+               sleep: Callable[[float], None] = time.sleep,
+               shard_count: int | None = None) -> None:
     """Worker `worker.index` of `worker.count` (an Indexed Job pod): run the tasks it owns in each
     stage (task t belongs to worker t mod N), then wait until every task of the stage is done.
-    Restarted pods skip what they finished; a task done by a predecessor pod is not redone."""
-    job = Job(config, worker.count, progress)
+    Restarted pods skip what they finished; a task done by a predecessor pod is not redone.
+    `shard_count` (default: one shard per worker) may be a multiple of the workers: a pod that is
+    lost mid-stage then redoes only the shard it was in, not its whole share of the corpus."""
+    job = Job(config, shard_count or worker.count, progress)
     job.check_run_file()
     for stage in job.stages():
         for task in range(stage.tasks):
