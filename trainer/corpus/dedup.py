@@ -380,42 +380,42 @@ def _contains(sorted_keys: np.ndarray, key: int) -> bool:
 
 
 @dataclass
-class ExactDuplicate(Filter):
-    name: ClassVar[str] = "exact_dedup"
-    why: ClassVar[str] = "the same text twice teaches nothing new and skews the mixture"
+class _DigestDuplicate(Filter):
+    """Drops the keys stage 2 chose for one digest family, saying which decision it was."""
+    duplicate_reason: ClassVar[str]
+    earlier_reason: ClassVar[str]
+    hashed: ClassVar[str]
 
-    removed: np.ndarray = None   # type: ignore[assignment]  # sorted keys chosen by stage 2
+    removed: np.ndarray = None   # type: ignore[assignment]  # sorted keys: later copies
     earlier: np.ndarray = None   # type: ignore[assignment]  # sorted keys an earlier run holds
 
     def params(self) -> dict:
-        return {"hash": "xxh3-128 of the normalised UTF-8 text", "keep": "earliest copy"}
+        return {"hash": f"xxh3-128 of {self.hashed}", "keep": "earliest copy"}
 
     def filter(self, doc: Document) -> FilterResult:
         if _contains(self.removed, doc.key):
-            return False, "exact_duplicate"
+            return False, self.duplicate_reason
         if self.earlier is not None and _contains(self.earlier, doc.key):
-            return False, "seen_in_earlier_run"
+            return False, self.earlier_reason
         return True
 
 
 @dataclass
-class UrlDuplicate(Filter):
+class ExactDuplicate(_DigestDuplicate):
+    name: ClassVar[str] = "exact_dedup"
+    why: ClassVar[str] = "the same text twice teaches nothing new and skews the mixture"
+    duplicate_reason: ClassVar[str] = "exact_duplicate"
+    earlier_reason: ClassVar[str] = "seen_in_earlier_run"
+    hashed: ClassVar[str] = "the normalised UTF-8 text"
+
+
+@dataclass
+class UrlDuplicate(_DigestDuplicate):
     name: ClassVar[str] = "url_dedup"
     why: ClassVar[str] = "the same page crawled twice (a refetch, a mirror of the URL) counts once"
-
-    removed: np.ndarray = None   # type: ignore[assignment]
-    earlier: np.ndarray = None   # type: ignore[assignment]
-
-    def params(self) -> dict:
-        return {"hash": "xxh3-128 of the URL (scheme and host lower case, no fragment, "
-                        "no default port)", "keep": "earliest copy"}
-
-    def filter(self, doc: Document) -> FilterResult:
-        if _contains(self.removed, doc.key):
-            return False, "url_duplicate"
-        if self.earlier is not None and _contains(self.earlier, doc.key):
-            return False, "url_seen_in_earlier_run"
-        return True
+    duplicate_reason: ClassVar[str] = "url_duplicate"
+    earlier_reason: ClassVar[str] = "url_seen_in_earlier_run"
+    hashed: ClassVar[str] = "the URL (scheme and host lower case, no fragment, no default port)"
 
 
 @dataclass

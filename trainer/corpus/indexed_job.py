@@ -51,6 +51,24 @@ def s3_env(secret: str, keys: dict[str, str] | None = None) -> list[dict[str, An
             for name, required in S3_ENV.items()]
 
 
+def corpus_labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "crucible-corpus", "crucible.dev/corpus": name}
+
+
+def config_map_of(name: str, namespace: str, config_yaml: str) -> dict[str, Any]:
+    """The ConfigMap `<name>-config` the pods mount the corpus config from."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": f"{name}-config", "namespace": namespace,
+                         "labels": corpus_labels(name)},
+            "data": {"corpus.yaml": config_yaml}}
+
+
+def pod_env(s3_secret: str | None, s3_keys: dict[str, str] | None) -> list[dict[str, Any]]:
+    """HOME and TMPDIR on the scratch volume, and S3 credentials from `s3_secret` if given."""
+    env = [{"name": "HOME", "value": SCRATCH_DIR}, {"name": "TMPDIR", "value": SCRATCH_DIR}]
+    return env + s3_env(s3_secret, s3_keys) if s3_secret else env
+
+
 def render_job(name: str, image: str, config_yaml: str, workers: int, *,
                namespace: str = "default", s3_secret: str | None = "s3-creds",
                s3_keys: dict[str, str] | None = None, cpu: str = "1", memory: str = "4Gi",
@@ -64,15 +82,9 @@ def render_job(name: str, image: str, config_yaml: str, workers: int, *,
         raise ValueError("workers must be >= 1")
     if shards is not None and shards < 1:
         raise ValueError("shards must be >= 1")
-    labels = {"app.kubernetes.io/name": "crucible-corpus", "crucible.dev/corpus": name}
-    config_map = {
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": f"{name}-config", "namespace": namespace, "labels": labels},
-        "data": {"corpus.yaml": config_yaml},
-    }
-    env = [{"name": "HOME", "value": SCRATCH_DIR}, {"name": "TMPDIR", "value": SCRATCH_DIR}]
-    if s3_secret:
-        env += s3_env(s3_secret, s3_keys)
+    labels = corpus_labels(name)
+    config_map = config_map_of(name, namespace, config_yaml)
+    env = pod_env(s3_secret, s3_keys)
     container: dict[str, Any] = {
         "name": "corpus",
         "image": image,

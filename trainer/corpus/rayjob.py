@@ -38,7 +38,8 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from crucible.trainer.corpus.indexed_job import CONFIG_MOUNT, RUN_UID, SCRATCH_DIR, s3_env
+from crucible.trainer.corpus.indexed_job import (CONFIG_MOUNT, RUN_UID, SCRATCH_DIR, config_map_of,
+                                                  corpus_labels, pod_env)
 from crucible.trainer.corpus.ray_runner import TASKS_PER_CPU
 
 RAY_VERSION = "2.60.0"           # the pinned `ray` of the trainer extra (pyproject.toml)
@@ -87,16 +88,9 @@ def render_rayjob(name: str, image: str, config_yaml: str, workers: int, *,
     default). `ray_tmp` bounds Ray's logs and spilled objects per pod."""
     if workers < 1 or cpus_per_worker < 1:
         raise ValueError("workers and cpus per worker must be >= 1")
-    labels = {"app.kubernetes.io/name": "crucible-corpus", "crucible.dev/corpus": name}
-    config_map = {
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": f"{name}-config", "namespace": namespace, "labels": labels},
-        "data": {"corpus.yaml": config_yaml},
-    }
-    env = [{"name": "HOME", "value": SCRATCH_DIR}, {"name": "TMPDIR", "value": SCRATCH_DIR},
-           {"name": "RAY_TMPDIR", "value": "/tmp"}]
-    if s3_secret:
-        env += s3_env(s3_secret, s3_keys)
+    labels = corpus_labels(name)
+    config_map = config_map_of(name, namespace, config_yaml)
+    env = pod_env(s3_secret, s3_keys) + [{"name": "RAY_TMPDIR", "value": "/tmp"}]
     writable = [{"name": "scratch", "mountPath": SCRATCH_DIR},
                 {"name": "ray-tmp", "mountPath": RAY_TMP_DIR}]
     writable_volumes = [{"name": "scratch", "emptyDir": {"sizeLimit": scratch}},
