@@ -46,6 +46,7 @@ import io
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -55,7 +56,8 @@ from pathlib import Path
 DATATROVE_PYTHON = Path.home() / ".cache" / "crucible" / "datatrove-venv" / "bin" / "python"
 WARC_CACHE = Path.home() / ".cache" / "crucible" / "bench-warc"
 MAX_PAGE_BYTES = 1 << 20        # Common Crawl truncates captures at 1 MiB
-RULES = ("gopher_repetition", "gopher_quality", "c4", "fineweb", "near_dedup")
+RULES = ("gopher_repetition", "gopher_quality", "c4", "fineweb", "near_dedup",
+         "near_dedup_clustered")
 
 
 # ---- corpus (project side) ------------------------------------------------------------------
@@ -194,7 +196,10 @@ def decisions_ours(texts: list[dict]) -> dict[str, list[str]]:
     pairs = np.concatenate([bucket_pairs(arrays["keys"], arrays["bands"][:, b])
                             for b in range(config.bands)])
     removed = set(clusters_from_pairs(pairs).remove.tolist())
+    clustered = set(pairs.reshape(-1).tolist())
     out["near_dedup"] = ["duplicate" if i in removed else "keep" for i in range(len(texts))]
+    out["near_dedup_clustered"] = ["in_cluster" if i in clustered else "keep"
+                                   for i in range(len(texts))]
     return out
 
 
@@ -291,9 +296,15 @@ def decisions_datatrove(texts: list[dict]) -> dict[str, list[str]]:
         for bucket in range(config.num_buckets):
             MinhashDedupBuckets(f"{tmp}/sigs", f"{tmp}/buckets", config=config).run(
                 None, bucket, config.num_buckets)
-        MinhashDedupCluster(f"{tmp}/buckets", f"{tmp}/remove", config=config).run(None, 0, 1)
+        MinhashDedupCluster(f"{tmp}/buckets", f"{tmp}/remove", config=config,
+                            save_cluster_id=True).run(None, 0, 1)
         kept = {d.id for d in MinhashDedupFilter(f"{tmp}/remove").run(documents(), 0, 1)}
+        clusters = Path(f"{tmp}/remove/000000.clusters")
+        raw = clusters.read_bytes() if clusters.exists() else b""
+        clustered = {doc for doc, _ in struct.iter_unpack("<II", raw)}
     out["near_dedup"] = ["keep" if str(i) in kept else "duplicate" for i in range(len(texts))]
+    out["near_dedup_clustered"] = ["in_cluster" if i in clustered else "keep"
+                                   for i in range(len(texts))]
     return out
 
 
@@ -380,7 +391,12 @@ def main() -> int:
             a, b = ours["decisions"][rule], theirs["decisions"][rule]
             shown = [i for i in range(len(texts)) if (a[i] == "keep") != (b[i] == "keep")][:4]
             for i in shown:
-                print(f"\n--- {rule}: {texts[i]['id']}  Crucible {a[i]}, datatrove {b[i]}")
+                note = ""
+                if rule == "near_dedup":
+                    note = "  (in a cluster: Crucible {}, datatrove {})".format(
+                        *(d["near_dedup_clustered"][i] == "in_cluster"
+                          for d in (ours["decisions"], theirs["decisions"])))
+                print(f"\n--- {rule}: {texts[i]['id']}  Crucible {a[i]}, datatrove {b[i]}{note}")
                 print(texts[i]["text"][:600])
     if args.out:
         Path(args.out).write_text(json.dumps({
