@@ -1,10 +1,11 @@
 """The word splitter and the C4 sentence count against what datatrove's default English splitter
 (spaCy 3.8.18 `blank("en")` + sentencizer) returns for the same strings.
 
-The strings are taken from the Node.js, npm and Nettle manuals that bench/corpus_bench.py reads;
-each case is one that split differently under the earlier NLTK-like splitter and changed a rule's
-decision there. Expected tokens were produced by spaCy and are pinned here; the benchmark checks
-the rest of the corpus.
+The strings are of the kinds found in the Node.js, npm and Nettle manuals that
+bench/corpus_bench.py reads, where the earlier splitter (which imitated NLTK's) and spaCy split
+differently and Gopher quality, Gopher repetition and near dedup decided differently as a result.
+Expected tokens and counts were produced by spaCy and are pinned here; the benchmark checks the
+whole corpus (every document's tokens equal spaCy's there).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ bench/corpus_bench.py measures the agreement with spaCy's tokens through the rul
 
 Punctuation is datatrove's own set (src/datatrove/utils/text.py: its PUNCTUATION string, ASCII
 controls, and TERMINAL_PUNCTUATION), not Unicode's P/S/Cc categories (about 30 times wider), so a
-token like "->", "©" or "→" counts as a word in Gopher's rules on both sides; `simplify` replaces
+token like "©" or "→" counts as a word in Gopher's rules on both sides; `simplify` replaces
 only the PUNCTUATION string, as datatrove's `simplify_text` does. The terminal-punctuation set is
 Unicode's Sentence_Terminal property, which datatrove's TERMINAL_PUNCTUATION list was drawn from
 (this Unicode version adds 16 characters and lacks 3 of its 159, none of them Latin-script).
