@@ -25,16 +25,19 @@ Pages are interleaved by a hash of their path and dealt round-robin into --warc-
   default): pages that time out are dropped there, and the count is printed.
 (b) Agreement: every page is extracted once (Crucible's ExtractHtml), then each rule of both
   implementations runs on that same text, alone: Gopher repetition, Gopher quality, C4, FineWeb,
-  and near dedup (each side's MinHash over all extracted texts). Per rule: the share of documents
-  with the same keep/remove decision, and the disagreements by (Crucible reason, datatrove reason).
+  and near dedup (each side's MinHash over all extracted texts; near_dedup_clustered compares
+  whether a document is in any duplicate cluster, near_dedup whether it is removed). Per rule:
+  the share of documents with the same keep/remove decision, and the disagreements by (Crucible
+  reason, datatrove reason).
   --explain prints a few disagreeing documents with both reasons.
 
 The datatrove side runs in its own virtualenv (datatrove from PyPI is not a project dependency):
     python3.11 -m venv ~/.cache/crucible/datatrove-venv
-    ~/.cache/crucible/datatrove-venv/bin/pip install datatrove[io,processing]==0.10.1 \\
-        spacy==3.8.18 xxhash==3.6.0 trafilatura==1.11.0 warcio==1.8.1
-(datatrove 0.10.1 passes str to xxhash, which xxhash 4 refuses.) This script re-runs itself under
-that interpreter with --datatrove-side; results go to --out as JSON.
+    ~/.cache/crucible/datatrove-venv/bin/pip install "datatrove[io,processing]==0.10.1" \\
+        spacy==3.8.18 xxhash==3.6.0 trafilatura==1.11.0 lxml_html_clean==0.4.6 warcio==1.8.1
+(datatrove 0.10.1 passes str to xxhash, which xxhash 4 refuses; trafilatura 1.11 imports
+lxml.html.clean, which lxml 6 moved to lxml_html_clean.) This script re-runs itself under that
+interpreter with --datatrove-side; results go to --out as JSON.
 """
 
 from __future__ import annotations
@@ -312,7 +315,17 @@ def datatrove_side(warc_dir: str, texts_path: str, out_path: str, work: str) -> 
     result = run_datatrove(warc_dir, work)
     texts = [json.loads(line) for line in Path(texts_path).read_text().splitlines()]
     result["decisions"] = decisions_datatrove(texts)
+    from datatrove.utils.text import split_into_words
+
+    result["token_digests"] = [tokens_digest(split_into_words(t["text"])) for t in texts]
     Path(out_path).write_text(json.dumps(result))
+
+
+def tokens_digest(tokens: list[str]) -> str:
+    """A short digest of a document's word tokens (both sides compare them)."""
+    import hashlib
+
+    return hashlib.sha256("\x1f".join(tokens).encode()).hexdigest()[:16]
 
 
 # ---- report ---------------------------------------------------------------------------------
@@ -383,8 +396,13 @@ def main() -> int:
     print("  stage seconds: Crucible " + ", ".join(f"{k} {v:.1f}" for k, v in ours["stage_s"].items())
           + "; datatrove " + ", ".join(f"{k} {v:.1f}" for k, v in theirs["stage_s"].items()))
 
+    from crucible.trainer.corpus.words import split_words
+
+    same_tokens = sum(tokens_digest(split_words(t["text"])) == d
+                      for t, d in zip(texts, theirs["token_digests"]))
     table = agreement(texts, ours["decisions"], theirs["decisions"])
-    print(f"\nper-rule agreement on the same {len(texts)} extracted texts (each rule alone)")
+    print(f"\nword tokens equal to datatrove's (spaCy) in {same_tokens} of {len(texts)} texts")
+    print(f"per-rule agreement on the same {len(texts)} extracted texts (each rule alone)")
     for rule, row in table.items():
         print(f"  {rule:20}{100 * row['agree']:8.2f}%   removed: Crucible {row['removed_ours']}, "
               f"datatrove {row['removed_datatrove']}")
@@ -406,8 +424,9 @@ def main() -> int:
         Path(args.out).write_text(json.dumps({
             "warc_records": n_records, "documents": len(texts), "html_bytes": html_bytes,
             "crucible": {k: v for k, v in ours.items() if k != "decisions"},
-            "datatrove": {k: v for k, v in theirs.items() if k != "decisions"},
-            "agreement": table}, indent=1))
+            "datatrove": {k: v for k, v in theirs.items()
+                          if k not in ("decisions", "token_digests")},
+            "same_tokens": same_tokens, "agreement": table}, indent=1))
     return 0
 
 
