@@ -20,8 +20,11 @@ from crucible.trainer.corpus.gopher_repetition import GopherRepetition
 from crucible.trainer.corpus.words import split_words
 from tests.corpus import realtext
 
+# Words the splitter keeps whole: spaCy's English exceptions split a few letter-only words
+# ("cannot" -> "can" "not", "id" -> "i" "d"), which would change the counts below.
 STOP_FREE = [w for w in realtext.prose_words()
-             if w not in ("the", "be", "to", "of", "and", "that", "have", "with")]
+             if w not in ("the", "be", "to", "of", "and", "that", "have", "with")
+             and split_words(w) == [w]]
 
 
 def doc(text: str) -> Document:
@@ -42,7 +45,8 @@ def words_doc(n_words: int) -> str:
 
 def exact_mean_words(n_words: int, total_chars: int) -> list[str]:
     """n real words (including "the" and "of") whose lengths add up to total_chars."""
-    pool = realtext.words_by_length()
+    pool = {length: [w for w in words if split_words(w) == [w]]
+            for length, words in realtext.words_by_length().items()}
     rest_n, rest_chars = n_words - 2, total_chars - 5
     base, extra = divmod(rest_chars, rest_n)
     chosen = pool[base + 1][:extra] + pool[base][:rest_n - extra]
@@ -93,7 +97,9 @@ def test_symbol_per_word_ratio_0_1(symbol, reason):
 
 
 def test_bullet_lines_90_percent_kept_all_dropped():
-    sentences = realtext.prose_sentences()[:10]
+    # Plain sentences: quoted names and brackets are tokens of their own, and with the "-"
+    # bullets they would push the share of words with a letter under 80%.
+    sentences = [s for s in realtext.prose_sentences() if not any(c in s for c in "\"'()")][:10]
     nine = "\n".join(("- " + s) if i < 9 else s for i, s in enumerate(sentences))
     ten = "\n".join("• " + s for s in sentences)
     step = GopherQuality()

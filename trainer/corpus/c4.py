@@ -15,37 +15,58 @@ Thresholds, and where the sources disagree:
   * FineWeb turns the terminal-punctuation rule off (it removed ~30% of tokens, paper §3.5); the
     pipeline config does the same; this class keeps the paper's default (on).
   * the bad-words rule needs the LDNOOBW lists, which datatrove downloads at run time; not here.
-Sentences are counted per kept line by splitting after . ! ? (with closing quotes/brackets) that
-precede whitespace: NLTK's Punkt (which datatrove uses) needs a runtime download.
+Sentences are counted per kept line as datatrove's default English splitter counts them: spaCy's
+sentencizer over the line's words (words.py), which ends a sentence after a terminal mark token and
+starts the next at the first token that is not punctuation ("e.g." is one token, so no break).
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import ClassVar
 
 from crucible.trainer.corpus.document import Document
 from crucible.trainer.corpus.step import Filter, FilterResult
+from crucible.trainer.corpus.words import split_words, terminal_punctuation
 
 _CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")   # datatrove / TFDS: Wikipedia marks
 _END_PUNCTUATION = (".", "?", "!", '"', "'")
+_WHITESPACE_RUN = re.compile(r"(\s+)")
 _POLICY_PHRASES = ("terms of use", "privacy policy", "cookie policy", "uses cookies",
                    "use of cookies", "use cookies")                     # TFDS _POLICY_SUBSTRINGS
-# A sentence ends at . ! ? (plus closing quotes/brackets) before whitespace, except after an
-# ellipsis or a lone letter's initial ("W. S. Krabill", "a. to"), as untrained Punkt decides.
-_SENTENCE_BREAK = re.compile(
-    r"(?<=[.!?])(?<!\.\.)(?<!\s[A-Za-z]\.)(?<!^[A-Za-z]\.)[\"')\]]*\s+(?=\S)")
-# Punkt makes a repeated mark its own sentence ("PRINTED!!" -> "PRINTED!", "!").
-_REPEATED_MARK = re.compile(r"[!?]{2,}")
+
+
+def _is_punct(token: str) -> bool:
+    """spaCy's is_punct: every character is Unicode punctuation (P*)."""
+    return all(unicodedata.category(c)[0] == "P" for c in token)
 
 
 def count_sentences(line: str) -> int:
-    """Sentences in one line, as NLTK's Punkt (which datatrove uses) splits it without its
-    downloaded abbreviation data: bench/corpus_bench.py measures the agreement."""
+    """Sentences in one line as spaCy's sentencizer splits it (spacy/pipeline/sentencizer.pyx,
+    Sentencizer.predict; its marks are Unicode Sentence_Terminal characters): after a token that
+    is a terminal mark, the next token that is neither punctuation nor a terminal mark starts a
+    new sentence, so "Hi!!" or "Wait... no." stays one sentence and "(Yes.) No." is two. spaCy
+    keeps any whitespace run but a single space as a token of its own, and such a token starts a
+    sentence too ("Stop.\u00a0\u00a0[..]" is two)."""
     if not line.strip():
         return 0
-    return len(_SENTENCE_BREAK.findall(line)) + 1 + len(_REPEATED_MARK.findall(line))
+    terminal = terminal_punctuation()
+    sentences, seen_end = 1, False
+    for i, piece in enumerate(_WHITESPACE_RUN.split(line.strip())):
+        if i % 2:                       # the whitespace between two chunks
+            if piece != " " and seen_end:
+                sentences += 1
+                seen_end = False
+            continue
+        for token in split_words(piece):
+            if token in terminal:
+                seen_end = True
+            elif seen_end and not _is_punct(token):
+                sentences += 1
+                seen_end = False
+    return sentences
 
 
 @dataclass

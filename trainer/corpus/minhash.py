@@ -10,12 +10,16 @@ puts the 50%-detection point near (1/14)^(1/8) ~ 0.72 Jaccard and detects pairs 
 probability 1 - (1 - 0.8^8)^14 ~ 0.924 (datatrove's code comment; paper: "targeting documents that
 are at least 75% similar").
 
-How it differs from datatrove, for speed: datatrove hashes every n-gram string with xxhash/sha1 in
-Python and permutes with (a*x + b) mod (2^61 - 1). We hash each distinct word once (xxh3-64),
-combine word hashes into n-gram hashes with a 64-bit rolling polynomial in numpy, and permute with
-x -> a*x + b (mod 2^64, a odd: a bijection) followed by an xor-shift, all vectorised. Signatures
-estimate the Jaccard similarity of the two n-gram *sets*, which is what the S-curve assumes;
-tests/corpus/test_near_dedup.py checks measured detection rates against it.
+Hashing is datatrove's, so both pick the same candidate pairs (bench/corpus_bench.py measures
+it): the words are datatrove's (`split_words` of the simplified text, spaCy's English rules), each
+n-gram is its words joined by one space and hashed with xxh64, and the permutations are
+(a*x + b) mod (2^61 - 1) with a, b drawn by numpy's RandomState(seed) as datatrove draws them (the
+product wraps at 2^64 before the modulus, as in datatrove's numpy code). Only the n-gram hashing
+is a Python loop; the permutations and minimum are vectorised. One difference: a text shorter
+than n words is one shingle of all its words here, while datatrove writes no signature for it (so
+it is never a near duplicate there). Signatures estimate the Jaccard similarity of the two n-gram
+*sets*, which is what the S-curve assumes; tests/corpus/test_near_dedup.py checks measured
+detection rates against it.
 """
 
 from __future__ import annotations
@@ -25,10 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from crucible.trainer.corpus.words import simplify
+from crucible.trainer.corpus.words import simplify, split_words
 
-_ROLL = np.uint64(0x9E3779B97F4A7C15)   # odd multiplier of the rolling n-gram hash
-_SHIFT = np.uint64(31)
+_MERSENNE_PRIME = np.uint64((1 << 61) - 1)     # datatrove's permutation modulus
 
 
 @dataclass(frozen=True)
@@ -63,40 +66,31 @@ def candidate_probability(similarity: float | np.ndarray, bands: int, rows: int)
 class MinHasher:
     def __init__(self, config: MinhashConfig = MinhashConfig()):
         self.config = config
-        rng = np.random.default_rng(config.seed)
-        high = np.iinfo(np.uint64).max
-        self._a = rng.integers(1, high, size=config.num_hashes, dtype=np.uint64, endpoint=True) \
-            | np.uint64(1)                        # odd: x -> a*x + b is a bijection mod 2^64
-        self._b = rng.integers(0, high, size=config.num_hashes, dtype=np.uint64, endpoint=True)
+        draw = np.random.RandomState(config.seed)     # datatrove MinhashDedupSignature.parameters
+        self._a = draw.randint(1, _MERSENNE_PRIME, dtype=np.uint64, size=config.num_hashes)
+        self._b = draw.randint(0, _MERSENNE_PRIME, dtype=np.uint64, size=config.num_hashes)
 
     def shingles(self, text: str) -> np.ndarray:
-        """uint64 hashes of the word n-grams of the simplified text, shape (n_shingles,).
-        A text shorter than n words is one shingle of all its words."""
-        words = simplify(text).split()
+        """uint64 hashes (xxh64 of the words joined by spaces) of the word n-grams of the
+        simplified text, shape (n_shingles,). A text shorter than n words is one shingle of all
+        its words."""
+        words = split_words(simplify(text))     # datatrove: word_tokenize(simplify_text(text))
         if not words:
             return np.zeros(0, dtype=np.uint64)
-        vocab: dict[str, int] = {}
-        ids = [vocab.setdefault(w, len(vocab)) for w in words]       # hash each distinct word once
-        word_hashes = np.fromiter((xxhash.xxh3_64_intdigest(w.encode()) for w in vocab),
-                                  dtype=np.uint64, count=len(vocab))
-        hashes = word_hashes[np.asarray(ids)]
         n = min(self.config.n_grams, len(words))
         count = len(words) - n + 1
-        grams = hashes[:count].copy()
-        with np.errstate(over="ignore"):         # uint64 wrap-around is the hash
-            for offset in range(1, n):
-                grams = grams * _ROLL + hashes[offset:offset + count]
-        return grams
+        hash64 = xxhash.xxh64_intdigest
+        return np.fromiter((hash64(" ".join(words[i:i + n]).encode()) for i in range(count)),
+                           dtype=np.uint64, count=count)
 
     def signature(self, shingles: np.ndarray) -> np.ndarray:
         """Minimum of each of the num_hashes permutations over the shingles, shape (num_hashes,).
         An empty text gets all-max values (it matches nothing but other empty texts)."""
         if shingles.size == 0:
             return np.full(self.config.num_hashes, np.iinfo(np.uint64).max, dtype=np.uint64)
-        with np.errstate(over="ignore"):
-            permuted = shingles[:, None] * self._a + self._b   # (n_shingles, num_hashes)
-        permuted ^= permuted >> _SHIFT
-        return permuted.min(axis=0)
+        with np.errstate(over="ignore"):       # the product wraps at 2^64, as in datatrove
+            permuted = (shingles[:, None] * self._a + self._b) % _MERSENNE_PRIME
+        return permuted.min(axis=0)             # (num_hashes,)
 
     def band_keys(self, signature: np.ndarray) -> np.ndarray:
         """One uint64 key per band (xxh3-64 of its rows), shape (bands,)."""
