@@ -10,9 +10,10 @@ signature computation is per shard and already bounded by its shard), one shard 
 each by default: a task's slice stays the same size as the corpus grows, as a user sizing a run
 for 2 GB tasks would keep it). Then every task of the three stages runs in its own forked
 process, as a pod or Ray task would, and the process's peak RSS is read back from the kernel
-(os.wait4's rusage, the figure `/usr/bin/time -v` prints). Printed per size: the largest peak RSS
-of any task of each stage, the seconds of all its tasks added up, and both per document of the
-task's input (a partition's slice for exact and buckets, the whole corpus for clusters, whose
+(os.wait4's rusage, the figure `/usr/bin/time -v` prints), with what the task added to the RSS
+it began with (the interpreter and imports, shared by every task). Printed per size: the largest
+peak RSS of any task of each stage, the seconds of all its tasks added up, and both per document
+of the task's input (a partition's slice for exact and buckets, the whole corpus for clusters, whose
 input is the candidate pairs); then the growth of each per-document figure from the smallest to
 the largest size (the goal: within +-20%).
 
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import sys
 import tempfile
@@ -39,15 +39,23 @@ sys.path.insert(0, str(REPO))
 STAGES = ("exact", "buckets", "clusters")
 
 
-def in_child(work, *args) -> tuple[float, int, object]:
-    """Run work(*args) in a forked process: (seconds, peak RSS bytes, its JSON-able result)."""
+def current_rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def in_child(work, *args) -> tuple[float, int, int, object]:
+    """Run work(*args) in a forked process: (seconds, peak RSS bytes, RSS bytes the work added to
+    what the process held when it began, its JSON-able result)."""
     read_end, write_end = os.pipe()
     started = time.perf_counter()
     pid = os.fork()
     if pid == 0:                                   # the child: run, report, exit at once
         os.close(read_end)
         try:
-            payload = json.dumps({"ok": work(*args)}).encode()
+            start_rss = current_rss()
+            result = work(*args)
+            payload = json.dumps({"ok": result, "start_rss": start_rss}).encode()
         except BaseException as err:               # noqa: BLE001 - reported to the parent
             payload = json.dumps({"error": f"{type(err).__name__}: {err}"}).encode()
         with os.fdopen(write_end, "wb") as out:
@@ -60,7 +68,8 @@ def in_child(work, *args) -> tuple[float, int, object]:
     seconds = time.perf_counter() - started
     if "error" in payload or status != 0:
         raise RuntimeError(f"task failed: {payload.get('error', status)}")
-    return seconds, usage.ru_maxrss * 1024, payload["ok"]
+    peak = usage.ru_maxrss * 1024
+    return seconds, peak, peak - payload["start_rss"], payload["ok"]
 
 
 def make_job(work: Path, shards: int, partitions: int):
@@ -123,24 +132,27 @@ def measure(docs: int, args: argparse.Namespace, root: Path) -> dict:
     for stage in job.stages():
         if stage.name not in STAGES:
             continue
-        seconds, peaks = [], []
+        seconds, peaks, added = [], [], []
         for task in range(stage.tasks):
-            s, peak, _ = in_child(run_task, str(work), shards, partitions, stage.name, task)
+            s, peak, more, _ = in_child(run_task, str(work), shards, partitions, stage.name, task)
             seconds.append(s)
             peaks.append(peak)
+            added.append(more)
         # What one task reads: a partition's slice, except clusters (all pairs, so all docs).
         slice_docs = docs if stage.name == "clusters" else docs / partitions
         stages[stage.name] = {
             "tasks": stage.tasks, "task_seconds": round(sum(seconds), 2),
-            "peak_rss_bytes": max(peaks), "slice_docs": int(slice_docs),
+            "peak_rss_bytes": max(peaks), "added_rss_bytes": max(added),
+            "slice_docs": int(slice_docs),
             "seconds_per_mdoc": round(sum(seconds) / docs * 1e6, 3),
-            "rss_bytes_per_slice_doc": round((max(peaks) - args.baseline_rss) / slice_docs, 2)}
+            "rss_bytes_per_slice_doc": round(max(added) / slice_docs, 2)}
         print(f"   {stage.name:<9} {stage.tasks:>4} tasks {sum(seconds):8.1f}s  peak RSS "
-              f"{max(peaks) / 2**30:5.2f} GiB", flush=True)
+              f"{max(peaks) / 2**30:5.2f} GiB (the task's own: {max(added) / 2**20:6.0f} MiB, "
+              f"{max(added) / slice_docs:5.1f} B per document of its input)", flush=True)
     result = {"docs": docs, "shards": shards, "partitions": partitions, "stages": stages}
     if docs == args.check_docs:
-        _, _, found = in_child(removal, str(work), shards, partitions)
-        ref_s, ref_peak, expected = in_child(in_memory_removal, shards, docs)
+        _, _, _, found = in_child(removal, str(work), shards, partitions)
+        ref_s, ref_peak, _, expected = in_child(in_memory_removal, shards, docs)
         result["reference"] = {
             "identical": found == expected, "exact_removed": len(expected["exact"]),
             "near_removed": len(expected["near"]), "seconds": round(ref_s, 1),
@@ -155,7 +167,9 @@ def measure(docs: int, args: argparse.Namespace, root: Path) -> dict:
 def growth(results: list[dict]) -> dict:
     """Per-document figures at the largest size over those at the smallest, per stage."""
     first, last = results[0]["stages"], results[-1]["stages"]
-    return {stage: {"seconds_per_doc": round(last[stage]["seconds_per_mdoc"] /
+    total = {"seconds_per_doc": round(sum(s["seconds_per_mdoc"] for s in last.values()) /
+                                      sum(s["seconds_per_mdoc"] for s in first.values()), 3)}
+    return {"all three": total} | {stage: {"seconds_per_doc": round(last[stage]["seconds_per_mdoc"] /
                                              first[stage]["seconds_per_mdoc"], 3),
                     "rss_per_slice_doc": round(last[stage]["rss_bytes_per_slice_doc"] /
                                                first[stage]["rss_bytes_per_slice_doc"], 3)}
@@ -179,16 +193,16 @@ def main() -> None:
     import scipy.sparse.csgraph  # noqa: F401
 
     from crucible.trainer.corpus import pipeline  # noqa: F401
-    args.baseline_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     root = args.work or Path(tempfile.mkdtemp(prefix="dedup-scale-"))
     results = [measure(docs, args, root) for docs in sorted(args.docs)]
-    summary = {"baseline_rss_bytes": args.baseline_rss, "results": results}
+    summary = {"results": results}
     if len(results) > 1:
         summary["growth"] = growth(results)
         print("growth of per-document cost, largest size over smallest (goal: 0.8-1.2):")
         for stage, figures in summary["growth"].items():
-            print(f"   {stage:<9} time x{figures['seconds_per_doc']:.2f}   "
-                  f"memory x{figures['rss_per_slice_doc']:.2f}")
+            memory = figures.get("rss_per_slice_doc")
+            print(f"   {stage:<9} time x{figures['seconds_per_doc']:.2f}"
+                  + (f"   memory x{memory:.2f}" if memory is not None else ""))
     if args.out:
         args.out.write_text(json.dumps(summary, indent=1))
 
