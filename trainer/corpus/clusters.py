@@ -89,11 +89,26 @@ def merge_unique_pairs(batches: Iterable[np.ndarray],
         pending.append(_as_rows(batch))
         pending_rows += len(batch)
         if pending_rows >= max(unique.size, min_batch_rows):
-            unique = np.unique(np.concatenate([unique, *pending]))
-            pending, pending_rows = [], 0
+            unique = _sorted_distinct(unique, pending)
+            pending_rows = 0
     if pending:
-        unique = np.unique(np.concatenate([unique, *pending]))
+        unique = _sorted_distinct(unique, pending)
     return unique.view(np.uint64).reshape(-1, 2)
+
+
+def _sorted_distinct(unique: np.ndarray, pending: list[np.ndarray]) -> np.ndarray:
+    """The distinct rows of `unique` and `pending` (emptied), sorted in place: np.unique would
+    sort a second copy of the batch, half again the memory."""
+    rows = np.concatenate([unique, *pending])
+    pending.clear()
+    del unique
+    rows.sort()
+    if rows.size == 0:
+        return rows
+    first = np.empty(rows.size, dtype=bool)
+    first[0] = True
+    first[1:] = rows[1:] != rows[:-1]       # void rows compare with ==/!= but have no ufunc
+    return rows[first]
 
 
 def connected_clusters(pairs: np.ndarray) -> Clusters:
