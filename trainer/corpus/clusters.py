@@ -60,16 +60,32 @@ def clusters_from_pairs(pairs: np.ndarray) -> Clusters:
     return Clusters(remove=np.sort(keys[roots != members]), sizes=sizes[sizes >= 2])
 
 
-def _as_rows(pairs: np.ndarray) -> np.ndarray:
-    """(m, 2) uint64 pairs viewed as m 16-byte records, so np.unique dedupes rows in one sort."""
-    return np.ascontiguousarray(pairs, dtype=np.uint64).view(np.dtype((np.void, 16))).ravel()
+_PAIR = np.dtype((np.void, 16))    # one (member, head) pair of uint64 keys as a 16-byte record
 
-
-# Pairs gathered before a merge, at least: 32M pairs are 512 MB, so a merge (the batch, its
-# concatenation and np.unique's sorted copy) stays near 1.5 GB. Smaller batches re-sort the
-# distinct pairs more often: at 20M documents (22M pairs from 14 bands, 2.9M distinct), batches of
-# 1M pairs cost 0.72 s per million documents against 0.39 s for one sort (bench/dedup_scale.py).
+# Room for this many pairs is reserved before the first merge (virtual memory: a page counts only
+# once a pair is written to it). 32M pairs are 512 MB. A smaller buffer re-sorts the distinct
+# pairs more often: at 20M documents (22M pairs from 14 bands, 2.9M distinct), merging every 1M
+# pairs cost 0.72 s per million documents against 0.39 s for one sort (bench/dedup_scale.py).
 MIN_BATCH_ROWS = 1 << 25
+
+
+def _as_rows(pairs: np.ndarray) -> np.ndarray:
+    """(m, 2) uint64 pairs viewed as m 16-byte records, so one sort orders and dedupes rows."""
+    return np.ascontiguousarray(pairs, dtype=np.uint64).view(_PAIR).ravel()
+
+
+def _compact(rows: np.ndarray, filled: int) -> int:
+    """Sort rows[:filled] in place and move its distinct rows to the front; returns their count."""
+    head = rows[:filled]
+    head.sort()
+    if filled == 0:
+        return 0
+    first = np.empty(filled, dtype=bool)
+    first[0] = True
+    first[1:] = head[1:] != head[:-1]       # void rows compare with ==/!= but have no ufunc
+    distinct = head[first]
+    rows[:distinct.size] = distinct
+    return distinct.size
 
 
 def merge_unique_pairs(batches: Iterable[np.ndarray],
@@ -77,38 +93,26 @@ def merge_unique_pairs(batches: Iterable[np.ndarray],
     """The distinct rows of many (m, 2) pair arrays, read one at a time.
 
     The same pair comes out of every band its two documents share (up to 14 with FineWeb's
-    setting), so holding every band's pairs before deduplicating would cost up to 14x the distinct
-    pairs. Instead, batches are gathered until they reach `min_batch_rows` or the distinct pairs
-    so far, whichever is more, then merged into them: memory stays within a small multiple of
-    max(distinct pairs, min_batch_rows), and each pair is sorted a few times at most.
+    setting), so holding every band's pairs and then deduplicating them would cost up to 14x the
+    distinct pairs, twice over (np.unique sorts a copy). Instead, batches are copied into one
+    buffer of `min_batch_rows` pairs; when it is full, it is sorted in place and its distinct
+    pairs move to the front, and the buffer doubles only when those fill it. Memory: the buffer's
+    written part plus one copy of the distinct pairs.
     """
-    unique = np.zeros(0, np.dtype((np.void, 16)))
-    pending: list[np.ndarray] = []
-    pending_rows = 0
+    rows = np.empty(min_batch_rows, _PAIR)
+    filled = 0
     for batch in batches:
-        pending.append(_as_rows(batch))
-        pending_rows += len(batch)
-        if pending_rows >= max(unique.size, min_batch_rows):
-            unique = _sorted_distinct(unique, pending)
-            pending_rows = 0
-    if pending:
-        unique = _sorted_distinct(unique, pending)
-    return unique.view(np.uint64).reshape(-1, 2)
-
-
-def _sorted_distinct(unique: np.ndarray, pending: list[np.ndarray]) -> np.ndarray:
-    """The distinct rows of `unique` and `pending` (emptied), sorted in place: np.unique would
-    sort a second copy of the batch, half again the memory."""
-    rows = np.concatenate([unique, *pending])
-    pending.clear()
-    del unique
-    rows.sort()
-    if rows.size == 0:
-        return rows
-    first = np.empty(rows.size, dtype=bool)
-    first[0] = True
-    first[1:] = rows[1:] != rows[:-1]       # void rows compare with ==/!= but have no ufunc
-    return rows[first]
+        batch = _as_rows(batch)
+        if filled + batch.size > rows.size:
+            filled = _compact(rows, filled)
+            if filled + batch.size > rows.size:       # the distinct pairs alone fill it: grow
+                grown = np.empty(max(2 * rows.size, filled + batch.size), _PAIR)
+                grown[:filled] = rows[:filled]
+                rows = grown
+        rows[filled:filled + batch.size] = batch
+        filled += batch.size
+    filled = _compact(rows, filled)
+    return rows[:filled].copy().view(np.uint64).reshape(-1, 2)   # the copy frees the buffer
 
 
 def connected_clusters(pairs: np.ndarray) -> Clusters:

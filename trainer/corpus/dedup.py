@@ -21,8 +21,9 @@ Must not: decide which pipeline stage runs when (pipeline.py).
 
 Memory per task: a signatures task holds its shard's signatures (~140 bytes per document); an
 exact or buckets task one partition of one family or band (24 or 16 bytes per document of the
-slice, about 3x that while sorting); the clusters task the distinct candidate pairs (16 bytes
-each, ~3x while merging) and the keys removed as exact copies (8 bytes each). Nothing scales with
+slice, about 3x that while sorting); the clusters task its merge buffer (every band's pairs up to
+32M of them, 16 bytes each; then the distinct pairs and room for more), the distinct pairs and the
+keys removed as exact copies (8 bytes each). Nothing scales with
 the whole corpus except the clusters task's pairs, and those only with its near duplicates.
 bench/dedup_scale.py measures it.
 
