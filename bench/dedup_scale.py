@@ -124,7 +124,9 @@ def measure(docs: int, args: argparse.Namespace, root: Path) -> dict:
     work = root / f"docs-{docs}"
     shutil.rmtree(work, ignore_errors=True)
     started = time.perf_counter()
-    write_stage1(work, shards, partitions, docs)
+    # In a child: the parent must stay as small as every task's starting point, or a task reuses
+    # heap the generator freed and its RSS hides what it allocated.
+    in_child(write_stage1, work, shards, partitions, docs)
     print(f"{docs:>11,} docs: {shards} shards, {partitions} partitions; stage 1 files written in "
           f"{time.perf_counter() - started:.0f}s", flush=True)
     job = make_job(work, shards, partitions)
