@@ -129,6 +129,8 @@ def test_unschedulable_pods_are_reported_with_the_schedulers_reason(cluster, run
         assert scheduled["status"] == "False"
         assert "node(s) didn't match Pod's node affinity/selector" in scheduled["message"]
         assert status["phase"] == "Waiting"      # for a node that fits: never Failed for it
-        assert "InsufficientCapacity" in cluster.event_reasons("gpt")
+        # kopf posts events in the background: the status can be written before the event is.
+        eventually(lambda: "InsufficientCapacity" in cluster.event_reasons("gpt"), 30,
+                   "an InsufficientCapacity event")
         cluster.delete_job("gpt")
     assert_clean_exit(runner, "InsufficientCapacity: waiting for capacity: only 0 of nodes.min=1")
