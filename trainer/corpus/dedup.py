@@ -48,8 +48,8 @@ import numpy as np
 import xxhash
 
 from crucible.trainer import storage
-from crucible.trainer.corpus.clusters import (Clusters, connected_clusters, exact_duplicates,
-                                              merge_unique_pairs, size_histogram)
+from crucible.trainer.corpus.clusters import (Clusters, clusters_from_pairs, connected_clusters,
+                                              exact_duplicates, merge_unique_pairs, size_histogram)
 from crucible.trainer.corpus.document import RECORD_BITS, Document
 from crucible.trainer.corpus.minhash import MinHasher, MinhashConfig
 from crucible.trainer.corpus.step import Filter, FilterResult
@@ -233,11 +233,10 @@ def run_exact(output: str, family: str, part: int, shard_count: int,
     return summary
 
 
-def exact_summary(output: str, family: str, partitions: int) -> dict:
+def exact_summary(summaries: Iterable[dict]) -> dict:
     """The partitions' summaries added up (histogram bins are fixed, so they add by label)."""
     total = {"documents": 0, "groups": 0, "removed": 0, "earlier_run": 0, "group_sizes": {}}
-    for part in range(partitions):
-        summary = json.loads(_load_npz(removed_uri(output, family, part))["summary"].tobytes())
+    for summary in summaries:
         for name in ("documents", "groups", "removed", "earlier_run"):
             total[name] += summary[name]
         for label, count in summary["group_sizes"].items():
@@ -318,10 +317,12 @@ def run_clusters(output: str, shard_count: int, partitions: int, exact: bool, ur
     for family, on in (("exact", exact), ("url", url)):
         if not on:
             continue
-        summary[family] = exact_summary(output, family, partitions)
+        summaries = []
         for part in range(partitions):
             arrays = _load_npz(removed_uri(output, family, part))
+            summaries.append(json.loads(arrays["summary"].tobytes()))
             gone += [arrays["removed"], arrays["earlier"]]
+        summary[family] = exact_summary(summaries)
     if near is not None:
         found = near_clusters(_pair_files(output, near.bands, partitions),
                               np.unique(np.concatenate(gone)) if gone else np.zeros(0, np.uint64))
@@ -447,8 +448,6 @@ def removal_in_memory(keys: np.ndarray, digests: np.ndarray | None,
                       bands: np.ndarray | None) -> Removal:
     """Every decision from whole-corpus arrays in one process, with the pure-Python union-find:
     the simple path the partitioned stages must agree with exactly (tests, bench)."""
-    from crucible.trainer.corpus.clusters import clusters_from_pairs
-
     exact = exact_duplicates(keys, digests).remove if digests is not None else \
         np.zeros(0, np.uint64)
     near = np.zeros(0, np.uint64)
