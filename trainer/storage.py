@@ -128,6 +128,21 @@ def read_bytes(uri: str) -> bytes:
         return stream.read()
 
 
+def read_range(uri: str, start: int, stop: int) -> bytes:
+    """Bytes [start, stop) of a file: one ranged GET on S3, so a task reading its slice of many
+    files does not download the rest of them."""
+    if stop <= start:
+        return b""
+    if is_s3(uri):
+        bucket, key = _split_s3(uri)
+        body = s3_client().get_object(Bucket=bucket, Key=key,
+                                      Range=f"bytes={start}-{stop - 1}")["Body"]
+        return body.read()
+    with open(uri, "rb") as source:
+        source.seek(start)
+        return source.read(stop - start)
+
+
 def not_found(err: BaseException) -> bool:
     """Whether `err` says the object or file is not there (no retry will make it appear)."""
     if isinstance(err, FileNotFoundError):

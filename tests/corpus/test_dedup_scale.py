@@ -1,8 +1,9 @@
 """Dedup split into hash-range partitions gives exactly the in-memory decisions; URL dedup and
 the persistent exact-dedup index across runs.
 
-The partitioned stages (exact per digest range, buckets per band and hash range, clusters by
-sparse connected components over pairs deduplicated across bands) are what bounds each task's
+The partitioned stages (exact per digest range, buckets per band and hash range, links per
+partition of members: pairs deduplicated across bands; clusters by sparse connected components
+over the distinct pairs) are what bounds each task's
 memory (bench/dedup_scale.py measures it at 20M documents). Here they must remove the very same
 keys as the simple whole-corpus path (`dedup.removal_in_memory`: one sort, pure-Python union-find)
 on synthetic signatures with planted exact and near clusters that cross shards, for several
@@ -29,22 +30,23 @@ from tests.corpus import synthetic
 DOCS, SHARDS = 30_000, 4
 
 
-def dedup_job(output: Path, shards: int, **dedup_config) -> pipeline.Job:
+def dedup_job(output: Path | str, shards: int, **dedup_config) -> pipeline.Job:
     config = corpus_config.from_dict({"output": str(output), "steps": [],
-                                      "sources": [{"name": "s", "paths": [str(output / "none")]}],
+                                      "sources": [{"name": "s",
+                                                   "paths": [storage.join(str(output), "none")]}],
                                       "dedup": dedup_config})
     return pipeline.Job(config, shards)
 
 
-def partitioned_removal(output: Path, partitions: int) -> dedup.Removal:
-    """Stage 1's files from the synthetic corpus, then the exact, buckets and clusters stages
-    task by task, as any runner would run them."""
+def partitioned_removal(output: Path | str, partitions: int) -> dedup.Removal:
+    """Stage 1's files from the synthetic corpus, then the exact, buckets, links and clusters
+    stages task by task, as any runner would run them."""
     job = dedup_job(output, SHARDS, partitions=partitions)
     for shard in range(SHARDS):
         dedup.write_signatures(job.output, shard, synthetic.shard_signatures(shard, SHARDS, DOCS),
                                job.partitions, job.families)
     for stage in job.stages():
-        if stage.name in ("exact", "buckets", "clusters"):
+        if stage.name in ("exact", "buckets", "links", "clusters"):
             for task in range(stage.tasks):
                 stage.body(job, task)
     exact = [dedup.exact_removal_of_shard(job.output, "exact", partitions, s, SHARDS)[0]
@@ -74,6 +76,44 @@ def test_partitioned_stages_remove_exactly_what_the_in_memory_path_removes(
     assert summary["exact"]["removed"] == in_memory.exact.size
     assert summary["exact"]["documents"] == DOCS
     assert summary["near"]["removed"] == in_memory.near.size
+
+
+@pytest.mark.stack
+def test_partitioned_stages_on_s3_read_byte_ranges_of_the_pair_files(in_memory, s3_storage):
+    """On S3 a links task reads its rows of each pair file with a ranged GET: a range off by a
+    byte would misread every pair after it."""
+    found = partitioned_removal(f"s3://{s3_storage.bucket}/dedup-stages/{secrets.token_hex(4)}", 3)
+    assert np.array_equal(found.exact, in_memory.exact)
+    assert np.array_equal(found.near, in_memory.near)
+
+
+def test_each_links_task_holds_the_distinct_pairs_of_its_members(tmp_path):
+    """A pair goes to the links task of its member, once however many bands found it, and the
+    links tasks together hold every distinct pair of every band."""
+    partitions = 3
+    partitioned_removal(tmp_path, partitions)
+    job = dedup_job(tmp_path, SHARDS, partitions=partitions)
+    bands = job.config.dedup.near.bands
+    every_pair = np.concatenate([dedup.load_array(dedup.pairs_uri(job.output, band, part))
+                                 for band in range(bands) for part in range(partitions)])
+    assert len(every_pair) > len(np.unique(every_pair, axis=0))   # bands found some pairs twice
+    links = []
+    for part in range(partitions):
+        pairs = dedup.load_array(dedup.links_uri(job.output, part))
+        assert (dedup.partition_of_keys(pairs[:, 0], partitions) == part).all()
+        assert len(pairs) == len(np.unique(pairs, axis=0))
+        links.append(pairs)
+    assert np.array_equal(np.unique(np.concatenate(links), axis=0), np.unique(every_pair, axis=0))
+    sizes = [len(pairs) for pairs in links]
+    assert min(sizes) > 0.8 * max(sizes)       # the hash spreads members evenly
+
+
+def test_a_range_of_a_file_is_read_whole_and_nothing_else(tmp_path):
+    path = tmp_path / "bytes"
+    path.write_bytes(bytes(range(256)))
+    assert storage.read_range(str(path), 10, 14) == bytes([10, 11, 12, 13])
+    assert storage.read_range(str(path), 250, 256) == bytes(range(250, 256))
+    assert storage.read_range(str(path), 7, 7) == b""
 
 
 def test_a_task_reads_only_its_partition(tmp_path):

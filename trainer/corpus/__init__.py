@@ -13,7 +13,7 @@ Layout, one concept per module:
     step, stats              the Step/Filter/Formatter split; mergeable per-step counters
     extract, normalise, language, gopher_quality, gopher_repetition, c4, fineweb, pii
                              the per-document steps
-    minhash, clusters, dedup exact and MinHash-LSH near dedup as four file-passing stages
+    minhash, clusters, dedup exact and MinHash-LSH near dedup as five file-passing stages
     mixture                  sampling sources to target weights
     config, shards, pipeline what a run is, which files a shard owns, running the stages
     report, report_html      the JSON report and its self-contained HTML page

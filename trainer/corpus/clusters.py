@@ -64,8 +64,10 @@ _PAIR = np.dtype((np.void, 16))    # one (member, head) pair of uint64 keys as a
 
 # Room for this many pairs is reserved before the first merge (virtual memory: a page counts only
 # once a pair is written to it). 32M pairs are 512 MB. A smaller buffer re-sorts the distinct
-# pairs more often: at 20M documents (22M pairs from 14 bands, 2.9M distinct), merging every 1M
-# pairs cost 0.72 s per million documents against 0.39 s for one sort (bench/dedup_scale.py).
+# pairs more often: with all 22M pairs of 20M documents in one task (14 bands, 2.9M distinct),
+# merging every 1M pairs cost 0.72 s per million documents against 0.39 s for one sort. A links
+# task (dedup.py) now holds about 1.1M pairs per million documents of its partition, so the first
+# merge is usually the only one.
 MIN_BATCH_ROWS = 1 << 25
 
 
@@ -115,10 +117,14 @@ def merge_unique_pairs(batches: Iterable[np.ndarray],
     return rows[:filled].copy().view(np.uint64).reshape(-1, 2)   # the copy frees the buffer
 
 
-def connected_clusters(pairs: np.ndarray) -> Clusters:
+def connected_clusters(pairs: np.ndarray, without: Iterable[np.ndarray] = ()) -> Clusters:
     """Same result as `clusters_from_pairs` (transitive closure, the smallest key survives), by
     scipy's sparse connected components: C code, memory linear in the pairs, no Python loop per
-    pair (the reference union-find takes minutes and tens of GB at 10^8 pairs)."""
+    pair (the reference union-find takes minutes and tens of GB at 10^8 pairs).
+
+    `without`: arrays of keys (any order) whose pairs are left out, as if those documents were not
+    there (already removed by another rule). Each array is looked up among the pairs' keys, not
+    the other way round, so the many exact copies of a large corpus cost one search each."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
@@ -126,15 +132,24 @@ def connected_clusters(pairs: np.ndarray) -> Clusters:
         return Clusters(np.zeros(0, np.uint64), np.zeros(0, np.int64))
     keys, dense = np.unique(pairs.reshape(-1), return_inverse=True)   # ascending: id order = key order
     dense = dense.reshape(-1, 2).astype(np.int32 if len(keys) < 2**31 else np.int64)
+    absent = np.zeros(len(keys), dtype=bool)
+    for removed in without:
+        at = np.searchsorted(keys, removed).clip(max=len(keys) - 1)
+        absent[at[keys[at] == removed]] = True
+    if absent.any():
+        dense = dense[~absent[dense].any(axis=1)]
     graph = coo_matrix((np.ones(len(dense), np.int8), (dense[:, 0], dense[:, 1])),
                        shape=(len(keys), len(keys)))
-    _, labels = connected_components(graph, directed=False)
+    count, labels = connected_components(graph, directed=False)
     del graph, dense
-    # The first occurrence of a label in ascending id order is its smallest key: the survivor.
-    _, first, sizes = np.unique(labels, return_index=True, return_counts=True)
-    survivor = np.zeros(len(keys), dtype=bool)
-    survivor[first] = True
-    return Clusters(remove=keys[~survivor], sizes=sizes[sizes >= 2])
+    # Each cluster's smallest id is its smallest key: the survivor. (ufunc.at and bincount are
+    # linear; np.unique(labels, return_index=True) would sort them again.) A document whose every
+    # pair was left out is a cluster of its own, so it is not removed.
+    ids = np.arange(len(keys))
+    first = np.full(count, len(keys))
+    np.minimum.at(first, labels, ids)
+    sizes = np.bincount(labels, minlength=count)
+    return Clusters(remove=keys[first[labels] != ids], sizes=sizes[sizes >= 2])
 
 
 def exact_duplicates(keys: np.ndarray, digests: np.ndarray) -> Clusters:

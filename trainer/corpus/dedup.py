@@ -10,21 +10,27 @@ Owns the stage bodies and their file formats (P = `DedupConfig.partitions`, N = 
      smallest key of each digest group is removed, and so is every document whose digest an
      earlier run in the persistent index holds -> dedup/<family>/part-PPPPP.npz
   3. buckets (per band and partition): documents sharing a band key are candidate pairs (each
-     paired with the bucket's smallest key) -> dedup/pairs/band-BB-part-PPPPP.npy (m, 2) uint64
-  4. clusters (one task): pairs deduplicated across bands (clusters.merge_unique_pairs), pairs
-     touching an exactly removed document dropped, connected components (scipy); all but the
-     smallest key of each cluster is removed -> dedup/near/shard-NNNNN.npy per shard, and
-     dedup/clusters.json (counts and size histograms for the report)
-  5. filter (per shard): the `ExactDuplicate`, `UrlDuplicate` and `NearDuplicate` filters drop what
-     stages 2 and 4 chose, each shard loading only its own keys.
+     paired with the bucket's smallest key), written ordered by the links task that owns each
+     pair's member -> dedup/pairs/band-BB-part-PPPPP.npy (m, 2) uint64 and, beside it,
+     band-BB-part-PPPPP.routes.npy: the byte range of each links task's rows
+  4. links (per partition of members): one byte range of every pair file, deduplicated across
+     bands (clusters.merge_unique_pairs) -> dedup/links/part-PPPPP.npy, the distinct pairs whose
+     member falls in the partition. A pair's member decides its partition, so the same pair
+     found in 14 bands meets its copies in one task and no task sorts every pair.
+  5. clusters (one task): the distinct pairs of every partition, without the documents removed
+     as exact or URL copies, into connected components (scipy); all but the smallest key of each
+     cluster is removed -> dedup/near/shard-NNNNN.npy per shard, and dedup/clusters.json (counts
+     and size histograms for the report)
+  6. filter (per shard): the `ExactDuplicate`, `UrlDuplicate` and `NearDuplicate` filters drop what
+     stages 2 and 5 chose, each shard loading only its own keys.
 Must not: decide which pipeline stage runs when (pipeline.py).
 
 Memory per task: a signatures task holds its shard's signatures (~140 bytes per document); an
 exact or buckets task one partition of one family or band (24 or 16 bytes per document of the
-slice, about 3x that while sorting); the clusters task its merge buffer (every band's pairs up to
-32M of them, 16 bytes each; then the distinct pairs and room for more), the distinct pairs and the
-keys removed as exact copies (8 bytes each). Nothing scales with
-the whole corpus except the clusters task's pairs, and those only with its near duplicates.
+slice, about 3x that while sorting); a links task its partition's pairs from every band (16 bytes
+each, up to 14 per near copy); the clusters task the distinct pairs (16 bytes each, one per near
+copy and bucket it shares) and the keys removed as exact copies (8 bytes each). Nothing scales
+with the whole corpus except the clusters task's input, and that only with its near duplicates.
 bench/dedup_scale.py measures it.
 
 Follows datatrove's MinhashDedupSignature / Buckets / Cluster / Filter (src/datatrove/pipeline/
@@ -48,7 +54,7 @@ import numpy as np
 import xxhash
 
 from crucible.trainer import storage
-from crucible.trainer.corpus.clusters import (Clusters, clusters_from_pairs, connected_clusters,
+from crucible.trainer.corpus.clusters import (clusters_from_pairs, connected_clusters,
                                               exact_duplicates, merge_unique_pairs, size_histogram)
 from crucible.trainer.corpus.document import RECORD_BITS, Document
 from crucible.trainer.corpus.minhash import MinHasher, MinhashConfig
@@ -76,6 +82,14 @@ def removed_uri(output: str, family: str, part: int) -> str:
 
 def pairs_uri(output: str, band: int, part: int) -> str:
     return storage.join(output, "dedup", "pairs", f"band-{band:02d}-part-{part:05d}.npy")
+
+
+def routes_uri(output: str, band: int, part: int) -> str:
+    return storage.join(output, "dedup", "pairs", f"band-{band:02d}-part-{part:05d}.routes.npy")
+
+
+def links_uri(output: str, part: int) -> str:
+    return storage.join(output, "dedup", "links", f"part-{part:05d}.npy")
 
 
 def near_removed_uri(output: str, shard: int) -> str:
@@ -118,6 +132,13 @@ def digest_prefix(digests: np.ndarray) -> np.ndarray:
     """The first 8 bytes of each 16-byte digest as uint64: what digests are partitioned by."""
     raw = np.ascontiguousarray(digests.astype(DIGEST_DTYPE)).view(np.uint8).reshape(-1, 16)
     return np.ascontiguousarray(raw[:, :8]).view("<u8").ravel()
+
+
+def partition_of_keys(keys: np.ndarray, partitions: int) -> np.ndarray:
+    """The links partition of each document key. Keys are (file, record) packed, so a plain
+    modulus would follow record numbers; a multiplicative hash spreads them evenly."""
+    mixed = (keys * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)   # wraps: that is the hash
+    return partition_of(mixed, partitions)
 
 
 def shard_of_keys(keys: np.ndarray, shard_count: int) -> np.ndarray:
@@ -273,45 +294,47 @@ def bucket_pairs(keys: np.ndarray, band_keys: np.ndarray) -> np.ndarray:
     return np.stack([sorted_keys[members], heads[members]], axis=1)
 
 
-def run_buckets(output: str, band: int, part: int, shard_count: int) -> int:
-    """Stage 3 task: read partition `part` of `band` from every shard, write its pairs. Returns
-    the pair count."""
+def run_buckets(output: str, band: int, part: int, shard_count: int, partitions: int) -> int:
+    """Stage 3 task: read partition `part` of `band` from every shard, write its pairs ordered by
+    links partition with the byte range of each. Returns the pair count."""
     slices = [load_array(band_part_uri(output, band, part, s)) for s in range(shard_count)]
     rows = np.concatenate(slices) if slices else np.zeros((0, 2), np.uint64)
     del slices
     pairs = bucket_pairs(rows[:, 0].copy(), rows[:, 1].copy())
     del rows
-    save_array(pairs_uri(output, band, part), pairs)
+    owner = partition_of_keys(pairs[:, 0], partitions)
+    pairs = pairs[np.argsort(owner, kind="stable")]
+    encoded = io.BytesIO()
+    np.save(encoded, pairs, allow_pickle=False)
+    data_start = encoded.tell() - pairs.nbytes        # the .npy header's length
+    rows_before = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=partitions))])
+    storage.write_bytes(pairs_uri(output, band, part), encoded.getvalue())
+    save_array(routes_uri(output, band, part), data_start + rows_before * pairs.itemsize * 2)
     return len(pairs)
 
 
-# ---- stage 4: clusters ----------------------------------------------------------------------
-def _pair_files(output: str, bands: int, partitions: int) -> Iterator[np.ndarray]:
-    for band in range(bands):
-        for part in range(partitions):
-            yield load_array(pairs_uri(output, band, part))
+def load_route(output: str, band: int, part: int, links_part: int) -> np.ndarray:
+    """The pairs of one buckets file whose member falls in `links_part`: one ranged read."""
+    ranges = load_array(routes_uri(output, band, part))
+    raw = storage.read_range(pairs_uri(output, band, part), int(ranges[links_part]),
+                             int(ranges[links_part + 1]))
+    return np.frombuffer(raw, dtype="<u8").reshape(-1, 2)
 
 
-def _members(sorted_keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-    if sorted_keys.size == 0:
-        return np.zeros(values.shape, dtype=bool)
-    at = np.searchsorted(sorted_keys, values).clip(max=sorted_keys.size - 1)
-    return sorted_keys[at] == values
+# ---- stage 4: links -------------------------------------------------------------------------
+def run_links(output: str, bands: int, partitions: int, links_part: int) -> int:
+    """Stage 4 task: the distinct pairs whose member falls in `links_part`, from every band and
+    bucket partition. Returns their count."""
+    pairs = merge_unique_pairs(load_route(output, band, part, links_part)
+                               for band in range(bands) for part in range(partitions))
+    save_array(links_uri(output, links_part), pairs)
+    return len(pairs)
 
 
-def near_clusters(pair_batches: Iterable[np.ndarray], gone: np.ndarray) -> Clusters:
-    """Clusters of the distinct candidate pairs, leaving out pairs that touch a key in `gone`
-    (sorted keys already removed as exact or earlier-run copies: an exact copy has the same bands
-    as its survivor, so its pairs add nothing)."""
-    pairs = merge_unique_pairs(pair_batches)
-    if gone.size and pairs.size:
-        pairs = pairs[~_members(gone, pairs).any(axis=1)]
-    return connected_clusters(pairs)
-
-
+# ---- stage 5: clusters ----------------------------------------------------------------------
 def run_clusters(output: str, shard_count: int, partitions: int, exact: bool, url: bool,
                  near: MinhashConfig | None) -> dict:
-    """Stage 4: decide the near removals, write them per shard and the summary for the report."""
+    """Stage 5: decide the near removals, write them per shard and the summary for the report."""
     summary: dict = {"exact": None, "url": None, "near": None}
     gone = []   # near clusters are found among the documents the exact and URL steps keep
     for family, on in (("exact", exact), ("url", url)):
@@ -324,8 +347,9 @@ def run_clusters(output: str, shard_count: int, partitions: int, exact: bool, ur
             gone += [arrays["removed"], arrays["earlier"]]
         summary[family] = exact_summary(summaries)
     if near is not None:
-        found = near_clusters(_pair_files(output, near.bands, partitions),
-                              np.unique(np.concatenate(gone)) if gone else np.zeros(0, np.uint64))
+        pairs = np.concatenate([load_array(links_uri(output, part)) for part in range(partitions)])
+        found = connected_clusters(pairs, without=gone)
+        del pairs
         owner = shard_of_keys(found.remove, shard_count)
         for shard in range(shard_count):
             save_array(near_removed_uri(output, shard), found.remove[owner == shard])
@@ -375,7 +399,7 @@ def commit_run(index: str, run: str) -> None:
     storage.write_bytes(index_run_uri(index, run, "COMMITTED"), b"")
 
 
-# ---- stage 5: filters -----------------------------------------------------------------------
+# ---- stage 6: filters -----------------------------------------------------------------------
 def _contains(sorted_keys: np.ndarray, key: int) -> bool:
     at = int(np.searchsorted(sorted_keys, np.uint64(key)))
     return at < sorted_keys.size and int(sorted_keys[at]) == key
@@ -438,6 +462,13 @@ class NearDuplicate(Filter):
 
 
 # ---- the in-memory reference ----------------------------------------------------------------
+def _members(sorted_keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    if sorted_keys.size == 0:
+        return np.zeros(values.shape, dtype=bool)
+    at = np.searchsorted(sorted_keys, values).clip(max=sorted_keys.size - 1)
+    return sorted_keys[at] == values
+
+
 @dataclass
 class Removal:
     exact: np.ndarray      # sorted keys removed as exact copies

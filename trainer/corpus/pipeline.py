@@ -1,8 +1,9 @@
 """Running a corpus job: stages, tasks, shard files, completion markers and stats on storage.
 
-Owns: the stage list (filter -> signatures -> buckets -> clusters -> dedup -> mix -> report), what
-each task reads and writes under the output folder, skipping tasks whose completion marker exists
-(resume), barriers between stages for N workers, and the local runner (all tasks, a process pool).
+Owns: the stage list (filter -> signatures -> exact -> buckets -> links -> clusters -> dedup ->
+mix -> report), what each task reads and writes under the output folder, skipping tasks whose
+completion marker exists (resume), barriers between stages for N workers, and the local runner
+(all tasks, a process pool).
 Must not: contain rules (steps), dedup math (dedup, clusters) or rendering (report).
 
 Follows datatrove's executor (src/datatrove/executor/base.py::_run_for_rank): a task writes its
@@ -174,6 +175,7 @@ class Job:
             if dedup_config.near is not None:
                 stages.append(Stage("buckets", dedup_config.near.bands * self.partitions,
                                     Job.buckets_task))
+                stages.append(Stage("links", self.partitions, Job.links_task))
             stages.append(Stage("clusters", 1, Job.clusters_task))
         if self.dedup_on or self.config.pii is not None:
             stages.append(Stage("dedup", n, Job.dedup_task))
@@ -238,8 +240,12 @@ class Job:
 
     def buckets_task(self, task: int) -> None:
         dedup.run_buckets(self.output, task // self.partitions, task % self.partitions,
-                          self.shard_count)
+                          self.shard_count, self.partitions)
         self._finish("buckets", task, [])
+
+    def links_task(self, part: int) -> None:
+        dedup.run_links(self.output, self.config.dedup.near.bands, self.partitions, part)
+        self._finish("links", part, [])
 
     def clusters_task(self, _task: int) -> None:
         dedup_config = self.config.dedup
