@@ -24,23 +24,35 @@ REASON = "Straggler"
 def act(p: Pass, current: dict[int, PodView]) -> bool:
     """Report the stragglers on the Lease; replace those slow too long. True when the group was
     restarted (pod 0 was the straggler)."""
-    reported = p.obs.lease.stragglers if p.obs.lease else None
-    if reported is None:
+    lease = p.obs.lease
+    if lease is None or lease.stragglers is None:
         return False
     by_name = {pod.name: pod for pod in current.values()}
+
+    def about_its_predecessor(host: str) -> bool:
+        # A replaced pod keeps its name, and the Lease keeps the old report until the restarted
+        # trainer writes one: a report older than the pod is about the pod it replaced. Acting
+        # on it would quarantine the healthy node the replacement landed on, and the next one.
+        pod = by_name.get(host)
+        return (pod is not None and pod.created is not None and lease.step_time is not None
+                and lease.step_time < pod.created)
+
     slow = [{"rank": s.rank, "pod": s.host, "ratio": s.ratio,
              **({"node": by_name[s.host].node} if s.host in by_name and by_name[s.host].node
-                else {})} for s in reported]
+                else {})} for s in lease.stragglers if not about_its_predecessor(s.host)]
     p.status["stragglers"] = slow
+    # Timed per pod UID, not name, for the same reason: a replacement starts its own clock.
+    slow_pods = [by_name[e["pod"]] for e in slow if e["pod"] in by_name]
     seen = dict(p.track.get("stragglerSince") or {})
     for entry in slow:
-        if entry["pod"] not in seen:
-            seen[entry["pod"]] = format_time(p.now)
+        pod = by_name.get(entry["pod"])
+        if pod is not None and pod.uid not in seen:
+            seen[pod.uid] = format_time(p.now)
             p.event("Warning", REASON, f"rank {entry['rank']} (pod {entry['pod']}"
                     + (f" on node {entry['node']}" if "node" in entry else "")
                     + f") takes {entry['ratio']:g}x the other ranks' median for its own work")
-    p.track["stragglerSince"] = {pod: t for pod, t in seen.items()
-                                 if pod in {e["pod"] for e in slow}}
+    p.track["stragglerSince"] = {uid: t for uid, t in seen.items()
+                                 if uid in {pod.uid for pod in slow_pods}}
     limit_s = p.spec.fault_tolerance.stragglers.replace_after_minutes * 60
     if not limit_s:
         return False
@@ -48,7 +60,7 @@ def act(p: Pass, current: dict[int, PodView]) -> bool:
         pod = by_name.get(entry["pod"])
         if pod is None or not pod.node or pod.terminated or pod.uid in p.handled:
             continue
-        since = parse_time(p.track["stragglerSince"][entry["pod"]])
+        since = parse_time(p.track["stragglerSince"][pod.uid])
         left_s = limit_s - (p.now - since).total_seconds()
         if left_s > 0:
             p.wake(left_s)

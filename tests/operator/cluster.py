@@ -58,9 +58,11 @@ class Cluster:
             k: None for k in current if k.startswith("crucible.dev/")}}})
 
     def revive(self, node: str) -> None:
-        """A KWOK node killed by a test, heartbeating again and repaired."""
+        """A KWOK node killed by a test, heartbeating again and repaired, and the next test not
+        started before it can take pods again."""
         self.kube.set_node_alive(node, True)
         self.forget_failure(node)
+        self.kube.wait_nodes_healthy([node])
 
     # -- jobs ---------------------------------------------------------------------------------
     def create_job(self, name: str, **spec) -> dict:
@@ -160,6 +162,17 @@ class Cluster:
 
     def event_reasons(self, job: str) -> list[str]:
         return [e.reason for e in self.events(job)]
+
+    def wait_event(self, job: str, reason: str, count: int | None = None,
+                   timeout_s: float = 30) -> list[str]:
+        """The job's event reasons once `reason` is among them (exactly `count` times, if given).
+        kopf posts events from a background queue, so one can land after the status a test has
+        just waited for."""
+        def seen() -> list[str] | None:
+            reasons = self.event_reasons(job)
+            found = reasons.count(reason) == count if count is not None else reason in reasons
+            return reasons if found else None
+        return eventually(seen, timeout_s, f"{reason} event" + (f" x{count}" if count else ""))
 
 
 def free_port() -> int:

@@ -64,6 +64,7 @@ def operator_kubeconfig(kube: Kube, crd, tmp_path_factory) -> Path:
 
 @pytest.fixture
 def cluster(kube: Kube, namespace: str, crd):
+    kube.wait_nodes_healthy()     # a node an earlier test killed may still be coming back
     c = Cluster(kube, namespace)
     yield c
     c.strip_finalizers()

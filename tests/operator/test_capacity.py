@@ -90,7 +90,7 @@ def test_a_lost_node_in_a_full_pool_waits_for_capacity_and_resumes_when_a_node_i
             status = cluster.wait_phase("gpt", "Waiting", timeout_s=60)
             assert status["restarts"]["application"] == 0, status["restarts"]
             assert status["restarts"]["byCause"].get("InsufficientCapacity") == 5, status["restarts"]
-            assert "InsufficientCapacity" in cluster.event_reasons("gpt")
+            cluster.wait_event("gpt", "InsufficientCapacity")
 
             # Capacity returns: a new node joins the pool, and the job runs again at once.
             cluster.core.create_node(node_manifest(added))
@@ -165,7 +165,7 @@ def test_a_job_short_of_capacity_past_its_timeout_releases_its_nodes_and_resumes
             assert status["phase"] == "Waiting"
             assert status["restarts"]["application"] == 0
             assert "CapacityTimeout" not in status["restarts"]["byCause"]
-            assert "CapacityReleased" in cluster.event_reasons("gpt")
+            cluster.wait_event("gpt", "CapacityReleased")
             time.sleep(5)   # still nothing created: the retry is 10 min away
             assert not [p for p in cluster.pods("gpt") if not p.metadata.deletion_timestamp]
 
@@ -176,7 +176,7 @@ def test_a_job_short_of_capacity_past_its_timeout_releases_its_nodes_and_resumes
             cluster.wait_running("gpt", size, generation=generation, timeout_s=45)
             status = cluster.wait_phase("gpt", "Running", timeout_s=30)
             assert time.monotonic() - added_at < 45
-            assert "CapacityRetry" in cluster.event_reasons("gpt")
+            cluster.wait_event("gpt", "CapacityRetry")
             assert status["restarts"]["application"] == 0
             assert "capacityHold" not in status["tracking"]
             cluster.delete_job("gpt")

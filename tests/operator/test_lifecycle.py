@@ -99,7 +99,8 @@ def test_suspend_deletes_pods_and_resume_starts_a_new_generation(cluster, run_op
         assert status["podGeneration"] == 1 and status["restarts"]["total"] == 0
         conditions = {c["type"]: c for c in status["conditions"]}
         assert conditions["Suspended"]["status"] == "False"
-        assert {"Suspended", "Running"} <= set(cluster.event_reasons("gpt"))
+        cluster.wait_event("gpt", "Suspended")
+        cluster.wait_event("gpt", "Running")
         cluster.delete_job("gpt")
         eventually(lambda: not cluster.pods("gpt"), 30, "pods gone after delete")
     assert_clean_exit(runner, "Suspended: suspended", "Resumed: resumed after suspension")
@@ -129,8 +130,6 @@ def test_unschedulable_pods_are_reported_with_the_schedulers_reason(cluster, run
         assert scheduled["status"] == "False"
         assert "node(s) didn't match Pod's node affinity/selector" in scheduled["message"]
         assert status["phase"] == "Waiting"      # for a node that fits: never Failed for it
-        # kopf posts events in the background: the status can be written before the event is.
-        eventually(lambda: "InsufficientCapacity" in cluster.event_reasons("gpt"), 30,
-                   "an InsufficientCapacity event")
+        cluster.wait_event("gpt", "InsufficientCapacity")
         cluster.delete_job("gpt")
     assert_clean_exit(runner, "InsufficientCapacity: waiting for capacity: only 0 of nodes.min=1")

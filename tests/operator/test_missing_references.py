@@ -52,7 +52,7 @@ def test_a_missing_priority_class_holds_the_pods_until_it_exists(cluster, run_op
                                  and c["status"] == "True" and c, 15, "PriorityClassMissing")
             assert f"PriorityClass {name}" in missing["message"]
             assert cluster.pods("gpt") == []
-            assert cluster.event_reasons("gpt").count("PriorityClassMissing") == 1
+            cluster.wait_event("gpt", "PriorityClassMissing", count=1)
             scheduling.create_priority_class(client.V1PriorityClass(
                 metadata=client.V1ObjectMeta(name=name), value=1000))
             [pod] = cluster.wait_running("gpt", 1, generation=0)

@@ -74,7 +74,7 @@ def test_node_loss_cordons_and_moves_the_pod_and_pod_0_loss_restarts_the_group(c
             assert status["restarts"] == {"total": 2, "application": 0, "infrastructure": 2,
                                           "byCause": {"NodeFailure": 2}}
             assert sorted(status["cordonedNodes"]) == sorted([victim, store_host])
-            assert "NodeFailure" in cluster.event_reasons("gpt")
+            cluster.wait_event("gpt", "NodeFailure")
             # The old pod 0 sat on a dead node: force-deleted, nothing left Terminating.
             eventually(lambda: not [p for p in cluster.pods("gpt")
                                     if p.metadata.labels["crucible.dev/generation"] == "0"],

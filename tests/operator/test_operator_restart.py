@@ -100,7 +100,7 @@ def test_killed_mid_reconcile_twice_leaves_no_duplicates_or_orphans(cluster, ope
         status = cluster.wait_phase("gpt", "Running")
         assert status["restarts"]["application"] == 1
         assert _not_node_failures(status["restarts"]) == {"ApplicationError": 1}
-        assert cluster.event_reasons("gpt").count("ApplicationError") == 1
+        cluster.wait_event("gpt", "ApplicationError", count=1)
         cluster.delete_job("gpt")
     assert_clean_exit(runner, "pods running (min 1), generation 1")
     assert "ApplicationError: pod gpt-0-5" in log.read_text()

@@ -81,7 +81,7 @@ def test_a_foreign_service_is_a_name_conflict_and_a_strangers_pod_is_ignored(clu
             s, "NameConflict").get("status") == "True" and s, 30, "NameConflict")
         assert "Service gpt exists and belongs to another owner" in \
             _condition(status, "NameConflict")["message"]
-        assert "NameConflict" in cluster.event_reasons("gpt")
+        cluster.wait_event("gpt", "NameConflict")
         assert not cluster.pods("gpt")
         service = cluster.core.read_namespaced_service("gpt", cluster.namespace)
         assert not service.metadata.owner_references  # never adopted

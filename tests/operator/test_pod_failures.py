@@ -41,7 +41,7 @@ def test_deleted_pod_is_replaced_alone_and_not_counted(cluster, run_operator):
         assert status["restarts"] == {"total": 1, "application": 0, "infrastructure": 1,
                                       "byCause": {"PodDeleted": 1}}
         assert status["podGeneration"] == 0
-        assert "PodDeleted" in cluster.event_reasons("gpt")
+        cluster.wait_event("gpt", "PodDeleted")
         cluster.delete_job("gpt")
     assert_clean_exit(runner, "PodDeleted: pod gpt-0-1 ")
 
@@ -93,8 +93,8 @@ def test_exit_1_restarts_the_group_within_the_budget_then_fails(cluster, run_ope
         eventually(lambda: [p.metadata.name for p in cluster.pods("gpt")
                             if p.metadata.labels["crucible.dev/generation"] == "1"] == ["gpt-1-0"],
                    30, "only the failed pod left")
-        reasons = cluster.event_reasons("gpt")
-        assert reasons.count("ApplicationError") == 1 and "RestartBudgetExhausted" in reasons
+        cluster.wait_event("gpt", "RestartBudgetExhausted")
+        assert cluster.event_reasons("gpt").count("ApplicationError") == 1
         cluster.delete_job("gpt")
     assert_clean_exit(runner, "exited with 1: container failed (application restart 1 of 1)",
                       "RestartBudgetExhausted: job failed")

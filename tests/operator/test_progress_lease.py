@@ -69,7 +69,7 @@ def test_lease_advancing_updates_status_and_a_stalled_lease_restarts_the_group(
             assert status["restarts"]["byCause"] == {"Hang": 1}
             assert status["restarts"]["application"] == 1
             cluster.wait_running("gpt", 1, generation=1)
-            assert "Hang" in cluster.event_reasons("gpt")
+            cluster.wait_event("gpt", "Hang")
         finally:
             lease.close()
         cluster.delete_job("gpt")

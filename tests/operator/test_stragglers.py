@@ -12,19 +12,29 @@ from tests.operator import builders as b
 from tests.operator.test_decision import acts, reasons, running_status
 
 
-def _lease(*slow: tuple[int, int, float]):
+def _lease(*slow: tuple[int, int, float], step_time: float = 0):
     """The Lease listing stragglers as (rank, pod index, ratio), pods of generation 0."""
-    report = ProgressReport(step=100, step_time=b.at(0), loss=3.0, tokens=100, world_size=4,
+    report = ProgressReport(step=100, step_time=b.at(step_time), loss=3.0, tokens=100, world_size=4,
                             stragglers=tuple(Straggler(rank, m.pod_name(b.JOB, 0, index), ratio)
                                              for rank, index, ratio in slow))
     return lease_view({"metadata": {"annotations": report.to_annotations()}, "spec": {}})
 
 
-def _decide(status, lease, t, replace_after: int = 0):
+def _decide(status, lease, t, replace_after: int = 0, pods=None):
     ft = {**b.spec_doc()["faultTolerance"], "stragglers": {"replaceAfterMinutes": replace_after}}
     h = m.spec_hash(b.spec(faultTolerance=ft))
     return decide(b.job(status=status, faultTolerance=ft),
-                  b.observed(b.running(0, 4, h), lease_view_=lease), b.at(t))
+                  b.observed(pods or b.running(0, 4, h), lease_view_=lease), b.at(t))
+
+
+def _replaced(index: int, node: str, created: float, replace_after: int) -> list:
+    """The running pods after pod `index` was recreated on `node`: same name, a new UID."""
+    ft = {**b.spec_doc()["faultTolerance"], "stragglers": {"replaceAfterMinutes": replace_after}}
+    h = m.spec_hash(b.spec(faultTolerance=ft))
+    pods = b.running(0, 4, h)
+    pods[index] = b.pod(0, index, node=node, uid="uid-replacement", created=created,
+                        spec_hash=h)
+    return pods
 
 
 def test_a_reported_straggler_is_in_status_with_its_node_and_an_event_once():
@@ -64,3 +74,24 @@ def test_a_straggling_pod_0_restarts_the_group():
     due = _decide(seen.status, slow, 61, replace_after=1)
     assert due.status["podGeneration"] == 1  # a new generation, its store on a new pod 0
     assert due.status["restarts"]["byCause"] == {"Straggler": 1}
+
+
+def test_the_old_report_is_not_held_against_the_pod_that_replaced_the_straggler():
+    slow = _lease((9, 2, 1.4))                   # taken at t=0, about the pod on gpu-node-2
+    seen = _decide(running_status(), slow, 0, replace_after=5)
+    due = _decide(seen.status, slow, 301, replace_after=5)
+    assert acts(due, "force_delete") == [("force_delete", "Pod", "gpt-0-2")]
+    # Recreated at t=310 on gpu-node-5; the restarted trainer has not written a report yet.
+    pods = _replaced(2, "gpu-node-5", created=310, replace_after=5)
+    stale = _decide(due.status, slow, 320, replace_after=5, pods=pods)
+    assert not acts(stale, "force_delete") and not acts(stale, "patch_node")
+    assert stale.status["stragglers"] == [] and "Straggler" not in reasons(stale)
+    assert stale.status["restarts"]["total"] == 1
+    # A new report (taken after the replacement started) that names it again: its own clock.
+    fresh = _lease((9, 2, 1.4), step_time=400)
+    again = _decide(stale.status, fresh, 401, replace_after=5, pods=pods)
+    assert again.status["stragglers"][0]["node"] == "gpu-node-5"
+    assert reasons(again).count("Straggler") == 1 and again.wake_in_s == 300
+    assert not acts(again, "force_delete") and not acts(again, "patch_node")
+    due_again = _decide(again.status, fresh, 702, replace_after=5, pods=pods)
+    assert acts(due_again, "force_delete") == [("force_delete", "Pod", "gpt-0-2")]

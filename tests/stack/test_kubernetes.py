@@ -112,17 +112,10 @@ def test_scheduler_binds_pod_to_kwok_node_and_it_runs(kube, namespace):
 def test_node_losing_heartbeat_is_tainted_and_its_pod_evicted(kube, namespace):
     core = kube.core()
     victim = kube.nodes[-1]
-
-    def ready_again():
-        node = core.read_node(victim)
-        ready = next(c for c in node.status.conditions if c.type == "Ready")
-        return ready.status == "True" and not any(
-            t.key == "node.kubernetes.io/unreachable" for t in node.spec.taints or [])
-
     # An earlier test may have stopped this node's heartbeat: while it is still tainted
     # unreachable, the pod below (tolerating 2 s) would be evicted before it ever ran.
     kube.set_node_alive(victim, True)
-    eventually(ready_again, 90, f"{victim} Ready and untainted before the test")
+    kube.wait_nodes_healthy([victim])
     core.create_namespaced_pod(namespace, _pod("victim-pod", node=victim, tolerate_unreachable_s=2))
     eventually(lambda: core.read_namespaced_pod("victim-pod", namespace).status.phase == "Running",
                120, "victim pod Running")
@@ -148,4 +141,4 @@ def test_node_losing_heartbeat_is_tainted_and_its_pod_evicted(kube, namespace):
         assert disruption and disruption[0].reason == "DeletionByTaintManager"
     finally:
         kube.set_node_alive(victim, True)
-    eventually(ready_again, 90, f"{victim} Ready again and untainted")
+    kube.wait_nodes_healthy([victim])

@@ -110,6 +110,19 @@ class Kube:
         value = "managed" if alive else "dead"
         self.core().patch_node(node, {"metadata": {"labels": {self.kwok_label: value}}})
 
+    def node_healthy(self, node: str) -> bool:
+        """Ready, and free of the taints the node lifecycle controller adds to a lost node (they
+        outlive the heartbeat's return by a few seconds, and a pod can't schedule until then)."""
+        found = self.core().read_node(node)
+        ready = next((c for c in found.status.conditions or [] if c.type == "Ready"), None)
+        return ready is not None and ready.status == "True" and not any(
+            t.key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+            for t in found.spec.taints or [])
+
+    def wait_nodes_healthy(self, nodes: list[str] | None = None, timeout_s: float = 90) -> None:
+        for node in nodes or self.nodes:
+            eventually(lambda: self.node_healthy(node), timeout_s, f"{node} Ready and untainted")
+
 
 @dataclass
 class S3:
