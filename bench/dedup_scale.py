@@ -1,5 +1,5 @@
-"""Dedup at scale: peak memory and time per task of the exact, buckets, links and clusters stages
-on synthetic signatures with planted clusters, from 1M to 20M documents.
+"""Dedup at scale: peak memory and time per task of the exact, buckets, links, components and
+clusters stages on synthetic signatures with planted clusters, from 1M to 20M documents.
 
     python bench/dedup_scale.py [--docs 1000000 5000000 20000000] [--out FILE.json]
                                 [--check-docs 1000000] [--work DIR]
@@ -9,13 +9,14 @@ signature computation is per shard and already bounded by its shard), one shard 
 --docs-per-shard documents and one hash-range partition per --docs-per-partition documents (1M
 each by default: a task's slice stays the same size as the corpus grows, as a user sizing a run
 for 2 GB tasks would keep it). Then every task of the four stages runs in its own forked
-process, as a pod or Ray task would, and the process's peak RSS is read back from the kernel
+process, as a pod or Ray task would (components in as many steps as it takes to converge), and
+the process's peak RSS is read back from the kernel
 (os.wait4's rusage, the figure `/usr/bin/time -v` prints), with what the task added to the RSS
 it began with (the interpreter and imports, shared by every task). Printed per size: the largest
 peak RSS of any task of each stage, the seconds of all its tasks added up (the fastest of
---repeat passes over them), and both per document of the task's input (a partition's slice for
-exact, buckets and links, the whole corpus for clusters, whose input is every distinct candidate
-pair); then the growth of each per-document figure from the smallest to the largest size (the
+--repeat passes over them, added over the steps of components), and both per document of the
+task's input (a partition's slice: every task reads one hash range of keys, digests or band
+keys); then the growth of each per-document figure from the smallest to the largest size (the
 goal: within +-20%).
 
 Reference: at --check-docs documents, the removal set must equal the in-memory path's
@@ -37,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-STAGES = ("exact", "buckets", "links", "clusters")
+STAGES = ("exact", "buckets", "links", "components", "clusters")
 
 
 def current_rss() -> int:
@@ -95,7 +96,7 @@ def write_stage1(work: Path, shards: int, partitions: int, docs: int) -> None:
 
 def run_task(work: str, shards: int, partitions: int, stage: str, task: int) -> None:
     job = make_job(Path(work), shards, partitions)
-    next(s for s in job.stages() if s.name == stage).body(job, task)
+    job.stage_named(stage).body(job, task)
 
 
 def removal(work: str, shards: int, partitions: int) -> dict:
@@ -105,7 +106,7 @@ def removal(work: str, shards: int, partitions: int) -> dict:
 
     exact = np.concatenate([dedup.exact_removal_of_shard(work, "exact", partitions, s, shards)[0]
                             for s in range(shards)])
-    near = np.concatenate([dedup.load_array(dedup.near_removed_uri(work, s))
+    near = np.concatenate([dedup.near_removal_of_shard(work, partitions, s)
                            for s in range(shards)])
     return {"exact": np.sort(exact).tolist(), "near": np.sort(near).tolist()}
 
@@ -132,8 +133,8 @@ def measure(docs: int, args: argparse.Namespace, root: Path) -> dict:
           f"{time.perf_counter() - started:.0f}s", flush=True)
     job = make_job(work, shards, partitions)
     stages = {}
-    for stage in job.stages():
-        if stage.name not in STAGES:
+    for stage in job.run_order():
+        if stage.kind not in STAGES:
             continue
         passes, peaks, added = [], [], []
         for _ in range(args.repeat):       # tasks rewrite their outputs whole: a rerun is the same
@@ -145,20 +146,23 @@ def measure(docs: int, args: argparse.Namespace, root: Path) -> dict:
                 peaks.append(peak)
                 added.append(more)
             passes.append(seconds)
-        seconds = [min(passes)]
-        # What one task reads: a partition's slice, except clusters (all distinct pairs, so all
-        # documents).
-        slice_docs = docs if stage.name == "clusters" else docs / partitions
-        stages[stage.name] = {
-            "tasks": stage.tasks, "task_seconds": round(sum(seconds), 2),
-            "task_seconds_each_pass": [round(x, 2) for x in passes],
-            "peak_rss_bytes": max(peaks), "added_rss_bytes": max(added),
-            "slice_docs": int(slice_docs),
-            "seconds_per_mdoc": round(sum(seconds) / docs * 1e6, 3),
-            "rss_bytes_per_slice_doc": round(max(added) / slice_docs, 2)}
-        print(f"   {stage.name:<9} {stage.tasks:>4} tasks {sum(seconds):8.1f}s  peak RSS "
-              f"{max(peaks) / 2**30:5.2f} GiB (the task's own: {max(added) / 2**20:6.0f} MiB, "
-              f"{max(added) / slice_docs:5.1f} B per document of its input)", flush=True)
+        entry = stages.setdefault(stage.kind, {
+            "tasks": 0, "steps": 0, "task_seconds": 0.0, "task_seconds_each_pass": [],
+            "peak_rss_bytes": 0, "added_rss_bytes": 0, "slice_docs": int(docs / partitions)})
+        entry["tasks"] += stage.tasks
+        entry["steps"] += 1
+        entry["task_seconds"] = round(entry["task_seconds"] + min(passes), 2)
+        entry["task_seconds_each_pass"].append([round(x, 2) for x in passes])
+        entry["peak_rss_bytes"] = max(entry["peak_rss_bytes"], *peaks)
+        entry["added_rss_bytes"] = max(entry["added_rss_bytes"], *added)
+    for kind, entry in stages.items():
+        entry["seconds_per_mdoc"] = round(entry["task_seconds"] / docs * 1e6, 3)
+        entry["rss_bytes_per_slice_doc"] = round(entry["added_rss_bytes"] / entry["slice_docs"], 2)
+        steps = f" in {entry['steps']} steps" if entry["steps"] > 1 else ""
+        print(f"   {kind:<10} {entry['tasks']:>4} tasks{steps} {entry['task_seconds']:8.1f}s  "
+              f"peak RSS {entry['peak_rss_bytes'] / 2**30:5.2f} GiB (the task's own: "
+              f"{entry['added_rss_bytes'] / 2**20:6.0f} MiB, "
+              f"{entry['rss_bytes_per_slice_doc']:5.1f} B per document of its input)", flush=True)
     result = {"docs": docs, "shards": shards, "partitions": partitions, "stages": stages}
     if docs == args.check_docs:
         _, _, _, found = in_child(removal, str(work), shards, partitions)
@@ -203,7 +207,6 @@ def main() -> None:
     # Loaded once here, as a long-lived worker process has them: the baseline every task starts
     # from, and no import time counted in a task's seconds.
     import numpy  # noqa: F401
-    import scipy.sparse.csgraph  # noqa: F401
 
     from crucible.trainer.corpus import pipeline  # noqa: F401
     root = args.work or Path(tempfile.mkdtemp(prefix="dedup-scale-"))

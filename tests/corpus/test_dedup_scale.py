@@ -2,12 +2,12 @@
 the persistent exact-dedup index across runs.
 
 The partitioned stages (exact per digest range, buckets per band and hash range, links per
-partition of members: pairs deduplicated across bands; clusters by sparse connected components
-over the distinct pairs) are what bounds each task's
-memory (bench/dedup_scale.py measures it at 20M documents). Here they must remove the very same
-keys as the simple whole-corpus path (`dedup.removal_in_memory`: one sort, pure-Python union-find)
-on synthetic signatures with planted exact and near clusters that cross shards, for several
-partition counts.
+partition of pair heads: pairs deduplicated across bands; components by large-star/small-star
+steps, each task holding the edges of its partition's keys; clusters per partition) are what
+bounds each task's memory (bench/dedup_scale.py measures it at 20M documents). Here they must
+remove the very same keys as the simple whole-corpus path (`dedup.removal_in_memory`: one sort,
+pure-Python union-find) on synthetic signatures with planted exact and near clusters that cross
+shards, for several partition counts.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from crucible.api.spec import ConfigError
 from crucible.trainer import storage
 from crucible.trainer.corpus import config as corpus_config
 from crucible.trainer.corpus import dedup, pipeline
-from crucible.trainer.corpus.clusters import (clusters_from_pairs, connected_clusters,
-                                              merge_unique_pairs)
+from crucible.trainer.corpus.clusters import (both_directions, clusters_from_pairs, large_star,
+                                              merge_unique_pairs, small_star, star_clusters)
 from tests.corpus import synthetic
 
 DOCS, SHARDS = 30_000, 4
@@ -38,20 +38,26 @@ def dedup_job(output: Path | str, shards: int, **dedup_config) -> pipeline.Job:
     return pipeline.Job(config, shards)
 
 
+DEDUP_STAGES = ("exact", "buckets", "links", "components", "clusters")
+
+
 def partitioned_removal(output: Path | str, partitions: int) -> dedup.Removal:
-    """Stage 1's files from the synthetic corpus, then the exact, buckets, links and clusters
-    stages task by task, as any runner would run them."""
+    """Stage 1's files from the synthetic corpus, then the exact, buckets, links, components
+    (step by step) and clusters stages task by task, as any runner would run them."""
     job = dedup_job(output, SHARDS, partitions=partitions)
     for shard in range(SHARDS):
         dedup.write_signatures(job.output, shard, synthetic.shard_signatures(shard, SHARDS, DOCS),
                                job.partitions, job.families)
-    for stage in job.stages():
-        if stage.name in ("exact", "buckets", "links", "clusters"):
-            for task in range(stage.tasks):
+    for stage in job.run_order():
+        if stage.kind in DEDUP_STAGES:
+            for task in reversed(range(stage.tasks)):   # no task may rely on an earlier one
                 stage.body(job, task)
+    dedup.write_summary(job.output, partitions, job.families, job.config.dedup.near)
     exact = [dedup.exact_removal_of_shard(job.output, "exact", partitions, s, SHARDS)[0]
              for s in range(SHARDS)]
-    near = [dedup.load_array(dedup.near_removed_uri(job.output, s)) for s in range(SHARDS)]
+    near = [dedup.near_removal_of_shard(job.output, partitions, s) for s in range(SHARDS)]
+    for shard, keys in enumerate(near):
+        assert (dedup.shard_of_keys(keys, SHARDS) == shard).all()
     return dedup.Removal(np.sort(np.concatenate(exact)), np.sort(np.concatenate(near)))
 
 
@@ -87,9 +93,10 @@ def test_partitioned_stages_on_s3_read_byte_ranges_of_the_pair_files(in_memory, 
     assert np.array_equal(found.near, in_memory.near)
 
 
-def test_each_links_task_holds_the_distinct_pairs_of_its_members(tmp_path):
-    """A pair goes to the links task of its member, once however many bands found it, and the
-    links tasks together hold every distinct pair of every band."""
+def test_each_links_task_holds_the_distinct_pairs_of_its_heads(tmp_path):
+    """A pair goes to the links task of its head, once however many bands found it, and the
+    links tasks together hold every distinct pair of every band but those headed by a document
+    removed as an exact copy."""
     partitions = 3
     partitioned_removal(tmp_path, partitions)
     job = dedup_job(tmp_path, SHARDS, partitions=partitions)
@@ -97,15 +104,23 @@ def test_each_links_task_holds_the_distinct_pairs_of_its_members(tmp_path):
     every_pair = np.concatenate([dedup.load_array(dedup.pairs_uri(job.output, band, part))
                                  for band in range(bands) for part in range(partitions)])
     assert len(every_pair) > len(np.unique(every_pair, axis=0))   # bands found some pairs twice
+    removed = np.concatenate([dedup.removed_in_partition(job.output, ["exact"], partitions, p)
+                              for p in range(partitions)])
+    headed_by_removed = np.isin(every_pair[:, 1], removed)
+    assert headed_by_removed.any()
+    every_pair = every_pair[~headed_by_removed]
     links = []
     for part in range(partitions):
         pairs = dedup.load_array(dedup.links_uri(job.output, part))
-        assert (dedup.partition_of_keys(pairs[:, 0], partitions) == part).all()
+        assert (dedup.partition_of_keys(pairs[:, 1], partitions) == part).all()
         assert len(pairs) == len(np.unique(pairs, axis=0))
+        for member_part in range(partitions):      # routed to the components task of the member
+            routed = dedup.load_routed(dedup.links_uri(job.output, part), member_part)
+            assert (dedup.partition_of_keys(routed[:, 0], partitions) == member_part).all()
         links.append(pairs)
     assert np.array_equal(np.unique(np.concatenate(links), axis=0), np.unique(every_pair, axis=0))
     sizes = [len(pairs) for pairs in links]
-    assert min(sizes) > 0.8 * max(sizes)       # the hash spreads members evenly
+    assert min(sizes) > 0.8 * max(sizes)       # the hash spreads heads evenly
 
 
 def test_a_range_of_a_file_is_read_whole_and_nothing_else(tmp_path):
@@ -131,18 +146,42 @@ def test_a_task_reads_only_its_partition(tmp_path):
     assert rows == 2_000
 
 
-def test_connected_components_agree_with_union_find_on_random_graphs():
+def random_pairs(rng: np.random.Generator, nodes: int, edges: int) -> np.ndarray:
+    """(member, head) pairs, member > head, among `nodes` random keys."""
+    keys = np.unique(rng.integers(1, 10**12, size=nodes, dtype=np.uint64))
+    pairs = rng.choice(keys, size=(edges, 2))
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    return np.stack([pairs.max(axis=1), pairs.min(axis=1)], axis=1)
+
+
+def test_star_steps_agree_with_union_find_on_random_graphs():
     rng = np.random.default_rng(3)
-    for _ in range(20):
-        nodes = np.unique(rng.integers(1, 10**12, size=60, dtype=np.uint64))
-        pairs = rng.choice(nodes, size=(int(rng.integers(1, 80)), 2))
-        pairs = pairs[pairs[:, 0] != pairs[:, 1]]
-        expected, found = clusters_from_pairs(pairs), connected_clusters(pairs)
+    for _ in range(200):
+        pairs = random_pairs(rng, int(rng.integers(2, 60)), int(rng.integers(1, 90)))
+        expected, found = clusters_from_pairs(pairs), star_clusters(pairs)
         assert np.array_equal(found.remove, expected.remove)
         assert sorted(found.sizes.tolist()) == sorted(expected.sizes.tolist())
-    chain = np.array([[30, 20], [20, 10], [40, 50]], dtype=np.uint64)
-    result = connected_clusters(chain)
+    chain = np.array([[30, 20], [20, 10], [50, 40]], dtype=np.uint64)
+    result = star_clusters(chain)
     assert result.remove.tolist() == [20, 30, 50] and sorted(result.sizes.tolist()) == [2, 3]
+    # A long path in shuffled key order: the worst shape for passing labels along edges.
+    order = rng.permutation(5_000).astype(np.uint64) + np.uint64(1)
+    path = np.stack([order[1:], order[:-1]], axis=1)
+    path = np.stack([path.max(axis=1), path.min(axis=1)], axis=1)
+    result = star_clusters(path)
+    assert result.sizes.tolist() == [5_000] and result.remove.size == 4_999
+    assert 1 not in result.remove.tolist()
+
+
+def test_star_steps_change_nothing_only_on_stars_centred_on_the_smallest_key():
+    star = np.array([[5, 1], [9, 1], [7, 1]], dtype=np.uint64)
+    assert small_star(star).changes == 0
+    done = large_star(both_directions(small_star(star).edges))
+    assert done.changes == 0 and done.centre_sizes.tolist() == [4]
+    assert sorted(done.edges[:, 0].tolist()) == [5, 7, 9]
+    # A node with two smaller neighbours is not a leaf yet; nor is a centre with a smaller one.
+    assert small_star(np.array([[9, 1], [9, 5]], dtype=np.uint64)).changes == 1
+    assert large_star(both_directions(np.array([[5, 1], [9, 5]], dtype=np.uint64))).changes == 1
 
 
 def test_pairs_from_every_band_are_merged_once():

@@ -1,9 +1,10 @@
 """Duplicate clusters: candidate pairs -> connected components, one document kept per cluster.
 
-Owns: `connected_clusters` (the production path: sparse connected components, scipy), the
-in-memory reference it is checked against (`UnionFind`, `clusters_from_pairs`: pure Python, one
-core), `merge_unique_pairs` (pairs deduplicated across bands in batches), `exact_duplicates` and
-the size histogram the report plots. Must not: read files or compute signatures.
+Owns: the star steps (`small_star`, `large_star`: connected components in steps over partitions
+of keys, the production path; `star_clusters` runs them all in one process), the in-memory
+reference they are checked against (`UnionFind`, `clusters_from_pairs`: pure Python, one core),
+`merge_unique_pairs` (pairs deduplicated across bands in batches), `exact_duplicates` and the size
+histogram the report plots. Must not: read files or compute signatures.
 
 Follows FineWeb §3.4 and datatrove's MinhashDedupCluster (src/datatrove/pipeline/dedup/minhash.py):
 candidate pairs are merged transitively and one document per cluster survives. We keep the
@@ -117,39 +118,88 @@ def merge_unique_pairs(batches: Iterable[np.ndarray],
     return rows[:filled].copy().view(np.uint64).reshape(-1, 2)   # the copy frees the buffer
 
 
-def connected_clusters(pairs: np.ndarray, without: Iterable[np.ndarray] = ()) -> Clusters:
-    """Same result as `clusters_from_pairs` (transitive closure, the smallest key survives), by
-    scipy's sparse connected components: C code, memory linear in the pairs, no Python loop per
-    pair (the reference union-find takes minutes and tens of GB at 10^8 pairs).
+# ---- connected components in rounds: large-star / small-star ------------------------------------
+# Kiveris, Lattanzi, Mirrokni, Rastogi, Vassilvitskii, "Connected Components in MapReduce and
+# Beyond" (SoCC 2014). Each step groups undirected edges by one endpoint (the key), so a step is one
+# task per partition of keys and no task holds more than its keys' edges; steps repeat until the
+# graph is a set of stars, each centred on its component's smallest key. Written here because no
+# maintained library runs components over partitioned files (scipy's and networkx's hold the
+# whole graph; datatrove's cluster stage is one task holding every pair).
+# Rows are (key, other) uint64 edges of the task's keys; edges come out as (larger, smaller).
 
-    `without`: arrays of keys (any order) whose pairs are left out, as if those documents were not
-    there (already removed by another rule). Each array is looked up among the pairs' keys, not
-    the other way round, so the many exact copies of a large corpus cost one search each."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
+@dataclass
+class StarStep:
+    edges: np.ndarray          # (k, 2) uint64 (larger, smaller), possibly repeated
+    changes: int               # input edges this step replaced: 0 at its fixed point
+    centre_sizes: np.ndarray   # large-star: size of the star centred on each local minimum
+                               # among the keys (cluster sizes once the steps have converged)
 
-    if pairs.size == 0:
-        return Clusters(np.zeros(0, np.uint64), np.zeros(0, np.int64))
-    keys, dense = np.unique(pairs.reshape(-1), return_inverse=True)   # ascending: id order = key order
-    dense = dense.reshape(-1, 2).astype(np.int32 if len(keys) < 2**31 else np.int64)
-    absent = np.zeros(len(keys), dtype=bool)
-    for removed in without:
-        at = np.searchsorted(keys, removed).clip(max=len(keys) - 1)
-        absent[at[keys[at] == removed]] = True
-    if absent.any():
-        dense = dense[~absent[dense].any(axis=1)]
-    graph = coo_matrix((np.ones(len(dense), np.int8), (dense[:, 0], dense[:, 1])),
-                       shape=(len(keys), len(keys)))
-    count, labels = connected_components(graph, directed=False)
-    del graph, dense
-    # Each cluster's smallest id is its smallest key: the survivor. (ufunc.at and bincount are
-    # linear; np.unique(labels, return_index=True) would sort them again.) A document whose every
-    # pair was left out is a cluster of its own, so it is not removed.
-    ids = np.arange(len(keys))
-    first = np.full(count, len(keys))
-    np.minimum.at(first, labels, ids)
-    sizes = np.bincount(labels, minlength=count)
-    return Clusters(remove=keys[first[labels] != ids], sizes=sizes[sizes >= 2])
+
+def _grouped(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct rows sorted by (key, other): keys, others, the first row of each key's group, and
+    each row's group number."""
+    order = np.lexsort((rows[:, 1], rows[:, 0]))
+    keys, others = rows[order, 0], rows[order, 1]
+    distinct = np.ones(len(keys), dtype=bool)
+    distinct[1:] = (keys[1:] != keys[:-1]) | (others[1:] != others[:-1])
+    keys, others = keys[distinct], others[distinct]
+    starts = np.ones(len(keys), dtype=bool)
+    starts[1:] = keys[1:] != keys[:-1]
+    return keys, others, starts, np.cumsum(starts) - 1
+
+
+def _no_edges() -> StarStep:
+    return StarStep(np.zeros((0, 2), np.uint64), 0, np.zeros(0, np.int64))
+
+
+def small_star(rows: np.ndarray) -> StarStep:
+    """Rows: every edge of the task's keys to a smaller node. Each key and each of its smaller
+    neighbours are linked to the smallest of those neighbours. A key with one smaller neighbour
+    changes nothing."""
+    if rows.size == 0:
+        return _no_edges()
+    keys, others, starts, group = _grouped(rows)
+    smallest = others[starts][group]              # sorted: a group's first row has its minimum
+    linked = ~starts                              # (other, smallest) for the group's other rows
+    edges = np.concatenate([np.stack([others[linked], smallest[linked]], axis=1),
+                            np.stack([keys[starts], others[starts]], axis=1)])
+    return StarStep(edges, int(linked.sum()), np.zeros(0, np.int64))
+
+
+def large_star(rows: np.ndarray) -> StarStep:
+    """Rows: every edge of the task's keys, in both directions. Each larger neighbour of a key is
+    linked to the smallest node of the key's neighbourhood (the key included)."""
+    if rows.size == 0:
+        return _no_edges()
+    keys, others, starts, group = _grouped(rows)
+    smallest = np.minimum(keys, others[starts][group])
+    larger = others > keys
+    edges = np.stack([others[larger], smallest[larger]], axis=1)
+    changes = int((larger & (smallest < keys)).sum())
+    # A key smaller than all its neighbours is a centre: its neighbours plus itself.
+    centre = starts & (smallest == keys)
+    sizes = np.bincount(group)[centre[starts]] + 1
+    return StarStep(edges, changes, sizes)
+
+
+def both_directions(edges: np.ndarray) -> np.ndarray:
+    """Each edge as two rows, (a, b) and (b, a): a large-star step needs every edge at both keys."""
+    return np.concatenate([edges, edges[:, ::-1]])
+
+
+def star_clusters(pairs: np.ndarray, max_steps: int = 256) -> Clusters:
+    """All the steps in one process (the partitioned stages run the same functions, one partition
+    of keys per task): small-star and large-star in turn until a pair of them changes nothing.
+    Same result as `clusters_from_pairs`; `pairs` are (member, head) with member > head."""
+    rows = np.ascontiguousarray(pairs, dtype=np.uint64).reshape(-1, 2)
+    small = small_star(rows)
+    for _ in range(max_steps):
+        large = large_star(both_directions(small.edges))
+        if small.changes == 0 and large.changes == 0:
+            removed = np.unique(large.edges[:, 0])
+            return Clusters(remove=removed, sizes=large.centre_sizes)
+        small = small_star(large.edges)
+    raise RuntimeError(f"connected components did not converge in {max_steps} steps")
 
 
 def exact_duplicates(keys: np.ndarray, digests: np.ndarray) -> Clusters:

@@ -10,35 +10,40 @@ Owns the stage bodies and their file formats (P = `DedupConfig.partitions`, N = 
      smallest key of each digest group is removed, and so is every document whose digest an
      earlier run in the persistent index holds -> dedup/<family>/part-PPPPP.npz
   3. buckets (per band and partition): documents sharing a band key are candidate pairs (each
-     paired with the bucket's smallest key), written ordered by the links task that owns each
-     pair's member -> dedup/pairs/band-BB-part-PPPPP.npy (m, 2) uint64 and, beside it,
-     band-BB-part-PPPPP.routes.npy: the byte range of each links task's rows
-  4. links (per partition of members): one byte range of every pair file, deduplicated across
-     bands (clusters.merge_unique_pairs) -> dedup/links/part-PPPPP.npy, the distinct pairs whose
-     member falls in the partition. A pair's member decides its partition, so the same pair
-     found in 14 bands meets its copies in one task and no task sorts every pair.
-  5. clusters (one task): the distinct pairs of every partition, without the documents removed
-     as exact or URL copies, into connected components (scipy); all but the smallest key of each
-     cluster is removed -> dedup/near/shard-NNNNN.npy per shard, and dedup/clusters.json (counts
-     and size histograms for the report)
-  6. filter (per shard): the `ExactDuplicate`, `UrlDuplicate` and `NearDuplicate` filters drop what
-     stages 2 and 5 chose, each shard loading only its own keys.
+     paired with the bucket's smallest key, its head), written routed to the links task of each
+     pair's head -> dedup/pairs/band-BB-part-PPPPP.npy (m, 2) uint64 and, beside it,
+     band-BB-part-PPPPP.routes.npy: the byte range of each reader's rows (`save_routed`)
+  4. links (per partition of heads): one byte range of every pair file, deduplicated across bands
+     (clusters.merge_unique_pairs), less the pairs whose head the exact or URL step removes ->
+     dedup/links/part-PPPPP.npy, routed to each pair's member. The same pair found in 14 bands
+     meets its copies in one task, and no task sorts every pair.
+  5. components (per partition of keys, in steps): small-star and large-star steps in turn
+     (clusters.py), each task taking its keys' edges from every task of the step before and
+     routing its edges to the next step's; step 0 reads the links files and leaves out the pairs
+     whose member the exact or URL step removes -> dedup/components/step-SSS/part-PPPPP.npy, and
+     a .json beside each with what the step changed. A large-star step that, with the small-star
+     step before it, changed nothing leaves each cluster as a star around its smallest key.
+  6. clusters (per partition): the converged stars' leaves (every member but the smallest key)
+     -> dedup/near/part-PPPPP.npy, routed to each document's shard
+  7. filter (per shard): the `ExactDuplicate`, `UrlDuplicate` and `NearDuplicate` filters drop what
+     stages 2 and 6 chose, each shard reading only its own keys. The report task writes
+     dedup/clusters.json (counts and size histograms) from the stages' summaries.
 Must not: decide which pipeline stage runs when (pipeline.py).
 
 Memory per task: a signatures task holds its shard's signatures (~140 bytes per document); an
 exact or buckets task one partition of one family or band (24 or 16 bytes per document of the
 slice, about 3x that while sorting); a links task its partition's pairs from every band (16 bytes
-each, up to 14 per near copy); the clusters task the distinct pairs (16 bytes each, one per near
-copy and bucket it shares) and the keys removed as exact copies (8 bytes each). Nothing scales
-with the whole corpus except the clusters task's input, and that only with its near duplicates.
+each, up to 14 per near copy); a components or clusters task the edges of its partition's keys
+(16 bytes each, twice while sorting). Nothing scales with the whole corpus, except that a cluster's
+star ends up in the task of its smallest key (a 10M-copy template would be 10M edges there).
 bench/dedup_scale.py measures it.
 
 Follows datatrove's MinhashDedupSignature / Buckets / Cluster / Filter (src/datatrove/pipeline/
 dedup/minhash.py: its buckets stage also splits each band's hash range across workers), ExactDedup
 (dedup/exact_dedup.py) and UrlDedup (dedup/url_dedup.py). Differences: stage 3 writes pairs to
-the bucket's smallest key (a star), which is all connected components need, instead of chains; the
-survivor of a cluster is the smallest global key (earliest input) so results do not depend on
-sharding or partitioning.
+the bucket's smallest key (a star), which is all connected components need, instead of chains;
+components run in partitioned steps rather than in one task; the survivor of a cluster is the
+smallest global key (earliest input) so results do not depend on sharding or partitioning.
 """
 
 from __future__ import annotations
@@ -54,8 +59,9 @@ import numpy as np
 import xxhash
 
 from crucible.trainer import storage
-from crucible.trainer.corpus.clusters import (clusters_from_pairs, connected_clusters,
-                                              exact_duplicates, merge_unique_pairs, size_histogram)
+from crucible.trainer.corpus.clusters import (both_directions, clusters_from_pairs,
+                                              exact_duplicates, large_star, merge_unique_pairs,
+                                              size_histogram, small_star)
 from crucible.trainer.corpus.document import RECORD_BITS, Document
 from crucible.trainer.corpus.minhash import MinHasher, MinhashConfig
 from crucible.trainer.corpus.step import Filter, FilterResult
@@ -84,16 +90,21 @@ def pairs_uri(output: str, band: int, part: int) -> str:
     return storage.join(output, "dedup", "pairs", f"band-{band:02d}-part-{part:05d}.npy")
 
 
-def routes_uri(output: str, band: int, part: int) -> str:
-    return storage.join(output, "dedup", "pairs", f"band-{band:02d}-part-{part:05d}.routes.npy")
-
-
 def links_uri(output: str, part: int) -> str:
     return storage.join(output, "dedup", "links", f"part-{part:05d}.npy")
 
 
-def near_removed_uri(output: str, shard: int) -> str:
-    return storage.join(output, "dedup", "near", f"shard-{shard:05d}.npy")
+def star_step_uri(output: str, step: int, part: int) -> str:
+    return storage.join(output, "dedup", "components", f"step-{step:03d}", f"part-{part:05d}.npy")
+
+
+def star_summary_uri(output: str, step: int, part: int) -> str:
+    return storage.join(output, "dedup", "components", f"step-{step:03d}",
+                        f"part-{part:05d}.json")
+
+
+def near_removed_uri(output: str, part: int) -> str:
+    return storage.join(output, "dedup", "near", f"part-{part:05d}.npy")
 
 
 def clusters_uri(output: str) -> str:
@@ -109,6 +120,31 @@ def load_array(uri: str) -> np.ndarray:
     if storage.is_s3(uri):
         return np.load(io.BytesIO(storage.read_bytes(uri)), allow_pickle=False)
     return np.load(uri, allow_pickle=False)
+
+
+def _routes_uri(uri: str) -> str:
+    return uri.removesuffix(".npy") + ".routes.npy"
+
+
+def save_routed(uri: str, rows: np.ndarray, owner: np.ndarray, owners: int) -> None:
+    """uint64 `rows` ((m,) or (m, k)) ordered by `owner` (0..owners-1), and beside them the byte
+    range of each owner's rows, so that each reader fetches only its own (`load_routed`)."""
+    rows = np.ascontiguousarray(rows[np.argsort(owner, kind="stable")], dtype=np.uint64)
+    encoded = io.BytesIO()
+    np.save(encoded, rows, allow_pickle=False)
+    data_start = encoded.tell() - rows.nbytes         # the .npy header's length
+    rows_before = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=owners))])
+    row_bytes = rows.itemsize * (rows.shape[1] if rows.ndim == 2 else 1)
+    storage.write_bytes(uri, encoded.getvalue())
+    save_array(_routes_uri(uri), data_start + rows_before * row_bytes)
+
+
+def load_routed(uri: str, owner: int, columns: int = 2) -> np.ndarray:
+    """The rows of a `save_routed` file that belong to `owner`: one ranged read."""
+    ranges = load_array(_routes_uri(uri))
+    raw = storage.read_range(uri, int(ranges[owner]), int(ranges[owner + 1]))
+    rows = np.frombuffer(raw, dtype="<u8")
+    return rows.reshape(-1, columns) if columns > 1 else rows
 
 
 def _save_npz(uri: str, **arrays: np.ndarray) -> None:
@@ -241,7 +277,7 @@ def decide_exact(records: np.ndarray, earlier_digests: Iterable[np.ndarray]) -> 
 def run_exact(output: str, family: str, part: int, shard_count: int,
               earlier: Iterable[np.ndarray] = ()) -> dict:
     """Stage 2 task: read partition `part` of `family` from every shard, write its decision.
-    Returns the partition's summary (merged by the clusters task for the report)."""
+    Returns the partition's summary (added up by `write_summary` for the report)."""
     records = np.concatenate([load_array(digest_part_uri(output, family, part, s))
                               for s in range(shard_count)]) if shard_count else \
         np.zeros(0, DIGEST_RECORD)
@@ -254,16 +290,21 @@ def run_exact(output: str, family: str, part: int, shard_count: int,
     return summary
 
 
+def add_histograms(histograms: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Size histograms added bin by bin (`size_histogram`'s bins are fixed, so labels match)."""
+    total: dict[str, int] = {}
+    for histogram in histograms:
+        for label, count in histogram.items():
+            total[label] = total.get(label, 0) + count
+    return dict(sorted(total.items(), key=lambda item: int(item[0].split("-")[0])))
+
+
 def exact_summary(summaries: Iterable[dict]) -> dict:
-    """The partitions' summaries added up (histogram bins are fixed, so they add by label)."""
-    total = {"documents": 0, "groups": 0, "removed": 0, "earlier_run": 0, "group_sizes": {}}
-    for summary in summaries:
-        for name in ("documents", "groups", "removed", "earlier_run"):
-            total[name] += summary[name]
-        for label, count in summary["group_sizes"].items():
-            total["group_sizes"][label] = total["group_sizes"].get(label, 0) + count
-    total["group_sizes"] = dict(sorted(total["group_sizes"].items(),
-                                       key=lambda item: int(item[0].split("-")[0])))
+    """The partitions' summaries added up."""
+    summaries = list(summaries)
+    total = {name: sum(s[name] for s in summaries)
+             for name in ("documents", "groups", "removed", "earlier_run")}
+    total["group_sizes"] = add_histograms(s["group_sizes"] for s in summaries)
     return total
 
 
@@ -295,68 +336,151 @@ def bucket_pairs(keys: np.ndarray, band_keys: np.ndarray) -> np.ndarray:
 
 
 def run_buckets(output: str, band: int, part: int, shard_count: int, partitions: int) -> int:
-    """Stage 3 task: read partition `part` of `band` from every shard, write its pairs ordered by
-    links partition with the byte range of each. Returns the pair count."""
+    """Stage 3 task: read partition `part` of `band` from every shard, write its pairs routed to
+    the links task of each pair's head. Returns the pair count."""
     slices = [load_array(band_part_uri(output, band, part, s)) for s in range(shard_count)]
     rows = np.concatenate(slices) if slices else np.zeros((0, 2), np.uint64)
     del slices
     pairs = bucket_pairs(rows[:, 0].copy(), rows[:, 1].copy())
     del rows
-    owner = partition_of_keys(pairs[:, 0], partitions)
-    pairs = pairs[np.argsort(owner, kind="stable")]
-    encoded = io.BytesIO()
-    np.save(encoded, pairs, allow_pickle=False)
-    data_start = encoded.tell() - pairs.nbytes        # the .npy header's length
-    rows_before = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=partitions))])
-    storage.write_bytes(pairs_uri(output, band, part), encoded.getvalue())
-    save_array(routes_uri(output, band, part), data_start + rows_before * pairs.itemsize * 2)
+    save_routed(pairs_uri(output, band, part), pairs,
+                partition_of_keys(pairs[:, 1], partitions), partitions)
     return len(pairs)
 
 
-def load_route(output: str, band: int, part: int, links_part: int) -> np.ndarray:
-    """The pairs of one buckets file whose member falls in `links_part`: one ranged read."""
-    ranges = load_array(routes_uri(output, band, part))
-    raw = storage.read_range(pairs_uri(output, band, part), int(ranges[links_part]),
-                             int(ranges[links_part + 1]))
-    return np.frombuffer(raw, dtype="<u8").reshape(-1, 2)
+def removed_in_partition(output: str, families: Iterable[str], partitions: int,
+                         part: int) -> np.ndarray:
+    """The sorted keys of partition `part` that the exact and URL steps remove (later copies, and
+    documents an earlier run holds), reading one exact task's file at a time."""
+    found = [np.zeros(0, np.uint64)]
+    for family in families:
+        for exact_part in range(partitions):
+            arrays = _load_npz(removed_uri(output, family, exact_part))
+            for keys in (arrays["removed"], arrays["earlier"]):
+                found.append(keys[partition_of_keys(keys, partitions) == part])
+    return np.unique(np.concatenate(found))
+
+
+def _without(rows: np.ndarray, column: int, removed: np.ndarray) -> np.ndarray:
+    return rows[~_members(removed, rows[:, column])] if removed.size else rows
 
 
 # ---- stage 4: links -------------------------------------------------------------------------
-def run_links(output: str, bands: int, partitions: int, links_part: int) -> int:
-    """Stage 4 task: the distinct pairs whose member falls in `links_part`, from every band and
-    bucket partition. Returns their count."""
-    pairs = merge_unique_pairs(load_route(output, band, part, links_part)
+def run_links(output: str, bands: int, partitions: int, links_part: int,
+              removed: np.ndarray) -> int:
+    """Stage 4 task: the distinct pairs whose head falls in `links_part`, from every band and
+    bucket partition, less those whose head is in `removed` (this partition's exact and URL
+    removals), routed to the first components task of each pair's member. Returns their count."""
+    pairs = merge_unique_pairs(load_routed(pairs_uri(output, band, part), links_part)
                                for band in range(bands) for part in range(partitions))
-    save_array(links_uri(output, links_part), pairs)
+    pairs = _without(pairs, 1, removed)
+    save_routed(links_uri(output, links_part), pairs, partition_of_keys(pairs[:, 0], partitions),
+                partitions)
     return len(pairs)
 
 
-# ---- stage 5: clusters ----------------------------------------------------------------------
-def run_clusters(output: str, shard_count: int, partitions: int, exact: bool, url: bool,
-                 near: MinhashConfig | None) -> dict:
-    """Stage 5: decide the near removals, write them per shard and the summary for the report."""
+# ---- stage 5: components, in steps ----------------------------------------------------------
+MAX_STAR_STEPS = 256    # far above what converging needs (O(log^2 n) steps; a few on near copies)
+
+
+def star_step_kind(step: int) -> str:
+    """Steps alternate, from a small-star: the links files hold each pair at its larger key."""
+    return "small" if step % 2 == 0 else "large"
+
+
+def run_star_step(output: str, step: int, partitions: int, part: int,
+                  removed: np.ndarray) -> int:
+    """One components task: this partition's edges from every task of the step before (or from
+    the links stage), one star step over them, its edges routed to the next step's tasks and a
+    summary of what changed. Step 0 first leaves out the edges of keys in `removed` (this
+    partition's exact and URL removals; the links stage left out the heads'). Returns the
+    changes."""
+    source = links_uri if step == 0 else (lambda out, p: star_step_uri(out, step - 1, p))
+    rows = np.concatenate([np.zeros((0, 2), np.uint64)] +
+                          [load_routed(source(output, p), part) for p in range(partitions)])
+    if step == 0:
+        rows = _without(rows, 0, removed)
+    if star_step_kind(step) == "small":
+        done = small_star(rows)
+        del rows
+        edges = both_directions(done.edges)    # a large-star step needs each edge at both keys
+    else:
+        done = large_star(rows)
+        del rows
+        edges = done.edges                      # a small-star step needs each at its larger key
+    save_routed(star_step_uri(output, step, part), edges,
+                partition_of_keys(edges[:, 0], partitions), partitions)
+    summary = {"step": step, "kind": star_step_kind(step), "edges_out": len(edges),
+               "changes": done.changes, "centres": int(done.centre_sizes.size),
+               "leaves": int(done.centre_sizes.sum() - done.centre_sizes.size),
+               "cluster_sizes": size_histogram(done.centre_sizes)}
+    storage.write_bytes(star_summary_uri(output, step, part), json.dumps(summary).encode())
+    return done.changes
+
+
+def star_summaries(output: str, step: int, partitions: int) -> list[dict]:
+    return [json.loads(storage.read_bytes(star_summary_uri(output, step, p)))
+            for p in range(partitions)]
+
+
+def star_converged(output: str, step: int, partitions: int) -> bool:
+    """After every task of `step`: a large-star step that, with the small-star before it, changed
+    nothing has left stars centred on each cluster's smallest key (its survivor)."""
+    if star_step_kind(step) != "large":
+        return False
+    changes = sum(s["changes"] for k in (step - 1, step) for s in star_summaries(output, k,
+                                                                                partitions))
+    if changes and step + 1 >= MAX_STAR_STEPS:
+        raise RuntimeError(f"near-dedup components did not converge in {MAX_STAR_STEPS} steps; "
+                           f"delete {storage.join(output, 'dedup', 'components')} and the "
+                           "components markers to retry, and report the corpus")
+    return changes == 0
+
+
+def last_star_step(output: str, partitions: int) -> int:
+    """The converged step of a finished components stage."""
+    step = 1
+    while not star_converged(output, step, partitions):
+        step += 2
+    return step
+
+
+# ---- stage 6: clusters ----------------------------------------------------------------------
+def run_near_removal(output: str, partitions: int, part: int, shard_count: int) -> int:
+    """Stage 6 task: the leaves of the converged stars whose key falls in `part` (every cluster
+    member but its smallest key), routed to each document's shard. Returns their count."""
+    step = last_star_step(output, partitions)
+    edges = np.concatenate([np.zeros((0, 2), np.uint64)] +
+                           [load_routed(star_step_uri(output, step, p), part)
+                            for p in range(partitions)])
+    leaves = np.unique(edges[:, 0])
+    save_routed(near_removed_uri(output, part), leaves, shard_of_keys(leaves, shard_count),
+                shard_count)
+    return len(leaves)
+
+
+def near_removal_of_shard(output: str, partitions: int, shard: int) -> np.ndarray:
+    """The sorted keys of one shard that near dedup removes: one range of each clusters file."""
+    return np.sort(np.concatenate([np.zeros(0, np.uint64)] +
+                                  [load_routed(near_removed_uri(output, p), shard, columns=1)
+                                   for p in range(partitions)]))
+
+
+def write_summary(output: str, partitions: int, families: Iterable[str],
+                  near: MinhashConfig | None) -> dict:
+    """dedup/clusters.json for the report: each rule's groups, removals and size histograms."""
     summary: dict = {"exact": None, "url": None, "near": None}
-    gone = []   # near clusters are found among the documents the exact and URL steps keep
-    for family, on in (("exact", exact), ("url", url)):
-        if not on:
-            continue
-        summaries = []
-        for part in range(partitions):
-            arrays = _load_npz(removed_uri(output, family, part))
-            summaries.append(json.loads(arrays["summary"].tobytes()))
-            gone += [arrays["removed"], arrays["earlier"]]
-        summary[family] = exact_summary(summaries)
+    for family in families:
+        summary[family] = exact_summary(
+            json.loads(_load_npz(removed_uri(output, family, part))["summary"].tobytes())
+            for part in range(partitions))
     if near is not None:
-        pairs = np.concatenate([load_array(links_uri(output, part)) for part in range(partitions)])
-        found = connected_clusters(pairs, without=gone)
-        del pairs
-        owner = shard_of_keys(found.remove, shard_count)
-        for shard in range(shard_count):
-            save_array(near_removed_uri(output, shard), found.remove[owner == shard])
+        stars = star_summaries(output, last_star_step(output, partitions), partitions)
         summary["near"] = {
             "config": str(near), "threshold": round(near.threshold, 4),
-            "clusters": int(found.sizes.size), "removed": int(found.remove.size),
-            "cluster_sizes": size_histogram(found.sizes)}
+            "clusters": sum(s["centres"] for s in stars),
+            "removed": sum(s["leaves"] for s in stars),
+            "cluster_sizes": add_histograms(s["cluster_sizes"] for s in stars)}
     storage.write_bytes(clusters_uri(output), json.dumps(summary, indent=1).encode())
     return summary
 
@@ -399,7 +523,7 @@ def commit_run(index: str, run: str) -> None:
     storage.write_bytes(index_run_uri(index, run, "COMMITTED"), b"")
 
 
-# ---- stage 6: filters -----------------------------------------------------------------------
+# ---- stage 7: filters -----------------------------------------------------------------------
 def _contains(sorted_keys: np.ndarray, key: int) -> bool:
     at = int(np.searchsorted(sorted_keys, np.uint64(key)))
     return at < sorted_keys.size and int(sorted_keys[at]) == key

@@ -1,9 +1,10 @@
 """Running a corpus job: stages, tasks, shard files, completion markers and stats on storage.
 
-Owns: the stage list (filter -> signatures -> exact -> buckets -> links -> clusters -> dedup ->
-mix -> report), what each task reads and writes under the output folder, skipping tasks whose
-completion marker exists (resume), barriers between stages for N workers, and the local runner
-(all tasks, a process pool).
+Owns: the stage list (filter -> signatures -> exact -> buckets -> links -> components (in steps)
+-> clusters -> dedup -> mix -> report), what each task reads and writes under the output folder,
+skipping tasks whose completion marker exists (resume), barriers between stages (and between the
+steps of a stage run in steps, whose count is known only as they finish) for N workers, and the
+local runner (all tasks, a process pool).
 Must not: contain rules (steps), dedup math (dedup, clusters) or rendering (report).
 
 Follows datatrove's executor (src/datatrove/executor/base.py::_run_for_rank): a task writes its
@@ -53,9 +54,22 @@ class BarrierTimeout(TimeoutError):
 
 @dataclass(frozen=True)
 class Stage:
-    name: str
+    name: str                # unique in a run: markers and stats go under it
     tasks: int               # how many tasks (shards, bands, or 1)
-    body: Callable[["Job", int], None]
+    body: Callable[..., None]  # (job, task), or (job, step, task) for a stage run in steps
+    kind: str = ""           # what per-stage settings apply to: the name, or for one step of a
+                             # stage run in steps, that stage's name
+    # A stage run in steps: after each step's barrier, (job, step) -> whether it was the last.
+    finished: Callable[["Job", int], bool] | None = None
+
+    def __post_init__(self):
+        if not self.kind:
+            object.__setattr__(self, "kind", self.name)
+
+    def step(self, number: int) -> "Stage":
+        def body(job: "Job", task: int) -> None:
+            self.body(job, number, task)
+        return Stage(f"{self.name}.{number}", self.tasks, body, kind=self.name)
 
 
 def shard_uri(output: str, folder: str, shard: int) -> str:
@@ -176,13 +190,36 @@ class Job:
                 stages.append(Stage("buckets", dedup_config.near.bands * self.partitions,
                                     Job.buckets_task))
                 stages.append(Stage("links", self.partitions, Job.links_task))
-            stages.append(Stage("clusters", 1, Job.clusters_task))
+                stages.append(Stage("components", self.partitions, Job.components_task,
+                                    finished=Job.components_converged))
+                stages.append(Stage("clusters", self.partitions, Job.clusters_task))
         if self.dedup_on or self.config.pii is not None:
             stages.append(Stage("dedup", n, Job.dedup_task))
         if self.config.mixture is not None:
             stages.append(Stage("mix", n, Job.mix_task))
         stages.append(Stage("report", 1, Job.report_task))
         return stages
+
+    def run_order(self) -> Iterator[Stage]:
+        """The stages in order, a stage run in steps as one stage per step. Lazy: whether another
+        step is needed is read from storage, so a caller finishes every task of a stage (its
+        barrier) before asking for the next."""
+        for stage in self.stages():
+            if stage.finished is None:
+                yield stage
+                continue
+            number = 0
+            while True:
+                yield stage.step(number)
+                if stage.finished(self, number):
+                    break
+                number += 1
+
+    def stage_named(self, name: str) -> Stage:
+        """A stage of `run_order` by its name (`components.3`: step 3 of `components`)."""
+        base, _, number = name.partition(".")
+        stage = next(s for s in self.stages() if s.name == base)
+        return stage.step(int(number)) if stage.finished is not None else stage
 
     def final_folder(self) -> str:
         if self.config.mixture is not None:
@@ -244,14 +281,23 @@ class Job:
         self._finish("buckets", task, [])
 
     def links_task(self, part: int) -> None:
-        dedup.run_links(self.output, self.config.dedup.near.bands, self.partitions, part)
+        dedup.run_links(self.output, self.config.dedup.near.bands, self.partitions, part,
+                        dedup.removed_in_partition(self.output, self.families, self.partitions,
+                                                   part))
         self._finish("links", part, [])
 
-    def clusters_task(self, _task: int) -> None:
-        dedup_config = self.config.dedup
-        dedup.run_clusters(self.output, self.shard_count, self.partitions, dedup_config.exact,
-                           dedup_config.url, dedup_config.near)
-        self._finish("clusters", 0, [])
+    def components_task(self, step: int, part: int) -> None:
+        removed = dedup.removed_in_partition(self.output, self.families, self.partitions,
+                                             part) if step == 0 else None
+        dedup.run_star_step(self.output, step, self.partitions, part, removed)
+        self._finish(f"components.{step}", part, [])
+
+    def components_converged(self, step: int) -> bool:
+        return dedup.star_converged(self.output, step, self.partitions)
+
+    def clusters_task(self, part: int) -> None:
+        dedup.run_near_removal(self.output, self.partitions, part, self.shard_count)
+        self._finish("clusters", part, [])
 
     def dedup_task(self, shard: int) -> None:
         dedup_config = self.config.dedup
@@ -263,7 +309,7 @@ class Job:
                 steps.append(step_type(removed=removed, earlier=earlier))
         if dedup_config.near is not None:
             steps.append(dedup.NearDuplicate(
-                removed=dedup.load_array(dedup.near_removed_uri(self.output, shard)),
+                removed=dedup.near_removal_of_shard(self.output, self.partitions, shard),
                 config=dedup_config.near))
         pii = self.config.build_pii()
         if pii is not None:
@@ -312,6 +358,9 @@ class Job:
     def report_task(self, _task: int) -> None:
         from crucible.trainer.corpus.report import build_report, write_report
 
+        if self.dedup_on:
+            dedup.write_summary(self.output, self.partitions, self.families,
+                                self.config.dedup.near)
         write_report(self.output, build_report(self))
         if self.config.dedup.index:   # every part is published: later runs may now see this one
             dedup.commit_run(self.config.dedup.index,
@@ -323,7 +372,7 @@ class Job:
 def _run_task(config: CorpusConfig, shard_count: int, progress: bool, stage_name: str,
               task: int) -> float:
     job = Job(config, shard_count, progress)
-    stage = next(s for s in job.stages() if s.name == stage_name)
+    stage = job.stage_named(stage_name)
     started = time.perf_counter()
     stage.body(job, task)
     return time.perf_counter() - started
@@ -338,7 +387,7 @@ def run_local(config: CorpusConfig, shard_count: int, workers: int = 1,
     wall_s: dict[str, float] = {}
     pool = ProcessPoolExecutor(workers, mp_context=get_context("fork")) if workers > 1 else None
     try:
-        for stage in job.stages():
+        for stage in job.run_order():
             todo = [t for t in range(stage.tasks) if not storage.exists(job.marker(stage.name, t))]
             started = time.perf_counter()
             if pool is None:
@@ -367,7 +416,7 @@ def run_worker(config: CorpusConfig, worker: Shard, progress: bool = False,
     lost mid-stage then redoes only the shard it was in, not its whole share of the corpus."""
     job = Job(config, shard_count or worker.count, progress)
     job.check_run_file()
-    for stage in job.stages():
+    for stage in job.run_order():
         for task in range(stage.tasks):
             if task % worker.count == worker.index and \
                     not storage.exists(job.marker(stage.name, task)):

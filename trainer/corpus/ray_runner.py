@@ -364,8 +364,8 @@ def run_ray(config: CorpusConfig, shard_count: int | None, address: str | None =
         remote = ray.remote(_task_on_worker)
         config_ref = ray.put(config)
         run = RayRun(shard_count)
-        for stage in job.stages():
-            usage = _run_stage(remote, config_ref, job, stage, needs[stage.name], max_retries)
+        for stage in job.run_order():
+            usage = _run_stage(remote, config_ref, job, stage, needs[stage.kind], max_retries)
             run.stages.append(usage)
             if on_stage is not None:
                 on_stage(usage)
