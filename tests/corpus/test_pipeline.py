@@ -198,6 +198,28 @@ def test_resume_skips_finished_tasks_and_refuses_another_config(raw, tmp_path):
         run(raw, output, shards=3)
 
 
+def test_a_run_cut_off_between_component_steps_resumes_in_the_step_it_was_in(raw, tmp_path):
+    """Component steps are known only as they finish: a resumed run must find the step it died
+    in from the markers and summaries, and reach the same clusters."""
+    output = tmp_path / "cut"
+    first = run(raw, output, shards=2)
+    done = output / "done"
+    steps = sorted(int(p.name.split(".")[1]) for p in done.glob("components.*"))
+    assert steps == list(range(len(steps))) and len(steps) >= 2
+    cut = steps[-2]                                # died in the step before the last
+    for step in steps[cut + 1:]:
+        shutil.rmtree(done / f"components.{step}")
+    for stage in ("clusters", "dedup", "mix", "report"):
+        shutil.rmtree(done / stage)
+    (done / f"components.{cut}" / "00001").unlink()
+    shutil.rmtree(output / "dedup" / "near")
+    (output / "report.json").unlink()
+    second = run(raw, output, shards=2)
+    assert sorted(int(p.name.split(".")[1]) for p in done.glob("components.*")) == steps
+    assert comparable(second) == comparable(first)
+    assert second["dedup"]["near"]["removed"] > 0
+
+
 def test_cli_runs_a_config_file_and_reports_user_errors(raw, tmp_path, capsys):
     path = tmp_path / "corpus.yaml"
     cfg = config_dict(raw, tmp_path / "cli")
