@@ -380,7 +380,9 @@ def run_links(output: str, bands: int, partitions: int, links_part: int,
 
 
 # ---- stage 5: components, in steps ----------------------------------------------------------
-MAX_STAR_STEPS = 256    # far above what converging needs (O(log^2 n) steps; a few on near copies)
+# A guard against a bug looping forever, far above what near-copy graphs take (6-8 steps measured
+# on synthetic corpora up to 20M documents; the paper's bound is O(log^2 n), ~800 at 3x10^8).
+MAX_STAR_STEPS = 2048
 
 
 def star_step_kind(step: int) -> str:
@@ -389,7 +391,7 @@ def star_step_kind(step: int) -> str:
 
 
 def run_star_step(output: str, step: int, partitions: int, part: int,
-                  removed: np.ndarray) -> int:
+                  removed: np.ndarray | None) -> int:
     """One components task: this partition's edges from every task of the step before (or from
     the links stage), one star step over them, its edges routed to the next step's tasks and a
     summary of what changed. Step 0 first leaves out the edges of keys in `removed` (this
@@ -398,7 +400,7 @@ def run_star_step(output: str, step: int, partitions: int, part: int,
     source = links_uri if step == 0 else (lambda out, p: star_step_uri(out, step - 1, p))
     rows = np.concatenate([np.zeros((0, 2), np.uint64)] +
                           [load_routed(source(output, p), part) for p in range(partitions)])
-    if step == 0:
+    if removed is not None:
         rows = _without(rows, 0, removed)
     if star_step_kind(step) == "small":
         done = small_star(rows)
@@ -431,9 +433,9 @@ def star_converged(output: str, step: int, partitions: int) -> bool:
     changes = sum(s["changes"] for k in (step - 1, step) for s in star_summaries(output, k,
                                                                                 partitions))
     if changes and step + 1 >= MAX_STAR_STEPS:
-        raise RuntimeError(f"near-dedup components did not converge in {MAX_STAR_STEPS} steps; "
-                           f"delete {storage.join(output, 'dedup', 'components')} and the "
-                           "components markers to retry, and report the corpus")
+        raise RuntimeError(f"near-dedup components did not converge in {MAX_STAR_STEPS} steps: "
+                           "please report it with the step summaries under "
+                           f"{storage.join(output, 'dedup', 'components')}")
     return changes == 0
 
 
