@@ -97,6 +97,11 @@ def test_losing_an_agent_shrinks_the_world_and_a_new_agent_grows_it(corpus, tmp_
     jsonl = tmp_path / "elastic" / "metrics.jsonl"
     try:
         _wait_records(jsonl, lambda r: r["world_size"] == 2 and r["step"] >= 5)
+        # Kill only once a commit exists: a save still uploading when b dies is abandoned, and a
+        # world that shrinks before its first commit starts over from step 0, not from a commit.
+        eventually(lambda: any(json.loads(line)["kind"] == "checkpoint"
+                               for line in jsonl.read_text().splitlines()), 120,
+                   "a committed checkpoint", interval_s=0.1)
         b.kill_group()
         _wait_records(jsonl, lambda r: r["world_size"] == 1, timeout_s=180)
         solo = train_records(jsonl)
