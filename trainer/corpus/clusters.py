@@ -118,7 +118,7 @@ def merge_unique_pairs(batches: Iterable[np.ndarray],
     return rows[:filled].copy().view(np.uint64).reshape(-1, 2)   # the copy frees the buffer
 
 
-# ---- connected components in rounds: large-star / small-star ------------------------------------
+# ---- connected components in steps: large-star / small-star ---------------------------------
 # Kiveris, Lattanzi, Mirrokni, Rastogi, Vassilvitskii, "Connected Components in MapReduce and
 # Beyond" (SoCC 2014). Each step groups undirected edges by one endpoint (the key), so a step is one
 # task per partition of keys and no task holds more than its keys' edges; steps repeat until the
