@@ -8,7 +8,7 @@ For each size, stage 1's files are written straight from tests/corpus/synthetic.
 signature computation is per shard and already bounded by its shard), one shard per
 --docs-per-shard documents and one hash-range partition per --docs-per-partition documents (1M
 each by default: a task's slice stays the same size as the corpus grows, as a user sizing a run
-for 2 GB tasks would keep it). Then every task of the four stages runs in its own forked
+for 2 GB tasks would keep it). Then every task of these five stages runs in its own forked
 process, as a pod or Ray task would (components in as many steps as it takes to converge), and
 the process's peak RSS is read back from the kernel
 (os.wait4's rusage, the figure `/usr/bin/time -v` prints), with what the task added to the RSS

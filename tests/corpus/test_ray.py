@@ -11,7 +11,6 @@ classification functions get plain unit tests.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import re
 import shutil

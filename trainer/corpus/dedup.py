@@ -147,6 +147,12 @@ def load_routed(uri: str, owner: int, columns: int = 2) -> np.ndarray:
     return rows.reshape(-1, columns) if columns > 1 else rows
 
 
+def load_routes(uris: Iterable[str], owner: int, columns: int = 2) -> np.ndarray:
+    """`owner`'s rows of every `save_routed` file in `uris`, one after another."""
+    empty = np.zeros((0, columns) if columns > 1 else 0, np.uint64)
+    return np.concatenate([empty] + [load_routed(uri, owner, columns) for uri in uris])
+
+
 def _save_npz(uri: str, **arrays: np.ndarray) -> None:
     with storage.open_write(uri) as out:
         np.savez(out, **arrays)
@@ -361,6 +367,13 @@ def removed_in_partition(output: str, families: Iterable[str], partitions: int,
     return np.unique(np.concatenate(found))
 
 
+def _members(sorted_keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    if sorted_keys.size == 0:
+        return np.zeros(values.shape, dtype=bool)
+    at = np.searchsorted(sorted_keys, values).clip(max=sorted_keys.size - 1)
+    return sorted_keys[at] == values
+
+
 def _without(rows: np.ndarray, column: int, removed: np.ndarray) -> np.ndarray:
     return rows[~_members(removed, rows[:, column])] if removed.size else rows
 
@@ -397,9 +410,8 @@ def run_star_step(output: str, step: int, partitions: int, part: int,
     summary of what changed. Step 0 first leaves out the edges of keys in `removed` (this
     partition's exact and URL removals; the links stage left out the heads'). Returns the
     changes."""
-    source = links_uri if step == 0 else (lambda out, p: star_step_uri(out, step - 1, p))
-    rows = np.concatenate([np.zeros((0, 2), np.uint64)] +
-                          [load_routed(source(output, p), part) for p in range(partitions)])
+    rows = load_routes((links_uri(output, p) if step == 0 else star_step_uri(output, step - 1, p)
+                        for p in range(partitions)), part)
     if removed is not None:
         rows = _without(rows, 0, removed)
     if star_step_kind(step) == "small":
@@ -452,9 +464,7 @@ def run_near_removal(output: str, partitions: int, part: int, shard_count: int) 
     """Stage 6 task: the leaves of the converged stars whose key falls in `part` (every cluster
     member but its smallest key), routed to each document's shard. Returns their count."""
     step = last_star_step(output, partitions)
-    edges = np.concatenate([np.zeros((0, 2), np.uint64)] +
-                           [load_routed(star_step_uri(output, step, p), part)
-                            for p in range(partitions)])
+    edges = load_routes((star_step_uri(output, step, p) for p in range(partitions)), part)
     leaves = np.unique(edges[:, 0])
     save_routed(near_removed_uri(output, part), leaves, shard_of_keys(leaves, shard_count),
                 shard_count)
@@ -463,9 +473,8 @@ def run_near_removal(output: str, partitions: int, part: int, shard_count: int) 
 
 def near_removal_of_shard(output: str, partitions: int, shard: int) -> np.ndarray:
     """The sorted keys of one shard that near dedup removes: one range of each clusters file."""
-    return np.sort(np.concatenate([np.zeros(0, np.uint64)] +
-                                  [load_routed(near_removed_uri(output, p), shard, columns=1)
-                                   for p in range(partitions)]))
+    return np.sort(load_routes((near_removed_uri(output, p) for p in range(partitions)), shard,
+                               columns=1))
 
 
 def write_summary(output: str, partitions: int, families: Iterable[str],
@@ -588,13 +597,6 @@ class NearDuplicate(Filter):
 
 
 # ---- the in-memory reference ----------------------------------------------------------------
-def _members(sorted_keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-    if sorted_keys.size == 0:
-        return np.zeros(values.shape, dtype=bool)
-    at = np.searchsorted(sorted_keys, values).clip(max=sorted_keys.size - 1)
-    return sorted_keys[at] == values
-
-
 @dataclass
 class Removal:
     exact: np.ndarray      # sorted keys removed as exact copies
