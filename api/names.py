@@ -37,6 +37,7 @@ LABEL_INDEX = f"{PREFIX}index"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "crucible-operator"
 ANNOTATION_SPEC_HASH = f"{PREFIX}spec-hash"
+ANNOTATION_WORKLOAD_DIGEST = f"{PREFIX}workload-digest"
 
 
 def job_name_problem(name: str) -> str | None:
@@ -77,3 +78,9 @@ def network_policy_name(job: str) -> str:
 
 def progress_lease_name(job: str) -> str:
     return f"{job}-progress"
+
+
+def workload_name(job: str) -> str:
+    """The Kueue Workload a queued job is admitted through (`crucible.operator.queueing`). The
+    prefix keeps it apart from the Workloads Kueue makes for other kinds in the namespace."""
+    return f"pretrainjob-{job}"

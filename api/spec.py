@@ -596,6 +596,37 @@ class TolerationSpec(Spec):
         return self
 
 
+# A label key: an optional DNS-subdomain prefix and "/", then a name of <= 63 characters.
+LABEL_KEY = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+             r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+class TopologySpec(Spec):
+    """One topology domain for all the pods, through Kueue's topology-aware scheduling."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel("has(self.required) != has(self.preferred)",
+            "scheduling.topology takes exactly one of required and preferred")]})
+
+    required: str | None = Field(None, max_length=63, pattern=LABEL_KEY, description="Node label "
+                                 "of the topology level (e.g. a rack or block label) whose one "
+                                 "domain must hold every pod; the job stays Queued until one "
+                                 "has room. Needs the kueue.x-k8s.io/queue-name label.")
+    preferred: str | None = Field(None, max_length=63, pattern=LABEL_KEY, description="As "
+                                  "required, but Kueue may spread the pods over several domains "
+                                  "when no single one has room.")
+
+    @model_validator(mode="after")
+    def _one(self) -> "TopologySpec":
+        if (self.required is None) == (self.preferred is None):
+            raise ValueError("scheduling.topology takes exactly one of required and preferred")
+        return self
+
+    @property
+    def level(self) -> str:
+        return self.required or self.preferred
+
+
 class SchedulingSpec(Spec):
     """Where the worker pods may run (copied into each pod's spec)."""
 
@@ -605,7 +636,11 @@ class SchedulingSpec(Spec):
                                               description="Taints the worker pods tolerate.")
     priority_class_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN,
                                             description="PriorityClass of "
-                                            "the worker pods (preemption order).")
+                                            "the worker pods (preemption order; with Kueue, "
+                                            "also the priority of the job's Workload).")
+    topology: TopologySpec | None = Field(None, description="Topology-aware placement by Kueue "
+                                          "(only for a job with the kueue.x-k8s.io/queue-name "
+                                          "label).")
 
 
 class MetricsSpec(Spec):

@@ -22,8 +22,9 @@ DEGRADED = "Degraded"
 NAME_CONFLICT = "NameConflict"
 CREDENTIALS_MISSING = "CredentialsMissing"
 PRIORITY_CLASS_MISSING = "PriorityClassMissing"
-ORDER = [RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED, PROGRESSING, PODS_SCHEDULED, DEGRADED,
-         NAME_CONFLICT, CREDENTIALS_MISSING, PRIORITY_CLASS_MISSING]
+ADMITTED = "Admitted"   # by Kueue: only on jobs with the kueue.x-k8s.io/queue-name label
+ORDER = [ADMITTED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED, PROGRESSING, PODS_SCHEDULED,
+         DEGRADED, NAME_CONFLICT, CREDENTIALS_MISSING, PRIORITY_CLASS_MISSING]
 
 
 def set_condition(conditions: list[dict], type_: str, status: bool | None, reason: str,

@@ -145,13 +145,15 @@ def _num(description: str) -> dict:
     return {"type": "number", "description": description}
 
 
-PHASES = ["Pending", "Running", "Restarting", "Waiting", "Suspended", "Succeeded", "Failed"]
+PHASES = ["Pending", "Queued", "Running", "Restarting", "Waiting", "Suspended", "Succeeded",
+          "Failed"]
 
 
 def status_schema() -> dict:
     condition = _obj("A Kubernetes-style condition.", {
-        "type": _str("Running, Restarting, Suspended, Succeeded, Failed, Progressing, "
-                     "PodsScheduled, Degraded or NameConflict."),
+        "type": _str("Admitted (by Kueue), Running, Restarting, Suspended, Succeeded, Failed, "
+                     "Progressing, PodsScheduled, Degraded, NameConflict, CredentialsMissing or "
+                     "PriorityClassMissing."),
         "status": _str("True, False or Unknown.", enum=["True", "False", "Unknown"]),
         "reason": _str("CamelCase cause (e.g. NodeFailure, Hang, ApplicationError)."),
         "message": _str("What happened, for people."),
@@ -188,13 +190,20 @@ def status_schema() -> dict:
         "desired": _int("nodes.max"), "running": _int("Running."), "pending": _int("Pending."),
         "failed": _int("Failed, not yet replaced."), "lost": _int("On a failed node."),
     })
+    admission = _obj("Kueue's admission of the job (jobs with the kueue.x-k8s.io/queue-name "
+                     "label, while admitted).", {
+                         "clusterQueue": _str("The ClusterQueue whose quota the job holds."),
+                         "localQueue": _str("The LocalQueue the job was submitted to."),
+                         "pods": _int("Pods admitted: nodes.max, or fewer down to nodes.min "
+                                      "(partial admission)."),
+                     })
     tracking = {"type": "object", "description": "Operator bookkeeping that must survive its "
                 "restarts (handled failures, goodput accumulators). Not a user interface.",
                 "x-kubernetes-preserve-unknown-fields": True}
     return _obj("Observed state, written by crucible-operator.", {
-        "phase": _str("Pending, Running, Restarting, Waiting (for capacity: fewer than "
-                      "nodes.min pods can be scheduled), Suspended, Succeeded or Failed.",
-                      enum=PHASES),
+        "phase": _str("Pending, Queued (waiting for Kueue to admit it), Running, Restarting, "
+                      "Waiting (for capacity: fewer than nodes.min pods can be scheduled), "
+                      "Suspended, Succeeded or Failed.", enum=PHASES),
         "conditions": {"type": "array", "description": "Kubernetes-style conditions.",
                        "items": condition, "x-kubernetes-list-type": "map",
                        "x-kubernetes-list-map-keys": ["type"]},
@@ -216,6 +225,7 @@ def status_schema() -> dict:
         "goodput": _num("Share of wall time (since start, suspended time excluded) that produced "
                         "progress still kept: steps lost to restarts are subtracted."),
         "pods": pods,
+        "admission": admission,
         "startTime": _str("When the job first had pods."),
         "completionTime": _str("When it Succeeded or Failed."),
         "message": _str("One line: what the operator is doing and why."),
@@ -230,6 +240,10 @@ PRINTER_COLUMNS = [
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts.total"},
     {"name": "Last-Ckpt", "type": "integer", "jsonPath": ".status.lastCheckpoint.step"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Admitted", "type": "string",
+     "jsonPath": ".status.conditions[?(@.type==\"Admitted\")].status", "priority": 1},
+    {"name": "Queue", "type": "string", "jsonPath": ".status.admission.clusterQueue",
+     "priority": 1},
     {"name": "Goodput", "type": "number", "jsonPath": ".status.goodput", "priority": 1},
     {"name": "Running", "type": "integer", "jsonPath": ".status.pods.running", "priority": 1},
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},

@@ -50,7 +50,7 @@ from crucible.operator import capacity
 from crucible.operator import conditions as c
 from crucible.operator import failure_policy as policy
 from crucible.operator import manifests as m
-from crucible.operator import progress, references, stragglers
+from crucible.operator import progress, queueing, references, stragglers
 from crucible.operator.cluster_policy import ClusterPolicy
 from crucible.operator.observed import JobView, Observed, PodView
 from crucible.operator.outcome import (FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, SUSPENDED,
@@ -87,7 +87,7 @@ def decide(job: JobView, obs: Observed, now: dt.datetime,
         _suspend(p)
     elif p.phase == SUSPENDED:
         _resume(p)
-    else:
+    elif queueing.admitted(p):
         _run(p)
     return p.outcome()
 
@@ -117,6 +117,7 @@ def _run(p: Pass):
 
 def _finished(p: Pass):
     p.delete_active(p.obs.pods)
+    queueing.finished(p)
     ttl, done = p.spec.ttl_seconds_after_finished, parse_time(p.status.get("completionTime"))
     if ttl is not None and done is not None:
         left = ttl - (p.now - done).total_seconds()
@@ -175,6 +176,7 @@ def _ensure_children(p: Pass):
 def _suspend(p: Pass):
     for pod in p.obs.pods:
         p.delete(pod)
+    queueing.withdraw(p, "Suspended")
     if p.phase != SUSPENDED:
         p.track["suspendedSince"] = format_time(p.now)
         p.event("Normal", "Suspended", f"suspended: deleting {len(p.obs.pods)} pod(s); the job, "
@@ -236,12 +238,12 @@ def _phase(p: Pass, current: dict[int, PodView]):
     healthy = [pod for pod in current.values() if pod.phase == "Running" and not pod.deleting
                and not p.node_broken(pod.node)]
     pending = sum(1 for pod in current.values() if pod.phase == "Pending")
-    counts = {"desired": spec.nodes.max, "running": len(healthy), "pending": pending,
+    counts = {"desired": p.width, "running": len(healthy), "pending": pending,
               "failed": sum(1 for pod in current.values() if pod.phase == "Failed"),
               "lost": sum(1 for pod in current.values()
                           if pod.phase == "Running" and p.node_broken(pod.node))}
     p.status["pods"] = counts
-    summary = f"{len(healthy)}/{spec.nodes.max} pods running (min {spec.nodes.min})"
+    summary = f"{len(healthy)}/{p.width} pods running (min {spec.nodes.min})"
     if len(healthy) >= spec.nodes.min:
         if p.phase != RUNNING:
             p.event("Normal", "Running", f"{summary}, generation {p.gen}")
@@ -257,7 +259,7 @@ def _phase(p: Pass, current: dict[int, PodView]):
         p.cond(c.RUNNING, False, "NotEnoughPods", summary)
     if not p.degraded:  # a node failure in its grace period already said why
         running = p.status["phase"] == RUNNING
-        fewer = running and len(healthy) < spec.nodes.max
+        fewer = running and len(healthy) < p.width
         p.cond(c.DEGRADED, fewer, "FewerPods" if fewer else
                ("AllPodsHealthy" if running else p.status["phase"]), summary)
     stepped = parse_time(p.track.get("stepSeenAt"))

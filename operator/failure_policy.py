@@ -17,7 +17,7 @@ from crucible.operator import capacity
 from crucible.operator import conditions as c
 from crucible.operator import failures as f
 from crucible.operator import manifests as m
-from crucible.operator import progress
+from crucible.operator import progress, queueing
 from crucible.operator.observed import PodView
 from crucible.operator.outcome import FAILED, RUNNING, Pass
 
@@ -366,6 +366,8 @@ def replace_and_create(p: Pass, current: dict[int, PodView]):
     for index in _to_create(p, current):
         body = m.pod(p.job.name, p.job.namespace, p.job.uid, p.spec, p.gen, index,
                      avoid_nodes=avoid)
+        if p.admission is not None:
+            body = queueing.admitted_pod(body, p.admission)
         p.act("create", "Pod", body["metadata"]["name"], body)
         p.status.setdefault("startTime", format_time(p.now))
     p.track["members"] = {str(i): pod.uid for i, pod in current.items() if i is not None}
@@ -390,7 +392,7 @@ def _to_create(p: Pass, current: dict[int, PodView]) -> list[int]:
     """Missing pod indices, pod 0 first: it hosts the rendezvous store, so the others are
     created only once it has a node. In a full pool the scheduler then never leaves pod 0 the
     Pending one while the others hold the GPUs and time out waiting for it."""
-    missing = [i for i in range(p.spec.nodes.max) if i not in current]
+    missing = [i for i in range(p.width) if i not in current]
     if 0 in missing:
         return [0]
     return missing if current[0].node else []
@@ -430,11 +432,11 @@ def pending(p: Pass, current: dict[int, PodView]) -> bool:
             p.event("Warning", "Unschedulable", unschedulable[0].message)
         p.cond(c.PODS_SCHEDULED, False, "Unschedulable",
                f"{len(unschedulable)} pod(s) unschedulable: {unschedulable[0].message}")
-    elif placed == p.spec.nodes.max:
+    elif placed == p.width:
         p.cond(c.PODS_SCHEDULED, True, "Scheduled", "every pod has a node")
     else:
         p.cond(c.PODS_SCHEDULED, False, "Scheduling",
-               f"{placed}/{p.spec.nodes.max} pods have a node")
+               f"{placed}/{p.width} pods have a node")
     return False
 
 

@@ -43,13 +43,14 @@ from kubernetes.config.config_exception import ConfigException
 
 from crucible.operator import crd
 from crucible.operator import manifests as m
-from crucible.operator import leader, metrics
+from crucible.operator import leader, metrics, queueing
 from crucible.operator.decision import Event, Outcome, decide
 from crucible.operator.failure_policy import bad_entries
 from crucible.operator.kube import Applied, Kube
 from crucible.operator.cluster_policy import ClusterPolicy
 from crucible.operator.observed import (ChildView, JobView, NodeView, Observed, controller_uid,
-                                        job_view, lease_view, node_view, pod_view)
+                                        flavor_view, job_view, lease_view, node_view, pod_view,
+                                        workload_view)
 
 FINALIZER = "crucible.dev/operator"   # kopf's: stops the daemon before the job goes
 WRITES = "writes"                     # status.tracking.writes: the fence counter
@@ -139,7 +140,8 @@ CHILD_KINDS = [("Service", ("v1", "services")), ("ConfigMap", ("v1", "configmaps
                ("Role", ("rbac.authorization.k8s.io", "roles")),
                ("RoleBinding", ("rbac.authorization.k8s.io", "rolebindings")),
                ("NetworkPolicy", ("networking.k8s.io", "networkpolicies"))]
-SELECTED = [("v1", "pods"), ("coordination.k8s.io", "leases")] + [sel for _, sel in CHILD_KINDS]
+SELECTED = ([("v1", "pods"), ("coordination.k8s.io", "leases"), (queueing.GROUP, queueing.PLURAL)]
+            + [sel for _, sel in CHILD_KINDS])
 
 
 def _wake(memo, key) -> None:
@@ -179,11 +181,31 @@ async def nodes_by_name(name, body, memo, **_):
 
 
 @kopf.index("scheduling.k8s.io", "priorityclasses")
-async def priority_classes(name, memo, **_):
+async def priority_classes(name, body, memo, **_):
     # Rare, and a job may be held for want of this one (references.py): every job looks.
     for event in memo.wakeups.values():
         event.set()
-    return {name: None}
+    return {name: body.get("value")}
+
+
+# Kueue (queueing.py). Kopf watches these only once their CRDs exist: without Kueue installed
+# the indexes stay empty, and only jobs with the queue-name label ever read them.
+@kopf.index(queueing.GROUP, queueing.VERSION, queueing.PLURAL, labels={m.LABEL_JOB: kopf.PRESENT})
+async def workloads_by_job(namespace, labels, body, memo, **_):
+    _wake(memo, (namespace, labels[m.LABEL_JOB]))
+    return {(namespace, labels[m.LABEL_JOB]): workload_view(body)}
+
+
+@kopf.index(queueing.GROUP, queueing.VERSION, "localqueues")
+async def local_queues(namespace, name, spec, **_):
+    return {(namespace, name): spec.get("clusterQueue")}
+
+
+@kopf.index(queueing.GROUP, queueing.VERSION, "resourceflavors")
+async def resource_flavors(name, body, memo, **_):
+    for event in memo.wakeups.values():   # rare; an admitted job may wait to read one
+        event.set()
+    return {name: flavor_view(body)}
 
 
 async def _child(kind, namespace, labels, name, body, meta, **_):
@@ -197,12 +219,17 @@ for _kind, (_group, _plural) in CHILD_KINDS:
         functools.partial(_child, _kind))
 
 
+def _first(store):
+    return next(iter(store), None) if store else None
+
+
 def snapshot(key: tuple[str, str], indexes: dict,
              conflicts: frozenset[tuple[str, str]] = frozenset(),
-             also_nodes: tuple[str, ...] = ()) -> Observed:
+             also_nodes: tuple[str, ...] = (), queue: str | None = None) -> Observed:
     """The job's world from the indexes (event loop only: indexes change between awaits): its
     pods' nodes and `also_nodes` (those it avoids), the cluster's count of schedulable nodes,
-    and the name conflicts the last pass's creates met (`conflicts`)."""
+    the name conflicts the last pass's creates met (`conflicts`), and for a job in Kueue's
+    LocalQueue `queue` its Workload, the queue's ClusterQueue and the ResourceFlavors."""
     pods = tuple(indexes["pods_by_job"].get(key, ()))
     node_index = indexes["nodes_by_name"]
     nodes = {}
@@ -223,9 +250,18 @@ def snapshot(key: tuple[str, str], indexes: dict,
         children.add(ChildView("Lease", m.progress_lease_name(key[1]), owner_uid=owner))
     # The cluster always has the built-in system-* classes: an empty index is one still filling.
     classes = indexes["priority_classes"]
+    queued = {}
+    if queue is not None:
+        queued = {"workload": _first(indexes["workloads_by_job"].get(key)),
+                  "cluster_queue": _first(indexes["local_queues"].get((key[0], queue))),
+                  "flavors": {name: _first(store)
+                              for name, store in indexes["resource_flavors"].items()}}
     return Observed(pods=pods, nodes=nodes, children=frozenset(children), lease=lease,
                     conflicts=conflicts, schedulable_nodes=schedulable,
-                    priority_classes=frozenset(classes) if len(classes) else None)
+                    priority_classes=frozenset(classes) if len(classes) else None,
+                    priority_values={name: value for name, store in classes.items()
+                                     for value in store if value is not None},
+                    **queued)
 
 
 # --- lifecycle -------------------------------------------------------------------------------
@@ -392,7 +428,8 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -
     if fenced and int((job.status.get("tracking") or {}).get(WRITES, 0)) < fence:
         return NextPass(After.STALE, 0.1)
     avoided = tuple(entry["node"] for entry in bad_entries(job.status.get("tracking") or {}))
-    obs = snapshot(key, indexes, memo.conflicts.get(job.uid, frozenset()), avoided)
+    obs = snapshot(key, indexes, memo.conflicts.get(job.uid, frozenset()), avoided,
+                   queueing.queue_name(job))
     now = dt.datetime.now(dt.timezone.utc)
     loop = asyncio.get_running_loop()
     try:

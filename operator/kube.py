@@ -27,7 +27,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from crucible.api.progress import format_time
-from crucible.operator import crd, metrics
+from crucible.operator import crd, metrics, queueing
 from crucible.api.names import PREFIX
 from crucible.operator.decision import Action, Event, Outcome
 from crucible.operator.observed import JobView
@@ -126,8 +126,22 @@ class Kube:
             "Role": self.rbac.create_namespaced_role,
             "RoleBinding": self.rbac.create_namespaced_role_binding,
             "NetworkPolicy": self.networking.create_namespaced_network_policy,
+            "Workload": self._create_workload,
         }
         return creators[kind](ns, body)
+
+    def _create_workload(self, ns: str, body: dict):
+        return self.custom.create_namespaced_custom_object(queueing.GROUP, queueing.VERSION, ns,
+                                                           queueing.PLURAL, body)
+
+    def _read_workload(self, name: str, ns: str):
+        body = self.custom.get_namespaced_custom_object(queueing.GROUP, queueing.VERSION, ns,
+                                                        queueing.PLURAL, name)
+        refs = (body.get("metadata") or {}).get("ownerReferences") or []
+        return client.V1ObjectMeta(owner_references=[
+            client.V1OwnerReference(api_version=r.get("apiVersion"), kind=r.get("kind"),
+                                    name=r.get("name"), uid=r.get("uid"),
+                                    controller=r.get("controller")) for r in refs])
 
     def _ours(self, ns: str, kind: str, name: str, body: dict) -> bool:
         """Whether the existing object of a create that met a 409 is this job's: the children
@@ -141,7 +155,8 @@ class Kube:
             "RoleBinding": self.rbac.read_namespaced_role_binding,
             "NetworkPolicy": self.networking.read_namespaced_network_policy,
         }
-        existing = readers[kind](name, ns).metadata
+        existing = (self._read_workload(name, ns) if kind == "Workload"
+                    else readers[kind](name, ns).metadata)
         want = body["metadata"]["ownerReferences"][0]["uid"]
         return any(ref.controller and ref.uid == want for ref in existing.owner_references or [])
 
@@ -162,6 +177,13 @@ class Kube:
                 self.core.patch_node(name, action.body)
                 if (action.body.get("spec") or {}).get("unschedulable"):
                     metrics.CORDONS.inc()
+            elif verb == "delete" and kind == "Workload":
+                self.custom.delete_namespaced_custom_object(
+                    queueing.GROUP, queueing.VERSION, ns, queueing.PLURAL, name,
+                    propagation_policy="Background")
+            elif verb == "patch_status" and kind == "Workload":
+                self.custom.patch_namespaced_custom_object_status(
+                    queueing.GROUP, queueing.VERSION, ns, queueing.PLURAL, name, action.body)
             elif verb == "delete_job":
                 self.custom.delete_namespaced_custom_object(
                     crd.GROUP, crd.VERSION, ns, crd.PLURAL, name, propagation_policy="Background")
@@ -222,7 +244,10 @@ class Kube:
         except NameConflict as err:
             return False, ("conflict", (err.kind, err.name))
         except ApiException as err:
-            retry = err.status is None or err.status >= 500 or err.status == 429
+            # A 409 on a status patch: Kueue wrote the Workload since the pass read it (the
+            # patch names the resourceVersion read); the next pass decides from the new one.
+            retry = (err.status is None or err.status >= 500 or err.status == 429
+                     or (err.status == 409 and action.verb == "patch_status"))
             return False, ("transient" if retry else "rejected",
                            f"{what}: HTTP {err.status} {_api_message(err)}")
         except OSError as err:  # urllib3's connection errors are OSErrors underneath

@@ -46,7 +46,8 @@ def owner_reference(job: str, uid: str) -> dict:
             "controller": True, "blockOwnerDeletion": True}
 
 
-def _meta(job: str, uid: str, name: str, namespace: str, **label_extra: str) -> dict:
+def metadata(job: str, uid: str, name: str, namespace: str, **label_extra: str) -> dict:
+    """A child's name, namespace, the job's labels and the job as its controller."""
     return {"name": name, "namespace": namespace, "labels": labels(job, **label_extra),
             "ownerReferences": [owner_reference(job, uid)]}
 
@@ -89,7 +90,7 @@ def data_digest(data) -> str:
 # --- children ---------------------------------------------------------------------------------
 def config_map(job: str, namespace: str, uid: str, spec: PretrainJobSpec) -> dict:
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": _meta(job, uid, config_map_name(job), namespace),
+            "metadata": metadata(job, uid, config_map_name(job), namespace),
             "data": {CONFIG_FILE: config_text(job, spec)}}
 
 
@@ -118,7 +119,7 @@ def service(job: str, namespace: str, uid: str) -> dict:
     JobSet does for its pod DNS).
     """
     return {"apiVersion": "v1", "kind": "Service",
-            "metadata": _meta(job, uid, service_name(job), namespace),
+            "metadata": metadata(job, uid, service_name(job), namespace),
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                      "selector": {LABEL_JOB: job, LABEL_MANAGED_BY: MANAGER},
                      "ports": [{"name": "c10d", "port": RDZV_PORT, "targetPort": RDZV_PORT}]}}
@@ -142,20 +143,20 @@ def network_policy(job: str, namespace: str, uid: str,
                {"from": [dict(peer) for peer in metrics_from],
                 "ports": [{"protocol": "TCP", "port": METRICS_PORT}]}]
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": _meta(job, uid, network_policy_name(job), namespace),
+            "metadata": metadata(job, uid, network_policy_name(job), namespace),
             "spec": {"podSelector": pods, "policyTypes": ["Ingress"], "ingress": ingress}}
 
 
 def lease(job: str, namespace: str, uid: str) -> dict:
     """Created empty; trainer rank 0 patches its annotations (`crucible.api.progress`)."""
     return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": _meta(job, uid, progress_lease_name(job), namespace), "spec": {}}
+            "metadata": metadata(job, uid, progress_lease_name(job), namespace), "spec": {}}
 
 
 def service_account(job: str, namespace: str, uid: str, spec: PretrainJobSpec) -> dict:
     """The trainer's identity; `serviceAccount.annotations` bind it to a cloud role (workload
     identity), so storage needs no static keys."""
-    meta = _meta(job, uid, trainer_account_name(job), namespace)
+    meta = metadata(job, uid, trainer_account_name(job), namespace)
     if spec.service_account.annotations:
         meta["annotations"] = dict(spec.service_account.annotations)
     return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}
@@ -164,7 +165,7 @@ def service_account(job: str, namespace: str, uid: str, spec: PretrainJobSpec) -
 def role(job: str, namespace: str, uid: str) -> dict:
     """The trainer may read and patch its own job's progress Lease, and nothing else."""
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": _meta(job, uid, trainer_account_name(job), namespace),
+            "metadata": metadata(job, uid, trainer_account_name(job), namespace),
             "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                        "resourceNames": [progress_lease_name(job)], "verbs": ["get", "patch"]}]}
 
@@ -172,7 +173,7 @@ def role(job: str, namespace: str, uid: str) -> dict:
 def role_binding(job: str, namespace: str, uid: str) -> dict:
     name = trainer_account_name(job)
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": _meta(job, uid, name, namespace),
+            "metadata": metadata(job, uid, name, namespace),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]}
 
@@ -249,9 +250,13 @@ def avoided_nodes(pod_spec: Mapping) -> tuple[str, ...]:
                          for value in expr.get("values") or []}))
 
 
-def _resources(spec: PretrainJobSpec) -> dict:
+def container_resources(spec: PretrainJobSpec) -> dict:
     return {kind: {name: str(amount) for name, amount in amounts.items()}
             for kind, amounts in spec.resources.items()}
+
+
+def tolerations(spec: PretrainJobSpec) -> list[dict]:
+    return [t.model_dump(by_alias=True, exclude_none=True) for t in spec.scheduling.tolerations]
 
 
 def pod(job: str, namespace: str, uid: str, spec: PretrainJobSpec, generation: int, index: int,
@@ -259,7 +264,7 @@ def pod(job: str, namespace: str, uid: str, spec: PretrainJobSpec, generation: i
     """Worker pod `index` of `generation`. `avoid_nodes`: nodes that failed under this job."""
     name = pod_name(job, generation, index)
     cmd, args = launch.command()
-    meta = _meta(job, uid, name, namespace, **{LABEL_GENERATION: str(generation),
+    meta = metadata(job, uid, name, namespace, **{LABEL_GENERATION: str(generation),
                                                LABEL_INDEX: str(index)})
     meta["annotations"] = {ANNOTATION_SPEC_HASH: spec_hash(spec)}
     container = {
@@ -268,7 +273,7 @@ def pod(job: str, namespace: str, uid: str, spec: PretrainJobSpec, generation: i
         "env": container_env(job, spec, generation, index),
         "ports": [{"name": "c10d", "containerPort": RDZV_PORT},
                   {"name": "metrics", "containerPort": METRICS_PORT}],
-        "resources": _resources(spec),
+        "resources": container_resources(spec),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
                          {"name": "scratch", "mountPath": SCRATCH_DIR},
                          {"name": "dshm", "mountPath": "/dev/shm"}],
@@ -296,8 +301,7 @@ def pod(job: str, namespace: str, uid: str, spec: PretrainJobSpec, generation: i
     if sched.node_selector:
         pod_spec["nodeSelector"] = dict(sched.node_selector)
     if sched.tolerations:
-        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True)
-                                   for t in sched.tolerations]
+        pod_spec["tolerations"] = tolerations(spec)
     if sched.priority_class_name:
         pod_spec["priorityClassName"] = sched.priority_class_name
     affinity = _affinity(list(avoid_nodes))

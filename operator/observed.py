@@ -13,7 +13,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from crucible.api.names import PREFIX
+from crucible.api.names import ANNOTATION_WORKLOAD_DIGEST, PREFIX
 from crucible.api.progress import ProgressReport, parse_time
 from crucible.operator import manifests as m
 
@@ -108,8 +108,10 @@ def pod_view(body: Mapping) -> PodView:
         reason=status.get("reason"), message=status.get("message"),
         disruption=disruption.get("reason") or "DisruptionTarget"
         if disruption.get("status") == "True" else None,
+        # A gated pod waits for whoever holds the gate (Kueue's topology ungater), not for room.
         unschedulable=(scheduled.get("message") or scheduled.get("reason") or "unschedulable")
-        if scheduled.get("status") == "False" else None,
+        if scheduled.get("status") == "False" and scheduled.get("reason") != "SchedulingGated"
+        else None,
         waiting_reason=waiting_reason, waiting_message=waiting_message,
         owner_uid=controller_uid(meta),
     )
@@ -185,6 +187,7 @@ class JobView:
     spec: Mapping
     status: Mapping
     deleting: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 def job_view(body: Mapping) -> JobView:
@@ -192,7 +195,68 @@ def job_view(body: Mapping) -> JobView:
     return JobView(name=meta.get("name", ""), namespace=meta.get("namespace", ""),
                    uid=meta.get("uid", ""), generation=_int(meta.get("generation")) or 0,
                    spec=dict(body.get("spec") or {}), status=dict(body.get("status") or {}),
-                   deleting=meta.get("deletionTimestamp") is not None)
+                   deleting=meta.get("deletionTimestamp") is not None,
+                   labels=dict(meta.get("labels") or {}))
+
+
+@dataclass(frozen=True)
+class KueueCondition:
+    status: str
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class WorkloadView:
+    """A Kueue Workload (kueue.x-k8s.io/v1beta2) as the queueing decision reads it."""
+
+    name: str
+    owner_uid: str | None
+    resource_version: str
+    digest: str | None                  # of the spec it was created from (queueing.py)
+    conditions: Mapping[str, KueueCondition]
+    cluster_queue: str | None = None    # status.admission: where the quota is reserved
+    count: int | None = None            # pods admitted (partial admission: nodes.min..max)
+    flavors: tuple[str, ...] = ()       # ResourceFlavors of the admission
+    raw_conditions: tuple[Mapping, ...] = ()   # as stored: a status patch rewrites the list
+
+    def is_true(self, type_: str) -> bool:
+        found = self.conditions.get(type_)
+        return found is not None and found.status == "True"
+
+
+def workload_view(body: Mapping) -> WorkloadView:
+    meta, status = body.get("metadata", {}), body.get("status") or {}
+    raw = tuple(dict(c) for c in status.get("conditions") or [])
+    admission = status.get("admission") or {}
+    assignment = next(iter(admission.get("podSetAssignments") or []), {})
+    return WorkloadView(
+        name=meta.get("name", ""), owner_uid=controller_uid(meta),
+        resource_version=meta.get("resourceVersion", ""),
+        digest=(meta.get("annotations") or {}).get(ANNOTATION_WORKLOAD_DIGEST),
+        conditions={c.get("type", ""): KueueCondition(c.get("status", "Unknown"),
+                                                      c.get("reason") or "",
+                                                      c.get("message") or "") for c in raw},
+        cluster_queue=admission.get("clusterQueue"), count=_int(assignment.get("count")),
+        flavors=tuple(sorted(set((assignment.get("flavors") or {}).values()))),
+        raw_conditions=raw)
+
+
+@dataclass(frozen=True)
+class FlavorView:
+    """What a Kueue ResourceFlavor asks of the pods admitted on it (Kueue's job integrations
+    copy the same into their pods)."""
+
+    name: str
+    node_labels: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[Mapping, ...] = ()
+
+
+def flavor_view(body: Mapping) -> FlavorView:
+    meta, spec = body.get("metadata", {}), body.get("spec") or {}
+    return FlavorView(name=meta.get("name", ""),
+                      node_labels=tuple(sorted((spec.get("nodeLabels") or {}).items())),
+                      tolerations=tuple(dict(t) for t in spec.get("tolerations") or []))
 
 
 @dataclass(frozen=True)
@@ -213,6 +277,12 @@ class Observed:
     schedulable_nodes: int | None = None
     # Names of the cluster's PriorityClasses (None: not known yet).
     priority_classes: frozenset[str] | None = None
+    # Their values, by name (Kueue orders and preempts Workloads by the value, not the name).
+    priority_values: Mapping[str, int] = field(default_factory=dict)
+    # Kueue: the job's Workload, the ClusterQueue its LocalQueue points at, the flavors in use.
+    workload: WorkloadView | None = None
+    cluster_queue: str | None = None
+    flavors: Mapping[str, FlavorView] = field(default_factory=dict)
 
     def has_child(self, kind: str, name: str) -> bool:
         return any(c.kind == kind and c.name == name for c in self.children)

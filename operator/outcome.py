@@ -22,15 +22,16 @@ from crucible.operator import progress
 from crucible.operator.cluster_policy import ClusterPolicy
 from crucible.operator.observed import JobView, Observed, PodView
 
-PENDING, RUNNING, RESTARTING, WAITING, SUSPENDED, SUCCEEDED, FAILED = (
-    "Pending", "Running", "Restarting", "Waiting", "Suspended", "Succeeded", "Failed")
+PENDING, RUNNING, RESTARTING, WAITING, QUEUED, SUSPENDED, SUCCEEDED, FAILED = (
+    "Pending", "Running", "Restarting", "Waiting", "Queued", "Suspended", "Succeeded", "Failed")
 TERMINAL = (SUCCEEDED, FAILED)
 MAX_HANDLED = 64       # failed pod instances remembered (by uid) beyond 2 x nodes.max
 
 
 @dataclass(frozen=True)
 class Action:
-    verb: str                 # create, replace, delete, force_delete, patch_node, delete_job
+    verb: str                 # create, replace, delete, force_delete, patch_node, delete_job,
+    #                           patch_status (a Workload's: release its quota, or finish it)
     kind: str
     name: str
     body: dict | None = None  # manifest (create, replace) or merge patch (patch_node)
@@ -72,6 +73,13 @@ class Pass:
         self.wake_in_s: float | None = None
         self.degraded = False
         self.spec: PretrainJobSpec | None = None
+        # Kueue's admission of this pass's pods (queueing.Admission); None: not queued.
+        self.admission = None
+
+    @property
+    def width(self) -> int:
+        """Pods of a generation: nodes.max, or as many as Kueue admitted (nodes.min..max)."""
+        return self.admission.count if self.admission is not None else self.spec.nodes.max
 
     # -- recording ----------------------------------------------------------------------------
     def act(self, verb: str, kind: str, name: str, body: dict | None = None, reason: str = ""):

@@ -47,6 +47,13 @@ RULES: list[tuple[list[str], list[str], list[str], str]] = [
      "node health; cordon and annotate failed nodes"),
     (["scheduling.k8s.io"], ["priorityclasses"], ["list", "watch"],
      "a job naming a PriorityClass that does not exist is told so"),
+    (["kueue.x-k8s.io"], ["workloads"], ["get", "list", "watch", "create", "delete"],
+     "a queued job's Kueue Workload (get: whose is it, after a 409; delete: on suspension or a "
+     "spec change)"),
+    (["kueue.x-k8s.io"], ["workloads/status"], ["patch"],
+     "release an evicted Workload's quota once its pods are gone; mark it Finished"),
+    (["kueue.x-k8s.io"], ["localqueues", "resourceflavors"], ["list", "watch"],
+     "name a queued job's ClusterQueue; put its pods on the admitted flavors' nodes"),
     ([""], ["namespaces"], ["list", "watch"], "kopf: which namespaces to serve"),
     (["apiextensions.k8s.io"], ["customresourcedefinitions"], ["list", "watch"],
      "kopf: resource discovery"),
@@ -56,7 +63,8 @@ RULES: list[tuple[list[str], list[str], list[str], str]] = [
 # Resources of RULES that are cluster-scoped: a namespaced install (the chart's
 # watchNamespaces) grants these cluster-wide and the rest only in the watched namespaces. The
 # ClusterRole carries the list (CLUSTER_SCOPED_ANNOTATION), so the chart splits by it.
-CLUSTER_SCOPED = ("nodes", "priorityclasses", "namespaces", "customresourcedefinitions")
+CLUSTER_SCOPED = ("nodes", "priorityclasses", "resourceflavors", "namespaces",
+                  "customresourcedefinitions")
 CLUSTER_SCOPED_ANNOTATION = "crucible.dev/cluster-scoped-resources"
 
 OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{NAME}"

@@ -15,7 +15,7 @@ from crucible.api.progress import ProgressReport
 from crucible.api.spec import PretrainJobSpec
 from crucible.operator import manifests as m
 from crucible.operator.observed import (ChildView, JobView, Observed, job_view, lease_view,
-                                        node_view, pod_view)
+                                        node_view, pod_view, workload_view)
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
 JOB, NS, UID = "gpt", "team-a", "uid-job-1"
@@ -50,8 +50,9 @@ def spec(**overrides) -> PretrainJobSpec:
 
 
 def job(status: dict | None = None, generation: int = 1, deleting: bool = False,
-        **spec_overrides) -> JobView:
-    body = {"metadata": {"name": JOB, "namespace": NS, "uid": UID, "generation": generation},
+        labels: dict | None = None, **spec_overrides) -> JobView:
+    body = {"metadata": {"name": JOB, "namespace": NS, "uid": UID, "generation": generation,
+                         "labels": labels or {}},
             "spec": spec_doc(**spec_overrides), "status": status or {}}
     if deleting:
         body["metadata"]["deletionTimestamp"] = ts(0)
@@ -144,7 +145,8 @@ def lease(step: int | None = None, step_time: float | None = None, *, loss: floa
 
 def observed(pods=(), nodes=None, lease_view_=None, children=None,
              schedulable_nodes: int | None = None,
-             priority_classes: frozenset[str] | None = None) -> Observed:
+             priority_classes: frozenset[str] | None = None, **queueing) -> Observed:
+    """`queueing`: Kueue's side (workload, cluster_queue, flavors, priority_values)."""
     if children is None:
         s = spec()
         children = frozenset(
@@ -153,4 +155,25 @@ def observed(pods=(), nodes=None, lease_view_=None, children=None,
             for c in m.static_children(JOB, NS, UID, s))
     return Observed(pods=tuple(pods), nodes=nodes if nodes is not None else healthy_nodes(),
                     children=children, lease=lease_view_, schedulable_nodes=schedulable_nodes,
-                    priority_classes=priority_classes)
+                    priority_classes=priority_classes, **queueing)
+
+
+def workload_body(body: dict, *, conditions: dict[str, tuple[str, str, str]] | None = None,
+                  cluster_queue: str | None = None, count: int | None = None,
+                  flavor: str = "gpu", owner: str | None = UID, resource_version: str = "7"):
+    """A Workload as Kueue leaves it: `body` as the operator created it (queueing.workload),
+    with `conditions` {type: (status, reason, message)} and, when admitted, the admission."""
+    body = {**body, "metadata": {**body["metadata"], "resourceVersion": resource_version}}
+    if owner != UID:
+        body["metadata"]["ownerReferences"] = [m.owner_reference("other", owner)] if owner else []
+    status = {"conditions": [{"type": t, "status": st, "reason": r, "message": msg,
+                              "lastTransitionTime": ts(0)}
+                             for t, (st, r, msg) in (conditions or {}).items()]}
+    if cluster_queue is not None:
+        status["admission"] = {"clusterQueue": cluster_queue, "podSetAssignments": [
+            {"name": "workers", "flavors": {"nvidia.com/gpu": flavor}, "count": count}]}
+    return {**body, "status": status}
+
+
+def workload(body: dict, **kw):
+    return workload_view(workload_body(body, **kw))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.operator import crd, rbac
+from crucible.operator import crd, queueing, rbac
 from crucible.operator.handlers import CHILD_KINDS
 
 OPERATOR = Path(__file__).resolve().parents[2] / "operator"
@@ -51,9 +51,14 @@ def code_calls() -> dict[tuple[str, str], str]:
     """(resource, verb) -> where the code makes that call."""
     found: dict[tuple[str, str], str] = {}
     for path in sorted(OPERATOR.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        custom = _custom_object_calls(tree)
+        for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and (match := CALL.match(node.attr)):
                 verb, namespaced, kind = match.groups()
+                if id(node) in custom:       # a custom resource: its group names which
+                    found.setdefault((custom[id(node)], VERBS[verb]), f"{path.name}: {node.attr}")
+                    continue
                 if kind not in KINDS:
                     assert not namespaced, f"{path.name}: {node.attr}: add its kind to KINDS"
                     continue
@@ -74,12 +79,33 @@ def code_calls() -> dict[tuple[str, str], str]:
     return found
 
 
+def _custom_object_calls(tree) -> dict[int, str]:
+    """id(the method attribute) -> resource, for each `*_custom_object[_status]` call: its first
+    arguments name the group and the plural (`crd.GROUP, ..., crd.PLURAL` or Kueue's)."""
+    out = {}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr.endswith(("_custom_object", "_custom_object_status"))):
+            continue
+        group, plural = _value(node.args[0]), _value(node.args[3])
+        assert group and plural, f"{node.func.attr}: group and plural must be named constants"
+        status = "/status" if node.func.attr.endswith("_status") else ""
+        out[id(node.func)] = _resource(group, plural) + status
+    return out
+
+
+# Modules whose constants name the resources the operator calls (decorators, custom objects).
+CONSTANTS = {"crd": crd, "queueing": queueing}
+
+
 def _value(arg: ast.expr):
-    """A decorator argument: a literal, or `crd.NAME`; None for anything else."""
+    """A decorator or call argument: a literal, or `crd.NAME` (`queueing.NAME`); None for
+    anything else."""
     if isinstance(arg, ast.Constant):
         return arg.value
-    if isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name) and arg.value.id == "crd":
-        return getattr(crd, arg.attr)
+    if (isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name)
+            and arg.value.id in CONSTANTS):
+        return getattr(CONSTANTS[arg.value.id], arg.attr)
     return None
 
 
@@ -108,7 +134,9 @@ def test_the_scan_sees_the_calls_that_matter():
     """Guards the scanner itself: if it went blind, the test above would pass on anything."""
     calls = code_calls()
     for key in (("pods", "create"), ("pods", "delete"), ("nodes", "patch"), ("nodes", "watch"),
-                ("configmaps", "patch"), (JOB_STATUS, "patch"), ("events", "create")):
+                ("configmaps", "patch"), (JOB_STATUS, "patch"), ("events", "create"),
+                ("workloads.kueue.x-k8s.io", "create"), ("workloads.kueue.x-k8s.io/status",
+                                                         "patch")):
         assert key in calls, key
 
 

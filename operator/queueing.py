@@ -1,0 +1,343 @@
+"""Queueing with Kueue: a PretrainJob admitted, preempted and resumed as one unit.
+
+Owns what a job carrying the `kueue.x-k8s.io/queue-name` label does differently: it has pods only
+while a Kueue Workload it owns is admitted. A Workload the operator owns, rather than Kueue's
+pod-group integration (docs/operator.md, "Queueing with Kueue", has the long form):
+- a pod group has a fixed size, so no partial admission between nodes.min and nodes.max;
+- on preemption Kueue would delete the group's pods itself, and the owner must make them again
+  under new names anyway: the operator already does both, with generations;
+- pod groups need Kueue's pod webhook, which fails closed: no pod in a managed namespace could be
+  created while Kueue is down.
+
+Kueue admits a Workload that no job integration stands behind like any other (quota, priority,
+preemption, partial admission, topology-aware scheduling); what an integration does after that
+is done here, step for step as Kueue's own `jobframework` reconciler does it:
+- admitted: the pass creates the admitted number of pods, marked as the Workload's (its
+  annotation and pod-set label) and placed on its ResourceFlavors (their node labels and
+  tolerations). With a topology request the pods also carry Kueue's scheduling gate: Kueue's
+  topology ungater lifts it, giving each pod the node selector of its domain;
+- evicted (preempted, its ClusterQueue stopped, ...): delete the pods (each gets its grace period
+  to finish a checkpoint), count one infrastructure restart (never against maxRestarts), start a
+  new generation, and once no pod is left release the quota: `status.admission` cleared,
+  QuotaReserved=False, Requeued=True after a preemption. Kueue leaves that to the job's owner; a
+  preemptor would otherwise wait forever. Re-admission creates the new generation's pods, and
+  the trainer resumes from the newest commit as after any restart;
+- finished: the Workload's Finished condition gives the quota back;
+- suspended: the Workload is deleted (a suspended job holds no quota) and made again on resume.
+
+Pure: Workload manifests and status patches, and decisions written into a `Pass`.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import hashlib
+import json
+from dataclasses import dataclass
+
+from crucible.api.launch import CONTAINER
+from crucible.api.names import ANNOTATION_WORKLOAD_DIGEST, workload_name
+from crucible.api.progress import format_time
+from crucible.api.spec import PretrainJobSpec, TopologySpec
+from crucible.operator import conditions as c
+from crucible.operator import failures as f
+from crucible.operator import manifests as m
+from crucible.operator.observed import JobView, WorkloadView
+from crucible.operator.outcome import QUEUED, Pass
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+GROUP, VERSION, PLURAL = "kueue.x-k8s.io", "v1beta2", "workloads"
+API_VERSION = f"{GROUP}/{VERSION}"
+PODSET = "workers"
+# What Kueue reads on a pod (sigs.k8s.io/kueue v0.17: apis/kueue/v1beta2/topology_types.go,
+# pkg/constants/constants.go): whose pod it is, its pod set, and the topology gate.
+WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"
+PODSET_LABEL = "kueue.x-k8s.io/podset"
+TOPOLOGY_GATE = "kueue.x-k8s.io/topology"
+TOPOLOGY_ANNOTATION = {"required": "kueue.x-k8s.io/podset-required-topology",
+                       "preferred": "kueue.x-k8s.io/podset-preferred-topology"}
+# Evictions after which Kueue's own integrations mark the Workload Requeued=True; after the
+# others (a stopped queue, a deactivation) Kueue requeues it itself when the cause is gone.
+REQUEUED_AFTER = ("Preempted", "NodeFailures")
+
+
+def queue_name(job: JobView) -> str | None:
+    return job.labels.get(QUEUE_LABEL) or None
+
+
+# --- the Workload -----------------------------------------------------------------------------
+def workload(job: str, namespace: str, uid: str, spec: PretrainJobSpec, queue: str,
+             priority: int | None) -> dict:
+    """The job's Workload: one pod set of nodes.max pods, at least nodes.min (partial admission),
+    with the resources, node selector and tolerations every worker pod asks for. Its digest
+    annotation says which spec it was made from: Kueue forbids changing pod sets once quota is
+    reserved, so a job whose digest moved gets a new Workload."""
+    sched = spec.scheduling
+    pod_spec: dict = {"restartPolicy": "Never",
+                      "containers": [{"name": CONTAINER, "image": spec.image,
+                                      "resources": m.container_resources(spec)}]}
+    if sched.node_selector:
+        pod_spec["nodeSelector"] = dict(sched.node_selector)
+    if sched.tolerations:
+        pod_spec["tolerations"] = m.tolerations(spec)
+    if sched.priority_class_name:
+        pod_spec["priorityClassName"] = sched.priority_class_name
+    podset: dict = {"name": PODSET, "count": spec.nodes.max,
+                    "template": {"metadata": {"labels": {PODSET_LABEL: PODSET}}, "spec": pod_spec}}
+    if spec.nodes.min < spec.nodes.max:
+        podset["minCount"] = spec.nodes.min
+    if sched.topology is not None:
+        kind = "required" if sched.topology.required else "preferred"
+        podset["topologyRequest"] = {kind: sched.topology.level}
+    wl_spec: dict = {"queueName": queue, "podSets": [podset]}
+    if sched.priority_class_name and priority is not None:
+        # Kueue orders and preempts by the value; the webhook of a job integration would look
+        # it up, and here nothing else does.
+        wl_spec["priorityClassRef"] = {"group": "scheduling.k8s.io", "kind": "PriorityClass",
+                                       "name": sched.priority_class_name}
+        wl_spec["priority"] = priority
+    meta = m.metadata(job, uid, workload_name(job), namespace)
+    meta["annotations"] = {ANNOTATION_WORKLOAD_DIGEST: digest(wl_spec)}
+    return {"apiVersion": API_VERSION, "kind": "Workload", "metadata": meta, "spec": wl_spec}
+
+
+def digest(wl_spec: dict) -> str:
+    return hashlib.sha256(json.dumps(wl_spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _condition(old: tuple, type_: str, status: str, reason: str, message: str,
+               now: dt.datetime) -> dict:
+    """A Kueue condition; its transition time moves only when its status does."""
+    was = next((x for x in old if x.get("type") == type_), None)
+    since = was.get("lastTransitionTime") if was and was.get("status") == status else None
+    return {"type": type_, "status": status, "reason": reason, "message": message[:32768],
+            "lastTransitionTime": since or format_time(now)}
+
+
+def _status_patch(wl: WorkloadView, changed: list[dict], **fields) -> dict:
+    """A merge patch of the Workload's status: its conditions with `changed` set, and `fields`.
+    It carries the resourceVersion read, so a patch racing one of Kueue's fails (409) and the
+    next pass decides again from the newer object."""
+    kept = [dict(x) for x in wl.raw_conditions
+            if x.get("type") not in {new["type"] for new in changed}]
+    return {"metadata": {"resourceVersion": wl.resource_version},
+            "status": {**fields, "conditions": kept + changed}}
+
+
+def release(wl: WorkloadView, now: dt.datetime) -> dict:
+    """Give back an evicted Workload's quota once its pods are gone (what Kueue's
+    jobframework reconciler does for the jobs it integrates)."""
+    evicted = wl.conditions.get("Evicted")
+    reason = evicted.reason if evicted and evicted.reason else "Released"
+    message = evicted.message if evicted and evicted.message else "the pods are gone"
+    old = wl.raw_conditions
+    return _status_patch(wl, [
+        _condition(old, "QuotaReserved", "False", "Pending", message, now),
+        _condition(old, "Admitted", "False", "NoReservation", "The workload has no reservation",
+                   now),
+        _condition(old, "Requeued", "True" if reason in REQUEUED_AFTER else "False", reason,
+                   message, now)], admission=None)
+
+
+def finish(wl: WorkloadView, succeeded: bool, message: str, now: dt.datetime) -> dict:
+    """The Workload's Finished condition: Kueue frees its quota."""
+    return _status_patch(wl, [_condition(wl.raw_conditions, "Finished", "True",
+                                         "Succeeded" if succeeded else "Failed", message, now)])
+
+
+# --- the pods ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Admission:
+    """What an admitted Workload asks of the pods made under it."""
+
+    workload: str
+    count: int
+    node_labels: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[dict, ...] = ()
+    topology: TopologySpec | None = None
+
+
+def admitted_pod(pod: dict, admission: Admission) -> dict:
+    """A worker pod (`manifests.pod`) as Kueue expects to find it: marked as the Workload's,
+    on the admission's ResourceFlavors, and, with a topology request, gated until Kueue's
+    topology ungater gives it the node selector of its domain."""
+    pod = copy.deepcopy(pod)
+    meta, spec = pod["metadata"], pod["spec"]
+    meta["labels"][PODSET_LABEL] = PODSET
+    meta.setdefault("annotations", {})[WORKLOAD_ANNOTATION] = admission.workload
+    if admission.node_labels:
+        spec["nodeSelector"] = {**spec.get("nodeSelector", {}), **dict(admission.node_labels)}
+    if admission.tolerations:
+        spec["tolerations"] = spec.get("tolerations", []) + [
+            dict(t) for t in admission.tolerations if dict(t) not in spec.get("tolerations", [])]
+    if admission.topology is not None:
+        kind = "required" if admission.topology.required else "preferred"
+        meta["annotations"][TOPOLOGY_ANNOTATION[kind]] = admission.topology.level
+        spec["schedulingGates"] = [{"name": TOPOLOGY_GATE}]
+    return pod
+
+
+# --- the pass ---------------------------------------------------------------------------------
+def admitted(p: Pass) -> bool:
+    """Whether the pass may run the job's pods; when not, the status says why. Sets
+    `p.admission` for a queued job that Kueue admitted."""
+    queue = queue_name(p.job)
+    ours = p.obs.workload if p.obs.workload and p.obs.workload.owner_uid == p.job.uid else None
+    if queue is None:
+        if ours is not None:   # the label was removed: the job leaves Kueue, its pods stay
+            p.act("delete", "Workload", ours.name, reason="NotQueued")
+            p.track.pop("admission", None)
+            p.status.pop("admission", None)
+            p.cond(c.ADMITTED, False, "NotQueued", f"no {QUEUE_LABEL} label: Kueue does not "
+                   "admit this job")
+        if p.spec.scheduling.topology is not None:
+            _hold(p, "NoQueue", f"scheduling.topology is placed by Kueue: add the {QUEUE_LABEL} "
+                  "label naming a LocalQueue, or remove scheduling.topology")
+            return False
+        return True
+    name = workload_name(p.job.name)
+    if p.obs.workload is not None and ours is None:
+        _hold(p, "WaitingForNamesake", f"Workload {name} of a deleted namesake still exists; "
+              "waiting for it to go")
+        p.wake(2)
+        return False
+    conflict = ("Workload", name) in p.obs.conflicts
+    wanted = p.spec.scheduling.priority_class_name
+    priority = p.obs.priority_values.get(wanted) if wanted else None
+    if wanted and priority is None:
+        _hold(p, "PriorityClassUnknown", f"PriorityClass {wanted} named by "
+              "scheduling.priorityClassName is not known (yet): the Workload needs its value")
+        p.wake(10)
+        return False
+    desired = workload(p.job.name, p.job.namespace, p.job.uid, p.spec, queue, priority)
+    if ours is None:
+        p.act("create", "Workload", name, desired)   # again after a conflict: it may be gone
+        if conflict:
+            _hold(p, "NameConflict", f"Workload {name} exists and belongs to another owner: "
+                  "delete it (it is never adopted)")
+            p.wake(10)
+            return False
+        _queued(p, "Created", f"Workload {name} created in LocalQueue {queue}"
+                f"{_cluster_queue(p)}; waiting for Kueue to admit it")
+        return False
+    if ours.digest != desired["metadata"]["annotations"][ANNOTATION_WORKLOAD_DIGEST] or \
+            ours.is_true("Finished"):
+        # Pod sets are immutable once Kueue reserved quota: a new Workload for the new spec.
+        if p.track.pop("admission", None) is not None:
+            p.new_generation()   # the spec change restarts the group, uncounted
+        p.act("delete", "Workload", ours.name, reason="SpecChanged")
+        _queued(p, "SpecChanged", "the spec changed what Kueue admits (pods, resources, "
+                "placement, priority or queue): the Workload is made again")
+        return False
+    if ours.is_true("Evicted") or (p.track.get("admission") and not ours.is_true("QuotaReserved")):
+        _evicted(p, ours, queue)
+        return False
+    if not ours.is_true("Admitted"):
+        _withdraw_pods(p)
+        why = ours.conditions.get("QuotaReserved")
+        reason = why.reason if why and why.reason else "Pending"
+        message = why.message if why and why.message else "waiting for Kueue"
+        _queued(p, reason, f"in LocalQueue {queue}{_cluster_queue(p)}: {message}")
+        return False
+    return _admit(p, ours, queue)
+
+
+def _admit(p: Pass, wl: WorkloadView, queue: str) -> bool:
+    labels, tolerations = {}, []
+    for name in wl.flavors:
+        flavor = p.obs.flavors.get(name)
+        if flavor is None:
+            _hold(p, "FlavorUnknown", f"admitted on ResourceFlavor {name}, which the operator "
+                  "cannot see (yet): its node labels decide where the pods go")
+            p.wake(5)
+            return False
+        labels.update(dict(flavor.node_labels))
+        tolerations += [t for t in flavor.tolerations if t not in tolerations]
+    count = min(wl.count or p.spec.nodes.max, p.spec.nodes.max)
+    record = {"clusterQueue": wl.cluster_queue, "localQueue": queue, "pods": count}
+    message = (f"admitted by ClusterQueue {wl.cluster_queue} (LocalQueue {queue}): {count} of "
+               f"nodes.max={p.spec.nodes.max} pods" +
+               (f" on ResourceFlavor {', '.join(wl.flavors)}" if wl.flavors else ""))
+    if p.track.get("admission") != record:
+        p.event("Normal", "Admitted", message)
+    p.track["admission"] = record
+    p.status["admission"] = record
+    p.cond(c.ADMITTED, True, "Admitted", message)
+    p.admission = Admission(wl.name, count, tuple(sorted(labels.items())), tuple(tolerations),
+                            p.spec.scheduling.topology)
+    return True
+
+
+def _evicted(p: Pass, wl: WorkloadView, queue: str) -> None:
+    """Kueue took the quota back: the pods go as one unit, then the quota is released."""
+    evicted = wl.conditions.get("Evicted")
+    reason = evicted.reason if evicted and evicted.status == "True" and evicted.reason \
+        else "QuotaLost"
+    message = (evicted.message if evicted and evicted.status == "True" and evicted.message
+               else "Kueue no longer reserves quota for the Workload")
+    admission = p.track.pop("admission", None)
+    if admission is not None:
+        failure = f.Failure("Preempted" if reason == "Preempted" else "Evicted",
+                            f.INFRASTRUCTURE, f"Kueue evicted the job from ClusterQueue "
+                            f"{admission.get('clusterQueue')} ({reason}): {message}")
+        p.new_generation(failure)
+        p.event("Warning", failure.cause, f"{failure.message}; deleting its pods as one unit "
+                "(checkpoints stay); it resumes from the newest commit when admitted again")
+    live = _withdraw_pods(p)
+    if wl.is_true("QuotaReserved") and not live:
+        p.act("patch_status", "Workload", wl.name, release(wl, p.now), reason="Released")
+    _queued(p, reason, f"evicted by Kueue ({reason}: {message}); "
+            + (f"{live} pod(s) still terminating" if live else
+               f"waiting in LocalQueue {queue}{_cluster_queue(p)} for re-admission"))
+
+
+def _withdraw_pods(p: Pass) -> int:
+    """Delete every pod still running or terminating; how many are left."""
+    live = [pod for pod in p.obs.pods if not pod.terminated]
+    for pod in live:
+        p.delete(pod)
+    return len(live)
+
+
+def _cluster_queue(p: Pass) -> str:
+    return f" (ClusterQueue {p.obs.cluster_queue})" if p.obs.cluster_queue else ""
+
+
+def _queued(p: Pass, reason: str, message: str) -> None:
+    was = c.get(p.conds, c.ADMITTED)
+    if not was or was.get("status") != "False" or was.get("reason") != reason:
+        p.event("Normal", "Queued", message)
+    _hold(p, reason, message)
+
+
+def _hold(p: Pass, reason: str, message: str) -> None:
+    p.status["phase"] = QUEUED
+    p.status.pop("admission", None)
+    p.status["pods"] = {"desired": p.spec.nodes.max, "running": 0, "pending": 0, "failed": 0,
+                        "lost": 0}
+    p.cond(c.ADMITTED, False, reason, message)
+    p.cond(c.RUNNING, False, "Queued", message)
+    p.status["message"] = f"{QUEUED}: {message}"
+
+
+def withdraw(p: Pass, reason: str) -> None:
+    """A suspended job holds no quota: its Workload goes (made again on resume)."""
+    wl = p.obs.workload
+    if wl is not None and wl.owner_uid == p.job.uid:
+        p.act("delete", "Workload", wl.name, reason=reason)
+    p.track.pop("admission", None)
+    p.status.pop("admission", None)
+    if c.get(p.conds, c.ADMITTED):
+        p.cond(c.ADMITTED, False, reason, "the job is suspended: its Workload is deleted")
+
+
+def finished(p: Pass) -> None:
+    """A Succeeded or Failed job's Workload is marked Finished, which frees its quota."""
+    wl = p.obs.workload
+    if wl is None or wl.owner_uid != p.job.uid or wl.is_true("Finished"):
+        return
+    succeeded = p.status.get("phase") == "Succeeded"
+    p.act("patch_status", "Workload", wl.name,
+          finish(wl, succeeded, p.status.get("message") or "", p.now), reason="Finished")
+    p.status.pop("admission", None)
