@@ -250,12 +250,12 @@ def snapshot(key: tuple[str, str], indexes: dict,
         children.add(ChildView("Lease", m.progress_lease_name(key[1]), owner_uid=owner))
     # The cluster always has the built-in system-* classes: an empty index is one still filling.
     classes = indexes["priority_classes"]
-    queued = {}
+    # The Workload even without the label: a job taken out of its queue deletes it.
+    queued = {"workload": _first(indexes["workloads_by_job"].get(key))}
     if queue is not None:
-        queued = {"workload": _first(indexes["workloads_by_job"].get(key)),
-                  "cluster_queue": _first(indexes["local_queues"].get((key[0], queue))),
-                  "flavors": {name: _first(store)
-                              for name, store in indexes["resource_flavors"].items()}}
+        queued.update(cluster_queue=_first(indexes["local_queues"].get((key[0], queue))),
+                      flavors={name: _first(store)
+                               for name, store in indexes["resource_flavors"].items()})
     return Observed(pods=pods, nodes=nodes, children=frozenset(children), lease=lease,
                     conflicts=conflicts, schedulable_nodes=schedulable,
                     priority_classes=frozenset(classes) if len(classes) else None,

@@ -52,17 +52,20 @@ RULES: list[tuple[list[str], list[str], list[str], str]] = [
      "spec change)"),
     (["kueue.x-k8s.io"], ["workloads/status"], ["patch"],
      "release an evicted Workload's quota once its pods are gone; mark it Finished"),
-    (["kueue.x-k8s.io"], ["localqueues", "resourceflavors"], ["list", "watch"],
-     "name a queued job's ClusterQueue; put its pods on the admitted flavors' nodes"),
+    (["kueue.x-k8s.io"], ["localqueues"], ["list", "watch"],
+     "name the ClusterQueue a queued job waits in"),
+    (["kueue.x-k8s.io"], ["resourceflavors"], ["list", "watch"],
+     "put a queued job's pods on the nodes of the flavors Kueue admitted it on"),
     ([""], ["namespaces"], ["list", "watch"], "kopf: which namespaces to serve"),
     (["apiextensions.k8s.io"], ["customresourcedefinitions"], ["list", "watch"],
      "kopf: resource discovery"),
 ]
 
 
-# Resources of RULES that are cluster-scoped: a namespaced install (the chart's
-# watchNamespaces) grants these cluster-wide and the rest only in the watched namespaces. The
-# ClusterRole carries the list (CLUSTER_SCOPED_ANNOTATION), so the chart splits by it.
+# Resources of RULES that are cluster-scoped (a rule holds resources of one scope only): a
+# namespaced install (the chart's watchNamespaces) grants these cluster-wide and the rest only
+# in the watched namespaces. The ClusterRole carries the list (CLUSTER_SCOPED_ANNOTATION), so
+# the chart splits by it.
 CLUSTER_SCOPED = ("nodes", "priorityclasses", "resourceflavors", "namespaces",
                   "customresourcedefinitions")
 CLUSTER_SCOPED_ANNOTATION = "crucible.dev/cluster-scoped-resources"

@@ -275,3 +275,13 @@ def test_a_namesakes_workload_is_waited_for_and_never_adopted():
     outcome = decide(queued_job(), b.observed(workload=wl), b.at(0))
     assert workload_actions(outcome) == [] and acts(outcome, "create", "Pod") == []
     assert cond(outcome, "Admitted")["reason"] == "WaitingForNamesake"
+
+
+def test_a_job_taken_out_of_its_queue_deletes_its_workload_and_keeps_its_pods():
+    wl = b.workload(created(), conditions=ADMITTED, cluster_queue="gpus", count=4)
+    outcome = decide(b.job(status=admitted_status()), b.observed(b.running(0, 4, H), workload=wl),
+                     b.at(10))
+    assert [(a.verb, a.reason) for a in workload_actions(outcome)] == [("delete", "NotQueued")]
+    assert acts(outcome, "delete", "Pod") == []
+    assert outcome.status["phase"] == "Running" and "admission" not in outcome.status
+    assert cond(outcome, "Admitted")["reason"] == "NotQueued"

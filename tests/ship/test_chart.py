@@ -100,6 +100,16 @@ def test_default_render_is_the_generated_rbac_and_crd():
         docs, "ValidatingAdmissionPolicyBinding")) == sorted(f["metadata"]["name"] for f in fences)
 
 
+def test_kueue_rights_follow_the_value():
+    kueue = {"workloads", "workloads/status", "localqueues", "resourceflavors"}
+    granted = {r for rule in _rules(render()) if "kueue.x-k8s.io" in rule["apiGroups"]
+               for r in rule["resources"]}
+    assert granted == kueue
+    without = render({"rbac": {"kueue": False}})
+    assert not [rule for rule in _rules(without) if "kueue.x-k8s.io" in rule["apiGroups"]]
+    assert len(_rules(without)) == len(_rules(render())) - 4   # the rest untouched
+
+
 def test_operator_deployment_defaults():
     docs = render()
     [deploy] = by_kind(docs, "Deployment")

@@ -66,7 +66,13 @@ rendered rules equal crucible.operator.rbac.RULES.
 {{- end -}}
 
 {{- define "crucible.generatedRules" -}}
-{{- toYaml (include "crucible.generatedClusterRole" . | fromJson).rules -}}
+{{- $rules := list -}}
+{{- range $rule := (include "crucible.generatedClusterRole" . | fromJson).rules -}}
+{{- if or $.Values.rbac.kueue (not (has "kueue.x-k8s.io" $rule.apiGroups)) -}}
+{{- $rules = append $rules $rule -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $rules -}}
 {{- end -}}
 
 {{/* Resources of the generated rules that are cluster-scoped, as the generated ClusterRole's

@@ -1,0 +1,271 @@
+"""Queueing through a real Kueue (built from the Go module proxy and run by the local stack).
+
+Every job here carries the `kueue.x-k8s.io/queue-name` label; each test makes its own
+ResourceFlavor, ClusterQueue and LocalQueue (and KWOK nodes where it needs racks), and removes
+them. The pool is the stack's four 8-GPU nodes unless a test says otherwise.
+- two 4x8-GPU jobs on a 32-GPU ClusterQueue: one runs, the other waits Queued with no pod at all,
+  and is admitted when the first finishes;
+- a high-priority job preempts a running low-priority one as a unit within 30 s; the low one
+  counts no application restart, and comes back in a new generation, its checkpoint record kept,
+  when the high one is deleted;
+- a job asking for one rack gets all its pods on one rack's nodes, even when admitted with fewer
+  than nodes.max pods; a job no rack can hold stays Queued, saying why.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from crucible.api.progress import ProgressReport
+from crucible.operator import crd
+from crucible.operator import queueing as q
+from tests.operator.cluster import job_body
+from tests.support.apply import strict_dry_run
+from tests.support.operator_run import assert_clean_exit
+from tests.support.repo import REPO
+from tests.support.services import eventually
+
+sys.path.insert(0, str(REPO / "e2e"))
+from stack.services import node_manifest  # noqa: E402
+
+pytestmark = pytest.mark.stack
+
+GPUS = {"limits": {"nvidia.com/gpu": 8}}
+RACK = "crucible.dev/test-rack"
+
+
+class Kueue:
+    """Cluster-scoped Kueue objects a test makes, removed at the end whatever happens."""
+
+    def __init__(self, cluster):
+        self.cluster, self.objs = cluster, cluster.objs
+        self.suffix = uuid.uuid4().hex[:6]
+        self.made: list[tuple[str, str, str | None]] = []    # (plural, name, namespace)
+        self.nodes: list[str] = []
+        self.priority_classes: list[str] = []
+
+    def _create(self, plural: str, body: dict, namespace: str | None = None) -> dict:
+        name = body["metadata"]["name"]
+        if namespace:
+            out = self.objs.create_namespaced_custom_object(q.GROUP, q.VERSION, namespace, plural,
+                                                            body)
+        else:
+            out = self.objs.create_cluster_custom_object(q.GROUP, q.VERSION, plural, body)
+        self.made.append((plural, name, namespace))
+        return out
+
+    def pool(self, gpus: int, *, node_labels: dict | None = None, topology: list[str] = (),
+             ) -> str:
+        """A flavor, a ClusterQueue of `gpus` GPUs that preempts lower priorities within itself,
+        and a LocalQueue in the test's namespace; returns the LocalQueue's name."""
+        flavor = {"apiVersion": q.API_VERSION, "kind": "ResourceFlavor",
+                  "metadata": {"name": f"gpu-{self.suffix}"}, "spec": {}}
+        if node_labels:
+            flavor["spec"]["nodeLabels"] = node_labels
+        if topology:
+            self._create("topologies", {
+                "apiVersion": q.API_VERSION, "kind": "Topology",
+                "metadata": {"name": f"racks-{self.suffix}"},
+                "spec": {"levels": [{"nodeLabel": level} for level in topology]}})
+            flavor["spec"]["topologyName"] = f"racks-{self.suffix}"
+        self._create("resourceflavors", flavor)
+        self._create("clusterqueues", {
+            "apiVersion": q.API_VERSION, "kind": "ClusterQueue",
+            "metadata": {"name": f"gpus-{self.suffix}"},
+            "spec": {"namespaceSelector": {},
+                     "preemption": {"withinClusterQueue": "LowerPriority"},
+                     "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+                         {"name": f"gpu-{self.suffix}", "resources": [
+                             {"name": "nvidia.com/gpu", "nominalQuota": gpus}]}]}]}})
+        self._create("localqueues", {
+            "apiVersion": q.API_VERSION, "kind": "LocalQueue",
+            "metadata": {"name": "gpus", "namespace": self.cluster.namespace},
+            "spec": {"clusterQueue": f"gpus-{self.suffix}"}}, self.cluster.namespace)
+        return "gpus"
+
+    @property
+    def cluster_queue(self) -> str:
+        return f"gpus-{self.suffix}"
+
+    def priority_class(self, name: str, value: int) -> str:
+        name = f"{name}-{self.suffix}"
+        client.SchedulingV1Api(self.cluster.api).create_priority_class(
+            {"metadata": {"name": name}, "value": value})
+        self.priority_classes.append(name)
+        return name
+
+    def node(self, name: str, labels: dict) -> None:
+        body = node_manifest(name)
+        body["metadata"]["labels"].update(labels)
+        self.cluster.core.create_node(body)
+        self.nodes.append(name)
+
+    def cleanup(self) -> None:
+        for plural, name, namespace in reversed(self.made):
+            try:
+                if namespace:
+                    self.objs.delete_namespaced_custom_object(q.GROUP, q.VERSION, namespace,
+                                                              plural, name)
+                else:
+                    self.objs.delete_cluster_custom_object(q.GROUP, q.VERSION, plural, name)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+        for name in self.nodes:
+            self.cluster.core.delete_node(name)
+        for name in self.priority_classes:
+            client.SchedulingV1Api(self.cluster.api).delete_priority_class(name)
+
+
+@pytest.fixture
+def kueue(cluster):
+    k = Kueue(cluster)
+    yield k
+    k.cleanup()
+
+
+def submit(cluster, name: str, queue: str, **spec) -> dict:
+    body = job_body(name, resources=GPUS, procsPerNode=8, **spec)
+    body["metadata"]["labels"] = {q.QUEUE_LABEL: queue}
+    return cluster.objs.create_namespaced_custom_object(crd.GROUP, crd.VERSION, cluster.namespace,
+                                                        crd.PLURAL, body)
+
+
+def condition(status: dict, type_: str) -> dict:
+    return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
+
+
+def live_pods(cluster, job: str) -> list:
+    return [p for p in cluster.pods(job) if not p.metadata.deletion_timestamp]
+
+
+def test_two_jobs_that_each_need_the_whole_queue_run_one_after_the_other(cluster, kueue,
+                                                                           run_operator):
+    queue = kueue.pool(32)
+    with run_operator(cluster.namespace) as runner:
+        for name in ("first", "second"):
+            submit(cluster, name, queue, nodes={"min": 4, "max": 4})
+
+        def one_runs():
+            phases = {n: cluster.status(n).get("phase") for n in ("first", "second")}
+            return sorted(phases.values()) == ["Queued", "Running"] and phases
+        phases = eventually(one_runs, 60, "one job Running, the other Queued")
+        running = next(n for n, phase in phases.items() if phase == "Running")
+        waiting = next(n for n, phase in phases.items() if phase == "Queued")
+        assert len(cluster.wait_running(running, 4, generation=0)) == 4
+        # The waiting job holds nothing: no pod at all, so none Pending for GPUs.
+        time.sleep(2)
+        assert cluster.pods(waiting) == []
+        status = cluster.status(waiting)
+        admitted = condition(status, "Admitted")
+        assert admitted["status"] == "False"
+        assert kueue.cluster_queue in admitted["message"], admitted
+        assert "Queued" in cluster.event_reasons(waiting)
+        ran = cluster.status(running)
+        assert ran["admission"] == {"clusterQueue": kueue.cluster_queue, "localQueue": queue,
+                                    "pods": 4}
+        assert condition(ran, "Admitted")["status"] == "True"
+        cluster.wait_event(running, "Admitted")
+
+        cluster.succeed_pod(f"{running}-0-0")
+        cluster.wait_phase(running, "Succeeded")
+        workload = cluster.objs.get_namespaced_custom_object(
+            q.GROUP, q.VERSION, cluster.namespace, q.PLURAL, f"pretrainjob-{running}")
+        assert any(c["type"] == "Finished" and c["status"] == "True"
+                   for c in workload["status"]["conditions"])
+        assert len(cluster.wait_running(waiting, 4, generation=0, timeout_s=60)) == 4
+        assert cluster.wait_phase(waiting, "Running")["restarts"]["total"] == 0
+    assert_clean_exit(runner)
+
+
+def _commit(cluster, job: str, step: int) -> None:
+    """What the trainer's rank 0 writes after a checkpoint commits (no trainer runs on KWOK)."""
+    report = ProgressReport(step=step, loss=3.0, tokens=step * 1000, world_size=32,
+                            checkpoint_step=step, checkpoint_uri=f"s3://crucible/{job}/step_{step}")
+    cluster.coordination.patch_namespaced_lease(f"{job}-progress", cluster.namespace, {
+        "metadata": {"annotations": report.to_annotations()}})
+
+
+def test_a_high_priority_job_preempts_a_low_one_as_a_unit_and_the_low_one_comes_back(
+        cluster, kueue, run_operator):
+    queue = kueue.pool(32)
+    low_pc, high_pc = kueue.priority_class("low", 100), kueue.priority_class("high", 1000)
+    with run_operator(cluster.namespace) as runner:
+        submit(cluster, "low", queue, nodes={"min": 4, "max": 4},
+               scheduling={"priorityClassName": low_pc})
+        cluster.wait_running("low", 4, generation=0)
+        cluster.wait_phase("low", "Running")
+        _commit(cluster, "low", 40)
+        eventually(lambda: (cluster.status("low").get("lastCheckpoint") or {}).get("step") == 40,
+                   30, "the commit reported")
+
+        started = time.monotonic()
+        submit(cluster, "high", queue, nodes={"min": 4, "max": 4},
+               scheduling={"priorityClassName": high_pc})
+        cluster.wait_running("high", 4, generation=0, timeout_s=30)
+        took = time.monotonic() - started
+        assert took <= 30, took
+        assert live_pods(cluster, "low") == []                  # as a unit: every pod went
+        low = cluster.wait_phase("low", "Queued", timeout_s=10)
+        assert low["restarts"]["application"] == 0
+        assert low["restarts"]["byCause"] == {"Preempted": 1}
+        assert condition(low, "Admitted")["reason"] == "Preempted"
+        cluster.wait_event("low", "Preempted")
+
+        cluster.delete_job("high")
+        pods = cluster.wait_running("low", 4, generation=1, timeout_s=60)
+        assert sorted(p.metadata.name for p in pods) == [f"low-1-{i}" for i in range(4)]
+        back = cluster.wait_phase("low", "Running")
+        assert back["podGeneration"] == 1
+        assert back["restarts"]["application"] == 0 and back["restarts"]["infrastructure"] == 1
+        # The trainer resumes from the newest commit under checkpoint.uri, which the job keeps.
+        assert back["lastCheckpoint"]["step"] == 40
+    assert_clean_exit(runner)
+
+
+def test_a_job_asking_for_one_rack_lands_on_one_rack_or_stays_queued_saying_why(
+        cluster, kueue, run_operator):
+    pool = {"crucible.dev/test-pool": f"tas-{kueue.suffix}"}
+    for rack, count in (("rack-a", 2), ("rack-b", 3)):
+        for i in range(count):
+            kueue.node(f"{rack}-{kueue.suffix}-{i}", {**pool, RACK: rack})
+    cluster.kube.wait_nodes_healthy(kueue.nodes)
+    queue = kueue.pool(64, node_labels=pool, topology=[RACK, "kubernetes.io/hostname"])
+    one_rack = {"topology": {"required": RACK}}
+    with run_operator(cluster.namespace) as runner:
+        # nodes.max = 4 fits no rack; Kueue admits 3 (partial admission) on the rack that has 3.
+        submit(cluster, "racked", queue, nodes={"min": 2, "max": 4}, scheduling=one_rack)
+        pods = cluster.wait_running("racked", 3, generation=0, timeout_s=60)
+        racks = {cluster.core.read_node(p.spec.node_name).metadata.labels[RACK] for p in pods}
+        assert racks == {"rack-b"}, racks
+        status = cluster.wait_phase("racked", "Running")
+        assert status["admission"]["pods"] == 3
+
+        # Five pods at least: no rack holds them, so it waits, and says so.
+        submit(cluster, "too-big", queue, nodes={"min": 5, "max": 5}, scheduling=one_rack)
+        waiting = cluster.wait_phase("too-big", "Queued", timeout_s=30)
+        admitted = eventually(lambda: (a := condition(cluster.status("too-big"), "Admitted"))
+                              .get("reason") not in (None, "Created") and a, 30,
+                              "Kueue's reason on the job")
+        assert admitted["status"] == "False" and admitted["message"], waiting
+        time.sleep(2)
+        assert cluster.pods("too-big") == []
+    assert_clean_exit(runner)
+
+
+def test_the_example_queues_are_what_kueue_accepts(cluster):
+    """manifests/kueue/: a server-side dry run through the CRDs' schemas and Kueue's webhooks."""
+    docs = list(yaml.safe_load_all((REPO / "manifests" / "kueue" / "gpu-queues.yaml").read_text()))
+    assert {d["kind"] for d in docs} == {"Topology", "ResourceFlavor", "ClusterQueue",
+                                         "LocalQueue", "PriorityClass"}
+    for doc in docs:
+        if "namespace" in doc["metadata"]:
+            doc["metadata"]["namespace"] = cluster.namespace
+    assert strict_dry_run(cluster.api, docs) == []
