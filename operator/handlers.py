@@ -276,6 +276,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
     settings.watching.client_timeout = 150
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = 60
+    # A deleted job's daemon leaves within a pass; wait that long for it rather than re-check
+    # after the daemon's cancellation backoff (15 s), which would hold the job (and a queued
+    # job's Kueue quota, freed when its Workload goes with it) for that long.
+    settings.background.instant_exit_timeout = 2.0
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="crucible.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="crucible.dev")

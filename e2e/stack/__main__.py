@@ -1,4 +1,5 @@
-"""Local stack for Crucible's tests: real Kubernetes control plane, KWOK GPU nodes, S3, Prometheus.
+"""Local stack for Crucible's tests: real Kubernetes control plane, KWOK GPU nodes, S3, Prometheus,
+Kueue.
 
   up         build what is missing (cached), start what is not running, wait until healthy;
              a cold start (etcd not running) begins with an empty cluster
@@ -51,6 +52,8 @@ def cmd_up(layout: Layout, args) -> None:
         wave = [n for n in pending if all(dep not in pending for dep in services.NEEDS.get(n, []))]
         for name in wave:
             svc = by_name[name]
+            if svc.prepare is not None:
+                svc.prepare(layout, values)
             argv = [_binary(layout, svc), *svc.argv(layout)]
             if (procs.running_pid(layout, name) is not None
                     and procs.started_with(layout, name) != procs.argv_digest(argv)):
@@ -98,6 +101,9 @@ def write_env(layout: Layout, values: dict) -> None:
         "CRUCIBLE_PROMETHEUS_TARGETS_DIR": layout.prometheus_targets,
         "CRUCIBLE_PROMETHEUS_RULES_DIR": layout.prometheus_rules,
         "CRUCIBLE_BIN": layout.bin,
+        # Kueue admits Workloads (kueue.x-k8s.io/v1beta2) through the KUBECONFIG above.
+        "CRUCIBLE_KUEUE_NAMESPACE": services.KUEUE_NAMESPACE,
+        "CRUCIBLE_KUEUE_READYZ_URL": f"http://127.0.0.1:{layout.port('kueue-health')}/readyz",
     }
     layout.env_file.touch(mode=0o600)
     layout.env_file.write_text("".join(f"export {k}={v}\n" for k, v in env.items()))

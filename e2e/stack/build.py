@@ -7,6 +7,8 @@ Nothing here downloads a release binary or a container image:
   has replace directives; e2e/gobuild/kube/go.mod pins each one to its published version);
 - KWOK and helm install straight from the proxy (`go install pkg@version`), and KWOK's stage
   definitions are copied out of its module zip, because KWOK v0.8.0 ships no built-in stages;
+- Kueue (Apache-2.0) installs from the proxy the same way; its CRDs and webhook manifests are
+  copied out of its module zip (services.py installs them, rewritten for a local process);
 - SeaweedFS's `weed` (Apache-2.0) is compiled from e2e/gobuild/seaweedfs, whose replace directive
   `go install` would refuse;
 - Prometheus and promtool come out of Debian's `prometheus` package, unpacked without installing
@@ -18,7 +20,9 @@ missing or its pin changed, so a warm `up` does no building at all.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,6 +38,7 @@ KUBERNETES = "v1.36.3"
 ETCD = "v3.6.8"  # what k8s.io/apiserver v0.36.3 requires; a newer etcd would change its client libs
 KWOK = "v0.8.0"
 HELM = "v3.21.4"
+KUEUE = "v0.17.0"
 SEAWEEDFS = "v0.0.0-20261109003541-7506e5f91cd6"
 PROMETHEUS_DEB = "2.42.0+ds-5+deb12u1"
 
@@ -66,7 +71,7 @@ def _run(cmd: list[str], *, cwd: Path | None = None, env: dict | None = None, lo
 def _go_env(layout: Layout) -> dict:
     if not shutil.which("go"):
         raise StackError("`go` is not on PATH: install Go ≥ 1.26 (the stack compiles Kubernetes, "
-                         "etcd, KWOK, helm and SeaweedFS from the Go module proxy)")
+                         "etcd, KWOK, helm, Kueue and SeaweedFS from the Go module proxy)")
     env = dict(os.environ, CGO_ENABLED="0", GOBIN=str(layout.bin))
     env.setdefault("GOTOOLCHAIN", "local")  # every pinned module declares go ≤ 1.26.6
     return env
@@ -100,6 +105,28 @@ def build_kwok(layout: Layout, log: Path) -> None:
     docs = [(stage_root / rel).read_text().strip() for rel in KWOK_STAGES]
     (layout.cache / "kwok").mkdir(parents=True, exist_ok=True)
     (layout.cache / "kwok" / "stages.yaml").write_text("\n---\n".join(docs) + "\n")
+
+
+def build_kueue(layout: Layout, log: Path) -> None:
+    env = _go_env(layout)
+    # Stamp the version Kueue logs at start-up (unstamped it says v0.0.0-main).
+    ldflags = f"-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion={KUEUE}"
+    _run(["go", "install", "-trimpath", "-ldflags", ldflags,
+          f"sigs.k8s.io/kueue/cmd/kueue@{KUEUE}"], env=env, log=log)
+    components = _gomodcache(env) / f"sigs.k8s.io/kueue@{KUEUE}" / "config" / "components"
+    dest = layout.cache / "kueue"
+    shutil.rmtree(dest, ignore_errors=True)
+    (dest / "crds").mkdir(parents=True)
+    for crd in sorted((components / "crd" / "bases").glob("*.yaml")):
+        shutil.copyfile(crd, dest / "crds" / crd.name)  # copyfile: not the cache's read-only mode
+    shutil.copyfile(components / "webhook" / "manifests.yaml", dest / "webhooks.yaml")
+    # The CRDs whose versions Kueue converts (/convert on its webhook server): kustomize patches
+    # them in upstream; services.py adds the same stanza, pointed at the local process.
+    kustomization = (components / "crd" / "kustomization.yaml").read_text()
+    converted = re.findall(r"^- path: patches/webhook_in_([a-z]+)\.yaml$", kustomization, re.M)
+    if not converted:
+        raise StackError(f"no conversion patches found in Kueue {KUEUE}'s CRD kustomization")
+    (dest / "conversion.json").write_text(json.dumps(converted) + "\n")
 
 
 def build_helm(layout: Layout, log: Path) -> None:
@@ -153,6 +180,9 @@ TARGETS = [
            ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd"), build_kube),
     Target("kwok", KWOK, ("kwok",), build_kwok),
     Target("helm", HELM, ("helm",), build_helm),
+    # The manifests sit beside bin/, in the cache's kueue/ folder; naming one here rebuilds the
+    # target if that folder goes missing.
+    Target("kueue", KUEUE, ("kueue", "../kueue/conversion.json"), build_kueue),
     Target("seaweedfs", SEAWEEDFS, ("weed",), build_seaweedfs),
     Target("prometheus", PROMETHEUS_DEB, ("prometheus", "promtool"), build_prometheus),
 ]

@@ -120,6 +120,8 @@ PORTS = {
     "s3": 18333,
     "s3-grpc": 28333,  # SeaweedFS's gRPC ports are its HTTP ports + 10000 unless set, as here
     "prometheus": 19090,
+    "kueue-webhook": 29443,  # also its /convert (CRD conversion) endpoint
+    "kueue-health": 29081,   # /healthz, /readyz
 }
 
 # Label the KWOK controller selects its nodes by. A node relabelled away from "managed" gets no

@@ -5,11 +5,18 @@ authenticates an admin bearer token (group system:masters) with RBAC on, so leas
 can use real ServiceAccount tokens. The node lifecycle controller runs with a grace period of a
 few seconds, and KWOK renews node Leases every second, so a node whose heartbeat stops turns
 NotReady (and gets the `unreachable` taint) within about ten seconds.
+
+Kueue runs as a local process too (see the Kueue section): its CRDs, conversion and admission
+webhooks are registered by URL (https://127.0.0.1:<port>/...) with a certificate from the local CA.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import os
+import re
 import secrets
 import ssl
 import subprocess
@@ -98,16 +105,21 @@ current-context: crucible-local
 
 
 # --- a tiny client for the apiserver (the stack script needs no Python packages) -------------
-def kube_request(layout: Layout, token: str, method: str, path: str, body: dict | None = None,
-                 content_type: str = "application/json") -> tuple[int, dict]:
+def kube_request(layout: Layout, token: str, method: str, path: str,
+                 body: dict | str | None = None, content_type: str = "application/json",
+                 timeout_s: float = 10) -> tuple[int, dict]:
+    """One API call; a `str` body is sent as it is (YAML for server-side apply)."""
     url = f"https://127.0.0.1:{layout.port('kube-apiserver')}{path}"
-    data = json.dumps(body).encode() if body is not None else None
+    if isinstance(body, str):
+        data = body.encode()
+    else:
+        data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method)
     req.add_header("Authorization", f"Bearer {token}")
     req.add_header("Content-Type", content_type)
     ctx = ssl.create_default_context(cafile=str(layout.certs / "ca.crt"))
     try:
-        with urllib.request.urlopen(req, timeout=10, context=ctx) as resp:
+        with urllib.request.urlopen(req, timeout=timeout_s, context=ctx) as resp:
             return resp.status, json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read() or b"{}")
@@ -172,6 +184,217 @@ def default_service_account(layout: Layout, token: str) -> bool:
     return code == 200
 
 
+# --- Kueue -----------------------------------------------------------------------------------
+# Kueue (sigs.k8s.io/kueue) runs as a local process, not in the cluster, so everything its
+# manifests point at a Service in kueue-system is pointed at https://127.0.0.1:<port> instead:
+# - the webhook server listens on 127.0.0.1 with a certificate from the local CA (certs/kueue/),
+#   internal certificate management is off (it wants the in-cluster Service and Secret);
+# - only the admission webhooks for Kueue's own API group are registered. The shipped manifests
+#   also hold webhooks for pods, Jobs, JobSets, Deployments, ...: with failurePolicy Fail those
+#   would refuse every pod the other tests create whenever Kueue is down, and the stack enables
+#   no job integration for them to serve;
+# - the CRDs Kueue converts between v1beta1 and v1beta2 get its /convert webhook, as upstream's
+#   kustomize patches do.
+# Kueue then admits Workloads that a test (or Crucible's operator) creates itself; it never
+# suspends or gates the suite's own pods and Jobs.
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_NAMESPACE = "kueue-system"
+KUEUE_WEBHOOKS = {  # kind in the shipped manifests -> the name a real installation gives it
+    "MutatingWebhookConfiguration": "kueue-mutating-webhook-configuration",
+    "ValidatingWebhookConfiguration": "kueue-validating-webhook-configuration",
+}
+# Kueue v0.17 builds a watcher for a metrics certificate at this fixed path whenever internal
+# certificate management is off, before it looks at metrics.bindAddress, and exits if the files
+# are missing; no setting moves it. The stack keeps metrics off, so the pair there is a
+# throwaway self-signed one that nothing ever serves or trusts.
+KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
+FIELD_MANAGER = "crucible-stack"
+
+
+def kueue_config(l: Layout) -> str:
+    # The default framework list would be [batch/job] (an empty list is defaulted to it). JobSet
+    # is named instead because its API does not exist here: Kueue defers that controller until
+    # the CRD appears (never, on this stack), so no job integration runs at all. Metrics and
+    # the visibility server (which would want certificates of its own) are off; TAS and
+    # PartialAdmission keep their (beta, on) defaults.
+    return f"""apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: {KUEUE_NAMESPACE}
+manageJobsWithoutQueueName: false
+leaderElection:
+  leaderElect: false
+internalCertManagement:
+  enable: false
+health:
+  healthProbeBindAddress: 127.0.0.1:{l.port('kueue-health')}
+metrics:
+  bindAddress: "0"
+webhook:
+  host: 127.0.0.1
+  port: {l.port('kueue-webhook')}
+  certDir: {l.certs / 'kueue'}
+integrations:
+  frameworks: ["jobset.x-k8s.io/jobset"]
+featureGates:
+  VisibilityOnDemand: false
+"""
+
+
+def kueue_config_path(l: Layout) -> Path:
+    # The file is named by its content, so a changed configuration changes Kueue's argv and a
+    # warm `up` restarts it (the pid file records the argv it was started with).
+    digest = hashlib.sha256(kueue_config(l).encode()).hexdigest()[:12]
+    return l.state / "kueue" / f"config-{digest}.yaml"
+
+
+def ensure_kueue_certs(layout: Layout) -> None:
+    """The webhook server's certificate (for 127.0.0.1, from the local CA): certs/kueue/tls.*"""
+    certs = layout.certs / "kueue"
+    if not (certs / "tls.crt").exists():
+        certs.mkdir(parents=True, exist_ok=True)
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.csr",
+                 "-subj", "/CN=kueue-webhook", cwd=certs)
+        (certs / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        _openssl("x509", "-req", "-in", "tls.csr", "-CA", str(layout.certs / "ca.crt"),
+                 "-CAkey", str(layout.certs / "ca.key"), "-CAcreateserial", "-out", "tls.crt",
+                 "-days", "3650", "-extfile", "san.ext", cwd=certs)
+    if (KUEUE_METRICS_CERTS / "tls.crt").exists() and (KUEUE_METRICS_CERTS / "tls.key").exists():
+        return
+    try:
+        KUEUE_METRICS_CERTS.mkdir(parents=True, exist_ok=True)
+        if not os.access(KUEUE_METRICS_CERTS, os.W_OK):
+            raise PermissionError(KUEUE_METRICS_CERTS)
+    except PermissionError:
+        raise StackError(f"Kueue needs a (never used) certificate in {KUEUE_METRICS_CERTS}: "
+                         f"run `sudo mkdir -p {KUEUE_METRICS_CERTS} && sudo chown $USER "
+                         f"{KUEUE_METRICS_CERTS}` once, then `up` again") from None
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out",
+             "tls.crt", "-days", "3650", "-subj", "/CN=kueue-metrics-unused",
+             cwd=KUEUE_METRICS_CERTS)
+
+
+def _kueue_client_config(layout: Layout, path: str) -> dict:
+    ca = base64.b64encode((layout.certs / "ca.crt").read_bytes()).decode()
+    return {"url": f"https://127.0.0.1:{layout.port('kueue-webhook')}{path}", "caBundle": ca}
+
+
+def _apply(layout: Layout, token: str, path: str, body: dict | str, what: str,
+           dry_run: bool = False) -> dict:
+    """Server-side apply (YAML or JSON body), owned by the stack's field manager."""
+    query = f"?fieldManager={FIELD_MANAGER}&force=true" + ("&dryRun=All" if dry_run else "")
+    code, result = kube_request(layout, token, "PATCH", path + query, body,
+                                "application/apply-patch+yaml", timeout_s=60)
+    if code not in (200, 201):
+        raise StackError(f"could not apply {what}: HTTP {code} {result.get('message')}")
+    return result
+
+
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+def _install_kueue_crds(layout: Layout, token: str) -> None:
+    root = layout.cache / "kueue"
+    converted = set(json.loads((root / "conversion.json").read_text()))
+    names = []
+    for crd in sorted((root / "crds").glob("*.yaml")):
+        group, plural = crd.stem.split("_", 1)  # kueue.x-k8s.io_workloads.yaml
+        name = f"{plural}.{group}"
+        text = crd.read_text()
+        if plural in converted:
+            conversion = {"strategy": "Webhook", "webhook": {
+                "clientConfig": _kueue_client_config(layout, "/convert"),
+                "conversionReviewVersions": ["v1"]}}
+            # JSON is YAML: one flow-style line under `spec:` (controller-gen writes no
+            # conversion stanza of its own).
+            if "\nspec:\n" not in text or "\n  conversion:" in text:
+                raise StackError(f"unexpected layout of {crd}; cannot add its conversion webhook")
+            stanza = f"\nspec:\n  conversion: {json.dumps(conversion)}\n"
+            text = text.replace("\nspec:\n", stanza, 1)
+        _apply(layout, token, f"{CRDS}/{name}", text, f"CRD {name}")
+        names.append(name)
+
+    def established() -> bool:
+        for name in names:
+            code, body = kube_request(layout, token, "GET", f"{CRDS}/{name}")
+            if code != 200 or not any(c["type"] == "Established" and c["status"] == "True"
+                                      for c in body.get("status", {}).get("conditions") or []):
+                return False
+        return True
+    procs.wait_until("Kueue CRDs Established", established, 60)
+
+
+def _register_kueue_webhooks(layout: Layout, token: str) -> None:
+    docs = [d for d in (layout.cache / "kueue" / "webhooks.yaml").read_text().split("\n---\n")
+            if d.strip() and d.strip() != "---"]
+    for doc in docs:
+        kind = re.search(r"^kind: (\w+)$", doc, re.M)
+        shipped = re.search(r"^metadata:\n  name: (\S+)$", doc, re.M)
+        if not kind or not shipped or kind[1] not in KUEUE_WEBHOOKS:
+            raise StackError("unexpected document in Kueue's webhook manifests: "
+                             f"{doc.strip()[:80]!r}")
+        kind, shipped = kind[1], shipped[1]
+        collection = f"/apis/admissionregistration.k8s.io/v1/{kind.lower()}s"
+        # The stack has no YAML parser (standard library only): a dry-run apply under the
+        # shipped name has the apiserver parse (and default) the manifest and answer in JSON.
+        parsed = _apply(layout, token, f"{collection}/{shipped}", doc, f"{kind} (dry run)",
+                        dry_run=True)
+        webhooks = []
+        for hook in parsed.get("webhooks", []):
+            groups = {g for rule in hook.get("rules", []) for g in rule.get("apiGroups", [])}
+            if groups != {KUEUE_GROUP}:
+                continue  # pods, Jobs, JobSets, ...: see the comment at the top of this section
+            path = hook["clientConfig"]["service"]["path"]
+            webhooks.append({**hook, "clientConfig": _kueue_client_config(layout, path)})
+        if not webhooks:
+            raise StackError(f"no {KUEUE_GROUP} webhooks found in Kueue's {kind}")
+        name = KUEUE_WEBHOOKS[kind]
+        _apply(layout, token, f"{collection}/{name}",
+               {"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
+                "metadata": {"name": name}, "webhooks": webhooks}, f"{kind} {name}")
+
+
+INSTALLED = "crucible.dev/kueue-installed"  # annotation on the Kueue namespace
+
+
+def _kueue_install_digest(layout: Layout) -> str:
+    root = layout.cache / "kueue"
+    digest = hashlib.sha256()
+    for path in [*sorted((root / "crds").glob("*.yaml")), root / "conversion.json",
+                 root / "webhooks.yaml", layout.certs / "ca.crt"]:
+        digest.update(path.read_bytes())
+    digest.update(str(layout.port("kueue-webhook")).encode())
+    return digest.hexdigest()[:16]
+
+
+def prepare_kueue(layout: Layout, values: dict) -> None:
+    """Certificates, namespace, CRDs (Established) and webhook registrations, before Kueue.
+
+    Applying the CRDs (1.6 MB, most of it the Workload's) costs a second or two, and every test
+    session runs `up`; so the namespace, which lives and dies with the cluster's etcd, records
+    what was installed, and an unchanged installation is not applied again.
+    """
+    token = values["admin_token"]
+    ensure_kueue_certs(layout)
+    digest = _kueue_install_digest(layout)
+    code, body = kube_request(layout, token, "GET", f"/api/v1/namespaces/{KUEUE_NAMESPACE}")
+    if code == 200 and body["metadata"].get("annotations", {}).get(INSTALLED) == digest:
+        return
+    if code == 404:
+        code, body = kube_request(layout, token, "POST", "/api/v1/namespaces",
+                                  {"metadata": {"name": KUEUE_NAMESPACE}})
+    if code not in (200, 201, 409):
+        raise StackError(f"could not create namespace {KUEUE_NAMESPACE}: HTTP {code} "
+                         f"{body.get('message')}")
+    _install_kueue_crds(layout, token)
+    _register_kueue_webhooks(layout, token)
+    code, body = kube_request(layout, token, "PATCH", f"/api/v1/namespaces/{KUEUE_NAMESPACE}",
+                              {"metadata": {"annotations": {INSTALLED: digest}}},
+                              "application/merge-patch+json")
+    if code != 200:
+        raise StackError(f"could not annotate namespace {KUEUE_NAMESPACE}: HTTP {code} "
+                         f"{body.get('message')}")
+
+
 # --- service table ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Service:
@@ -181,6 +404,8 @@ class Service:
     argv: Callable[[Layout], list[str]]
     healthy: Callable[[Layout, dict], bool]
     timeout_s: float = 60.0
+    # Runs before every start (and on every `up`, idempotently) once the NEEDS are healthy.
+    prepare: Callable[[Layout, dict], None] | None = None
 
 
 def _etcd(l: Layout) -> list[str]:
@@ -264,6 +489,10 @@ def _prometheus(l: Layout) -> list[str]:
             "--web.enable-lifecycle", "--storage.tsdb.retention.time=2d"]
 
 
+def _kueue(l: Layout) -> list[str]:
+    return [f"--config={kueue_config_path(l)}", f"--kubeconfig={l.kubeconfig}"]
+
+
 def _api_ok(l: Layout, s: dict, path: str, port: str, authenticated: bool = False) -> bool:
     ca = l.certs / "ca.crt" if port == "kube-apiserver" else None
     return procs.http_ok(f"https://127.0.0.1:{l.port(port)}{path}",
@@ -290,6 +519,10 @@ SERVICES = [
             lambda l, s: _api_ok(l, s, "/healthz", "kube-scheduler")),
     Service("kwok", "kwok", ("kwok",), _kwok,
             lambda l, s: procs.http_ok(f"http://127.0.0.1:{l.port('kwok')}/healthz")),
+    # Ready once its webhook server is listening (Kueue's own /readyz check).
+    Service("kueue", "kueue", ("kueue-webhook", "kueue-health"), _kueue,
+            lambda l, s: procs.http_ok(f"http://127.0.0.1:{l.port('kueue-health')}/readyz"),
+            timeout_s=120.0, prepare=prepare_kueue),
 ]
 
 # Which services must be healthy before a service starts (the rest start at once).
@@ -298,6 +531,7 @@ NEEDS = {
     "kube-controller-manager": ["kube-apiserver"],
     "kube-scheduler": ["kube-apiserver"],
     "kwok": ["kube-apiserver"],
+    "kueue": ["kube-apiserver"],
 }
 
 
@@ -309,6 +543,12 @@ def write_configs(layout: Layout, values: dict) -> None:
     s3_path = layout.state / "seaweedfs-s3.json"
     s3_path.touch(mode=0o600)
     s3_path.write_text(json.dumps(s3))
+    kueue_path = kueue_config_path(layout)
+    kueue_path.parent.mkdir(parents=True, exist_ok=True)
+    for old in kueue_path.parent.glob("config-*.yaml"):
+        if old != kueue_path:
+            old.unlink()
+    kueue_path.write_text(kueue_config(layout))
     (layout.state / "seaweedfs").mkdir(parents=True, exist_ok=True)
     layout.prometheus_targets.mkdir(parents=True, exist_ok=True)
     layout.prometheus_rules.mkdir(parents=True, exist_ok=True)
