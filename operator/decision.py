@@ -89,6 +89,8 @@ def decide(job: JobView, obs: Observed, now: dt.datetime,
         _resume(p)
     elif queueing.admitted(p):
         _run(p)
+    if p.status.get("phase") in TERMINAL:
+        queueing.finished(p)   # in the pass that ends the job: the quota is free at once
     return p.outcome()
 
 
@@ -117,7 +119,7 @@ def _run(p: Pass):
 
 def _finished(p: Pass):
     p.delete_active(p.obs.pods)
-    queueing.finished(p)
+    queueing.finished(p)      # again, should the pass that ended the job have lost its patch
     ttl, done = p.spec.ttl_seconds_after_finished, parse_time(p.status.get("completionTime"))
     if ttl is not None and done is not None:
         left = ttl - (p.now - done).total_seconds()

@@ -14,6 +14,7 @@ them. The pool is the stack's four 8-GPU nodes unless a test says otherwise.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import uuid
@@ -142,6 +143,16 @@ def condition(status: dict, type_: str) -> dict:
     return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
 
 
+def wide_row(cluster, name: str) -> dict:
+    """What `kubectl get ptj -o wide` prints for the job (the server-side Table)."""
+    path = f"/apis/{crd.API_VERSION}/namespaces/{cluster.namespace}/{crd.PLURAL}/{name}"
+    resp = cluster.api.call_api(
+        path, "GET", header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True)
+    data = json.loads(resp.data)
+    return dict(zip([c["name"] for c in data["columnDefinitions"]], data["rows"][0]["cells"]))
+
+
 def live_pods(cluster, job: str) -> list:
     return [p for p in cluster.pods(job) if not p.metadata.deletion_timestamp]
 
@@ -173,13 +184,21 @@ def test_two_jobs_that_each_need_the_whole_queue_run_one_after_the_other(cluster
                                     "pods": 4}
         assert condition(ran, "Admitted")["status"] == "True"
         cluster.wait_event(running, "Admitted")
+        row = wide_row(cluster, waiting)
+        assert (row["Phase"], row["Admitted"], row["Queue"]) == ("Queued", "False", None)
+        row = wide_row(cluster, running)
+        assert (row["Phase"], row["Admitted"], row["Queue"]) == ("Running", "True",
+                                                                 kueue.cluster_queue)
 
         cluster.succeed_pod(f"{running}-0-0")
         cluster.wait_phase(running, "Succeeded")
-        workload = cluster.objs.get_namespaced_custom_object(
-            q.GROUP, q.VERSION, cluster.namespace, q.PLURAL, f"pretrainjob-{running}")
-        assert any(c["type"] == "Finished" and c["status"] == "True"
-                   for c in workload["status"]["conditions"])
+
+        def finished():
+            workload = cluster.objs.get_namespaced_custom_object(
+                q.GROUP, q.VERSION, cluster.namespace, q.PLURAL, f"pretrainjob-{running}")
+            return any(c["type"] == "Finished" and c["status"] == "True"
+                       for c in workload["status"]["conditions"])
+        eventually(finished, 10, "the finished job's Workload marked Finished")
         assert len(cluster.wait_running(waiting, 4, generation=0, timeout_s=60)) == 4
         assert cluster.wait_phase(waiting, "Running")["restarts"]["total"] == 0
     assert_clean_exit(runner)

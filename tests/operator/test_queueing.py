@@ -224,8 +224,11 @@ def test_a_finished_job_marks_its_workload_finished():
     outcome = decide(queued_job(status=admitted_status()), b.observed(done, workload=wl,
                                                                       flavors=FLAVORS), b.at(50))
     assert outcome.status["phase"] == "Succeeded"
+    [finish] = workload_actions(outcome, "patch_status")        # in the same pass
     nxt = decide(queued_job(status=outcome.status), b.observed(workload=wl), b.at(51))
-    [finish] = workload_actions(nxt, "patch_status")
+    [again] = workload_actions(nxt, "patch_status")              # until Kueue shows it
+    assert (again.name, again.reason) == (finish.name, finish.reason) == ("pretrainjob-gpt",
+                                                                         "Finished")
     finished = next(c for c in finish.body["status"]["conditions"] if c["type"] == "Finished")
     assert (finished["status"], finished["reason"]) == ("True", "Succeeded")
     marked = b.workload(created(), conditions={**ADMITTED, "Finished": ("True", "Succeeded", "")},
