@@ -7,7 +7,8 @@ chart's values): a condition the administrator did not allow is ignored, and wit
 a failed node is only annotated and avoided by the job. The per-minute cap itself is counted in
 the adapter (kube.CordonLimit), across jobs. Who may scrape a job's metrics port through its
 NetworkPolicy (`--metrics-scrapers`) is the administrator's too: they know where Prometheus
-runs. Pure.
+runs. Whether jobs may queue through Kueue (`--no-kueue` turns it off where Kueue is not
+installed, or not for this operator) is the administrator's too. Pure.
 """
 
 from __future__ import annotations
@@ -26,15 +27,17 @@ class ClusterPolicy:
     allowed_conditions: frozenset[str] | None = None   # None: any the job names
     cordon: bool = True                                 # False: never cordon, annotate only
     metrics_from: tuple[dict, ...] = ANY_NAMESPACE      # NetworkPolicy peers for the metrics port
+    kueue: bool = True                                  # False: the operator ignores Kueue
 
     @classmethod
     def from_settings(cls, conditions: str, max_cordons_per_minute: int,
-                      metrics_scrapers: str = "") -> "ClusterPolicy":
+                      metrics_scrapers: str = "", kueue: bool = True) -> "ClusterPolicy":
         """`conditions`: comma-separated condition types, or "*" for any. `metrics_scrapers`:
         a JSON list of NetworkPolicy peers; empty: any namespace."""
         names = frozenset(c.strip() for c in conditions.split(",") if c.strip())
         return cls(None if "*" in names else names, max_cordons_per_minute > 0,
-                   parse_peers(metrics_scrapers) if metrics_scrapers.strip() else ANY_NAMESPACE)
+                   parse_peers(metrics_scrapers) if metrics_scrapers.strip() else ANY_NAMESPACE,
+                   kueue)
 
 
 def parse_peers(text: str) -> tuple[dict, ...]:

@@ -19,7 +19,8 @@ Configuration comes from the environment (set by `crucible-operator run`, or by 
 CRUCIBLE_OPERATOR_METRICS_PORT (8080; "off" disables), CRUCIBLE_OPERATOR_METRICS_ADDRESS,
 CRUCIBLE_OPERATOR_LEADER_ELECTION (a namespace; empty: off),
 CRUCIBLE_OPERATOR_MAX_CORDONS_PER_MINUTE (6; 0: never cordon),
-CRUCIBLE_OPERATOR_NODE_FAILURE_CONDITIONS ("*": any; else comma-separated condition types).
+CRUCIBLE_OPERATOR_NODE_FAILURE_CONDITIONS ("*": any; else comma-separated condition types),
+CRUCIBLE_OPERATOR_KUEUE ("off": no watch on Kueue's objects; read once, at import).
 Must not import torch.
 """
 
@@ -71,6 +72,7 @@ class OperatorConfig:
     max_cordons_per_minute: int = 6                # across all jobs (kube.CordonLimit)
     node_failure_conditions: str = "*"             # those jobs may name; "*": any (ClusterPolicy)
     metrics_scrapers: str = ""                     # JSON NetworkPolicy peers; "": any namespace
+    kueue: bool = True                             # watch Kueue's objects (queueing.py)
 
     @classmethod
     def from_env(cls) -> "OperatorConfig":
@@ -85,12 +87,18 @@ class OperatorConfig:
                                                       "6")),
                    node_failure_conditions=env.get("CRUCIBLE_OPERATOR_NODE_FAILURE_CONDITIONS",
                                                    "*"),
-                   metrics_scrapers=env.get("CRUCIBLE_OPERATOR_METRICS_SCRAPERS", ""))
+                   metrics_scrapers=env.get("CRUCIBLE_OPERATOR_METRICS_SCRAPERS", ""),
+                   kueue=kueue_enabled())
 
     @property
     def cluster_policy(self) -> ClusterPolicy:
         return ClusterPolicy.from_settings(self.node_failure_conditions,
-                                           self.max_cordons_per_minute, self.metrics_scrapers)
+                                           self.max_cordons_per_minute, self.metrics_scrapers,
+                                           self.kueue)
+
+
+def kueue_enabled() -> bool:
+    return os.environ.get("CRUCIBLE_OPERATOR_KUEUE", "on") != "off"
 
 
 def client_configuration() -> client.Configuration:
@@ -189,23 +197,29 @@ async def priority_classes(name, body, memo, **_):
 
 
 # Kueue (queueing.py). Kopf watches these only once their CRDs exist: without Kueue installed
-# the indexes stay empty, and only jobs with the queue-name label ever read them.
-@kopf.index(queueing.GROUP, queueing.VERSION, queueing.PLURAL, labels={m.LABEL_JOB: kopf.PRESENT})
+# the indexes stay empty, and only jobs with the queue-name label ever read them. With
+# CRUCIBLE_OPERATOR_KUEUE=off they are not registered at all: a watch the operator has no
+# right to would fail over and over where Kueue is installed for others.
 async def workloads_by_job(namespace, labels, body, memo, **_):
     _wake(memo, (namespace, labels[m.LABEL_JOB]))
     return {(namespace, labels[m.LABEL_JOB]): workload_view(body)}
 
 
-@kopf.index(queueing.GROUP, queueing.VERSION, "localqueues")
 async def local_queues(namespace, name, spec, **_):
     return {(namespace, name): spec.get("clusterQueue")}
 
 
-@kopf.index(queueing.GROUP, queueing.VERSION, "resourceflavors")
 async def resource_flavors(name, body, memo, **_):
     for event in memo.wakeups.values():   # rare; an admitted job may wait to read one
         event.set()
     return {name: flavor_view(body)}
+
+
+KUEUE_INDEXES = [(queueing.PLURAL, workloads_by_job, {m.LABEL_JOB: kopf.PRESENT}),
+                 ("localqueues", local_queues, None), ("resourceflavors", resource_flavors, None)]
+if kueue_enabled():
+    for _plural, _fn, _labels in KUEUE_INDEXES:
+        kopf.index(queueing.GROUP, queueing.VERSION, _plural, labels=_labels)(_fn)
 
 
 async def _child(kind, namespace, labels, name, body, meta, **_):
@@ -251,11 +265,13 @@ def snapshot(key: tuple[str, str], indexes: dict,
     # The cluster always has the built-in system-* classes: an empty index is one still filling.
     classes = indexes["priority_classes"]
     # The Workload even without the label: a job taken out of its queue deletes it.
-    queued = {"workload": _first(indexes["workloads_by_job"].get(key))}
-    if queue is not None:
-        queued.update(cluster_queue=_first(indexes["local_queues"].get((key[0], queue))),
-                      flavors={name: _first(store)
-                               for name, store in indexes["resource_flavors"].items()})
+    queued = {}
+    if "workloads_by_job" in indexes:            # not registered with Kueue off
+        queued["workload"] = _first(indexes["workloads_by_job"].get(key))
+        if queue is not None:
+            queued.update(cluster_queue=_first(indexes["local_queues"].get((key[0], queue))),
+                          flavors={name: _first(store)
+                                   for name, store in indexes["resource_flavors"].items()})
     return Observed(pods=pods, nodes=nodes, children=frozenset(children), lease=lease,
                     conflicts=conflicts, schedulable_nodes=schedulable,
                     priority_classes=frozenset(classes) if len(classes) else None,

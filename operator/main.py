@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "list of NetworkPolicy peers, e.g. '[{\"namespaceSelector\": {\"matchLabels\": "
                      "{\"kubernetes.io/metadata.name\": \"monitoring\"}}}]' (default: every "
                      "namespace)")
+    run.add_argument("--no-kueue", action="store_true", help="do not watch Kueue's objects "
+                     "(where Kueue is not installed, or the operator holds no rights on them); "
+                     "a job with the kueue.x-k8s.io/queue-name label then waits, saying so")
     run.add_argument("-v", "--verbose", action="store_true", help="log every API call kopf makes")
     sub.add_parser("crd", help="Print the PretrainJob CRD (generated from the spec models).")
     sub.add_parser("rbac", help="Print the operator's ServiceAccount and ClusterRole.")
@@ -91,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["CRUCIBLE_OPERATOR_MAX_CORDONS_PER_MINUTE"] = str(args.max_cordons_per_minute)
     os.environ["CRUCIBLE_OPERATOR_NODE_FAILURE_CONDITIONS"] = args.node_failure_conditions
     os.environ["CRUCIBLE_OPERATOR_METRICS_SCRAPERS"] = args.metrics_scrapers
+    os.environ["CRUCIBLE_OPERATOR_KUEUE"] = "off" if args.no_kueue else "on"
 
     import kopf
 

@@ -196,6 +196,11 @@ def admitted(p: Pass) -> bool:
                   "label naming a LocalQueue, or remove scheduling.topology")
             return False
         return True
+    if not p.cluster_policy.kueue:
+        _hold(p, "KueueDisabled", f"the job has the {QUEUE_LABEL} label, but this operator runs "
+              "without Kueue (--no-kueue; the chart's kueue.enabled=false): remove the label, "
+              "or enable Kueue for the operator")
+        return False
     name = workload_name(p.job.name)
     if p.obs.workload is not None and ours is None:
         _hold(p, "WaitingForNamesake", f"Workload {name} of a deleted namesake still exists; "

@@ -54,3 +54,20 @@ def test_the_login_token_is_read_whatever_the_case_of_its_scheme():
     assert bearer_token("Bearer eyJ.a.b") == "eyJ.a.b"
     assert bearer_token("BEARER  eyJ.a.b ") == "eyJ.a.b"
     assert bearer_token("") is None
+
+
+def test_no_kueue_registers_no_watch_on_kueues_objects_and_reaches_the_policy():
+    probe = ("import os, sys, kopf; from crucible.operator import handlers\n"
+             "plurals = {h.selector.any_name for h in "
+             "kopf.get_default_registry()._indexing.get_all_handlers()}\n"
+             "print(sorted(p for p in plurals if p in ('workloads', 'localqueues', "
+             "'resourceflavors')), handlers.OperatorConfig.from_env().cluster_policy.kueue)\n")
+    on = _run("-c", probe)
+    assert on.returncode == 0, on.stderr
+    assert on.stdout.split() == ["['localqueues',", "'resourceflavors',", "'workloads']", "True"]
+    off = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO,
+                         timeout=120, env={**__import__("os").environ,
+                                           "CRUCIBLE_OPERATOR_KUEUE": "off"})
+    assert off.returncode == 0, off.stderr
+    assert off.stdout.split() == ["[]", "False"]
+    assert "--no-kueue" in _run("-m", "crucible.operator.main", "run", "--help").stdout

@@ -288,3 +288,13 @@ def test_a_job_taken_out_of_its_queue_deletes_its_workload_and_keeps_its_pods():
     assert acts(outcome, "delete", "Pod") == []
     assert outcome.status["phase"] == "Running" and "admission" not in outcome.status
     assert cond(outcome, "Admitted")["reason"] == "NotQueued"
+
+
+def test_an_operator_without_kueue_holds_a_queued_job_and_says_so():
+    from crucible.operator.cluster_policy import ClusterPolicy
+
+    outcome = decide(queued_job(), b.observed(), b.at(0), ClusterPolicy(kueue=False))
+    assert workload_actions(outcome) == [] and acts(outcome, "create", "Pod") == []
+    assert outcome.status["phase"] == "Queued"
+    assert cond(outcome, "Admitted")["reason"] == "KueueDisabled"
+    assert "--no-kueue" in cond(outcome, "Admitted")["message"]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from crucible.operator import crd, queueing, rbac
-from crucible.operator.handlers import CHILD_KINDS
+from crucible.operator.handlers import CHILD_KINDS, KUEUE_INDEXES
 
 OPERATOR = Path(__file__).resolve().parents[2] / "operator"
 JOBS, JOB_STATUS = f"{crd.PLURAL}.{crd.GROUP}", f"{crd.PLURAL}.{crd.GROUP}/status"
@@ -74,6 +74,10 @@ def code_calls() -> dict[tuple[str, str], str]:
     for _, (group, plural) in CHILD_KINDS:     # indexed in a loop, not by a decorator
         for verb in ("list", "watch"):
             found.setdefault((_resource(group, plural), verb), "handlers.py: CHILD_KINDS")
+    for plural, _, _ in KUEUE_INDEXES:          # the same, unless the operator runs --no-kueue
+        for verb in ("list", "watch"):
+            found.setdefault((_resource(queueing.GROUP, plural), verb),
+                             "handlers.py: KUEUE_INDEXES")
     for key, why in KOPF.items():
         found.setdefault(key, f"kopf: {why}")
     return found

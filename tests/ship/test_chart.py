@@ -100,14 +100,16 @@ def test_default_render_is_the_generated_rbac_and_crd():
         docs, "ValidatingAdmissionPolicyBinding")) == sorted(f["metadata"]["name"] for f in fences)
 
 
-def test_kueue_rights_follow_the_value():
+def test_kueue_off_takes_its_rights_and_its_watches():
     kueue = {"workloads", "workloads/status", "localqueues", "resourceflavors"}
     granted = {r for rule in _rules(render()) if "kueue.x-k8s.io" in rule["apiGroups"]
                for r in rule["resources"]}
     assert granted == kueue
-    without = render({"rbac": {"kueue": False}})
+    assert "--no-kueue" not in _operator(render())["args"]
+    without = render({"kueue": {"enabled": False}})
     assert not [rule for rule in _rules(without) if "kueue.x-k8s.io" in rule["apiGroups"]]
     assert len(_rules(without)) == len(_rules(render())) - 4   # the rest untouched
+    assert "--no-kueue" in _operator(without)["args"]
 
 
 def test_operator_deployment_defaults():

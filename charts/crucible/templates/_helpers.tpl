@@ -68,7 +68,7 @@ rendered rules equal crucible.operator.rbac.RULES.
 {{- define "crucible.generatedRules" -}}
 {{- $rules := list -}}
 {{- range $rule := (include "crucible.generatedClusterRole" . | fromJson).rules -}}
-{{- if or $.Values.rbac.kueue (not (has "kueue.x-k8s.io" $rule.apiGroups)) -}}
+{{- if or $.Values.kueue.enabled (not (has "kueue.x-k8s.io" $rule.apiGroups)) -}}
 {{- $rules = append $rules $rule -}}
 {{- end -}}
 {{- end -}}
