@@ -215,8 +215,15 @@ async def resource_flavors(name, body, memo, **_):
     return {name: flavor_view(body)}
 
 
+async def workload_priority_classes(name, body, memo, **_):
+    for event in memo.wakeups.values():   # rare; a job may wait for its class's value
+        event.set()
+    return {name: body.get("value")}
+
+
 KUEUE_INDEXES = [(queueing.PLURAL, workloads_by_job, {m.LABEL_JOB: kopf.PRESENT}),
-                 ("localqueues", local_queues, None), ("resourceflavors", resource_flavors, None)]
+                 ("localqueues", local_queues, None), ("resourceflavors", resource_flavors, None),
+                 ("workloadpriorityclasses", workload_priority_classes, None)]
 if kueue_enabled():
     for _plural, _fn, _labels in KUEUE_INDEXES:
         kopf.index(queueing.GROUP, queueing.VERSION, _plural, labels=_labels)(_fn)
@@ -271,7 +278,11 @@ def snapshot(key: tuple[str, str], indexes: dict,
         if queue is not None:
             queued.update(cluster_queue=_first(indexes["local_queues"].get((key[0], queue))),
                           flavors={name: _first(store)
-                                   for name, store in indexes["resource_flavors"].items()})
+                                   for name, store in indexes["resource_flavors"].items()},
+                          workload_priorities={
+                              name: value for name, store in
+                              indexes["workload_priority_classes"].items()
+                              for value in store if value is not None})
     return Observed(pods=pods, nodes=nodes, children=frozenset(children), lease=lease,
                     conflicts=conflicts, schedulable_nodes=schedulable,
                     priority_classes=frozenset(classes) if len(classes) else None,

@@ -281,6 +281,7 @@ class Observed:
     priority_values: Mapping[str, int] = field(default_factory=dict)
     # Kueue: the job's Workload, the ClusterQueue its LocalQueue points at, the flavors in use.
     workload: WorkloadView | None = None
+    workload_priorities: Mapping[str, int] = field(default_factory=dict)  # Kueue's classes
     cluster_queue: str | None = None
     flavors: Mapping[str, FlavorView] = field(default_factory=dict)
 

@@ -47,6 +47,9 @@ from crucible.operator.observed import JobView, WorkloadView
 from crucible.operator.outcome import QUEUED, Pass
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# A Kueue WorkloadPriorityClass for the job's Workload: it wins over the pods' PriorityClass,
+# as in Kueue's own integrations (jobframework.ExtractPriority), and leaves the pods' alone.
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 GROUP, VERSION, PLURAL = "kueue.x-k8s.io", "v1beta2", "workloads"
 API_VERSION = f"{GROUP}/{VERSION}"
 PODSET = "workers"
@@ -67,8 +70,24 @@ def queue_name(job: JobView) -> str | None:
 
 
 # --- the Workload -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Priority:
+    """The Workload's priority: the class it comes from and that class's value (Kueue orders
+    and preempts by the value; a job integration's webhook would look it up, and here nothing
+    else does)."""
+
+    kind: str        # PriorityClass (scheduling.k8s.io) or WorkloadPriorityClass (Kueue's)
+    name: str
+    value: int
+
+    @property
+    def ref(self) -> dict:
+        group = "scheduling.k8s.io" if self.kind == "PriorityClass" else GROUP
+        return {"group": group, "kind": self.kind, "name": self.name}
+
+
 def workload(job: str, namespace: str, uid: str, spec: PretrainJobSpec, queue: str,
-             priority: int | None) -> dict:
+             priority: Priority | None) -> dict:
     """The job's Workload: one pod set of nodes.max pods, at least nodes.min (partial admission),
     with the resources, node selector and tolerations every worker pod asks for. Its digest
     annotation says which spec it was made from: Kueue forbids changing pod sets once quota is
@@ -91,12 +110,9 @@ def workload(job: str, namespace: str, uid: str, spec: PretrainJobSpec, queue: s
         kind = "required" if sched.topology.required else "preferred"
         podset["topologyRequest"] = {kind: sched.topology.level}
     wl_spec: dict = {"queueName": queue, "podSets": [podset]}
-    if sched.priority_class_name and priority is not None:
-        # Kueue orders and preempts by the value; the webhook of a job integration would look
-        # it up, and here nothing else does.
-        wl_spec["priorityClassRef"] = {"group": "scheduling.k8s.io", "kind": "PriorityClass",
-                                       "name": sched.priority_class_name}
-        wl_spec["priority"] = priority
+    if priority is not None:
+        wl_spec["priorityClassRef"] = priority.ref
+        wl_spec["priority"] = priority.value
     meta = m.metadata(job, uid, workload_name(job), namespace)
     meta["annotations"] = {ANNOTATION_WORKLOAD_DIGEST: digest(wl_spec)}
     return {"apiVersion": API_VERSION, "kind": "Workload", "metadata": meta, "spec": wl_spec}
@@ -208,11 +224,10 @@ def admitted(p: Pass) -> bool:
         p.wake(2)
         return False
     conflict = ("Workload", name) in p.obs.conflicts
-    wanted = p.spec.scheduling.priority_class_name
-    priority = p.obs.priority_values.get(wanted) if wanted else None
-    if wanted and priority is None:
-        _hold(p, "PriorityClassUnknown", f"PriorityClass {wanted} named by "
-              "scheduling.priorityClassName is not known (yet): the Workload needs its value")
+    priority, unknown = _priority(p)
+    if unknown:
+        _hold(p, "PriorityClassUnknown", f"{unknown} is not known (yet): the Workload needs "
+              "its value")
         p.wake(10)
         return False
     desired = workload(p.job.name, p.job.namespace, p.job.uid, p.spec, queue, priority)
@@ -246,6 +261,22 @@ def admitted(p: Pass) -> bool:
         _queued(p, reason, f"in LocalQueue {queue}{_cluster_queue(p)}: {message}")
         return False
     return _admit(p, ours, queue)
+
+
+def _priority(p: Pass) -> tuple[Priority | None, str | None]:
+    """The Workload's priority, or what names a class whose value is not known."""
+    kueue_class = p.job.labels.get(PRIORITY_LABEL)
+    if kueue_class:
+        value = p.obs.workload_priorities.get(kueue_class)
+        return ((Priority("WorkloadPriorityClass", kueue_class, value), None) if value is not None
+                else (None, f"WorkloadPriorityClass {kueue_class} named by the {PRIORITY_LABEL} "
+                      "label"))
+    pod_class = p.spec.scheduling.priority_class_name
+    if pod_class:
+        value = p.obs.priority_values.get(pod_class)
+        return ((Priority("PriorityClass", pod_class, value), None) if value is not None
+                else (None, f"PriorityClass {pod_class} named by scheduling.priorityClassName"))
+    return None, None
 
 
 def _admit(p: Pass, wl: WorkloadView, queue: str) -> bool:

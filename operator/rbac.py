@@ -56,6 +56,8 @@ RULES: list[tuple[list[str], list[str], list[str], str]] = [
      "name the ClusterQueue a queued job waits in"),
     (["kueue.x-k8s.io"], ["resourceflavors"], ["list", "watch"],
      "put a queued job's pods on the nodes of the flavors Kueue admitted it on"),
+    (["kueue.x-k8s.io"], ["workloadpriorityclasses"], ["list", "watch"],
+     "the value of the class a job's kueue.x-k8s.io/priority-class label names"),
     ([""], ["namespaces"], ["list", "watch"], "kopf: which namespaces to serve"),
     (["apiextensions.k8s.io"], ["customresourcedefinitions"], ["list", "watch"],
      "kopf: resource discovery"),
@@ -66,8 +68,8 @@ RULES: list[tuple[list[str], list[str], list[str], str]] = [
 # namespaced install (the chart's watchNamespaces) grants these cluster-wide and the rest only
 # in the watched namespaces. The ClusterRole carries the list (CLUSTER_SCOPED_ANNOTATION), so
 # the chart splits by it.
-CLUSTER_SCOPED = ("nodes", "priorityclasses", "resourceflavors", "namespaces",
-                  "customresourcedefinitions")
+CLUSTER_SCOPED = ("nodes", "priorityclasses", "resourceflavors", "workloadpriorityclasses",
+                  "namespaces", "customresourcedefinitions")
 CLUSTER_SCOPED_ANNOTATION = "crucible.dev/cluster-scoped-resources"
 
 OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{NAME}"

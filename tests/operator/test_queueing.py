@@ -298,3 +298,22 @@ def test_an_operator_without_kueue_holds_a_queued_job_and_says_so():
     assert outcome.status["phase"] == "Queued"
     assert cond(outcome, "Admitted")["reason"] == "KueueDisabled"
     assert "--no-kueue" in cond(outcome, "Admitted")["message"]
+
+
+def test_a_kueue_workload_priority_class_wins_over_the_pods_priority_class():
+    labels = {**QUEUE, q.PRIORITY_LABEL: "production"}
+    pc = {"scheduling": {"priorityClassName": "research-high"}}
+    known = {"priority_classes": frozenset({"research-high"}),
+             "priority_values": {"research-high": 1000}}
+    waiting = decide(b.job(labels=labels, **pc), b.observed(**known), b.at(0))
+    assert workload_actions(waiting) == []
+    assert "WorkloadPriorityClass production" in cond(waiting, "Admitted")["message"]
+    outcome = decide(b.job(labels=labels, **pc), b.observed(
+        **known, workload_priorities={"production": 5000}), b.at(1))
+    [create] = workload_actions(outcome, "create")
+    assert create.body["spec"]["priority"] == 5000
+    assert create.body["spec"]["priorityClassRef"] == {
+        "group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": "production"}
+    # The pods keep their own class (the kubelet and scheduler read that one).
+    assert create.body["spec"]["podSets"][0]["template"]["spec"]["priorityClassName"] == \
+        "research-high"

@@ -101,14 +101,15 @@ def test_default_render_is_the_generated_rbac_and_crd():
 
 
 def test_kueue_off_takes_its_rights_and_its_watches():
-    kueue = {"workloads", "workloads/status", "localqueues", "resourceflavors"}
+    kueue = {"workloads", "workloads/status", "localqueues", "resourceflavors",
+             "workloadpriorityclasses"}
     granted = {r for rule in _rules(render()) if "kueue.x-k8s.io" in rule["apiGroups"]
                for r in rule["resources"]}
     assert granted == kueue
     assert "--no-kueue" not in _operator(render())["args"]
     without = render({"kueue": {"enabled": False}})
     assert not [rule for rule in _rules(without) if "kueue.x-k8s.io" in rule["apiGroups"]]
-    assert len(_rules(without)) == len(_rules(render())) - 4   # the rest untouched
+    assert len(_rules(without)) == len(_rules(render())) - 5   # the rest untouched
     assert "--no-kueue" in _operator(without)["args"]
 
 
