@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from crucible.api.launch import CONTAINER
 from crucible.api.names import ANNOTATION_WORKLOAD_DIGEST, workload_name
-from crucible.api.progress import format_time
+from crucible.api.progress import format_time, parse_time
 from crucible.api.spec import PretrainJobSpec, TopologySpec
 from crucible.operator import conditions as c
 from crucible.operator import failures as f
@@ -297,6 +297,10 @@ def _admit(p: Pass, wl: WorkloadView, queue: str) -> bool:
                (f" on ResourceFlavor {', '.join(wl.flavors)}" if wl.flavors else ""))
     if p.track.get("admission") != record:
         p.event("Normal", "Admitted", message)
+    since = parse_time(p.track.pop("queuedSince", None))
+    if since is not None:   # back from a preemption: the wait is not the job's lost time
+        p.track["suspendedSeconds"] = round(float(p.track.get("suspendedSeconds", 0.0))
+                                            + (p.now - since).total_seconds(), 3)
     p.track["admission"] = record
     p.status["admission"] = record
     p.cond(c.ADMITTED, True, "Admitted", message)
@@ -318,6 +322,7 @@ def _evicted(p: Pass, wl: WorkloadView, queue: str) -> None:
                             f.INFRASTRUCTURE, f"Kueue evicted the job from ClusterQueue "
                             f"{admission.get('clusterQueue')} ({reason}): {message}")
         p.new_generation(failure)
+        p.track["queuedSince"] = format_time(p.now)   # goodput leaves the wait out, as a suspension
         p.event("Warning", failure.cause, f"{failure.message}; deleting its pods as one unit "
                 "(checkpoints stay); it resumes from the newest commit when admitted again")
     live = _withdraw_pods(p)
@@ -363,6 +368,7 @@ def withdraw(p: Pass, reason: str) -> None:
     if wl is not None and wl.owner_uid == p.job.uid:
         p.act("delete", "Workload", wl.name, reason=reason)
     p.track.pop("admission", None)
+    p.track.pop("queuedSince", None)   # the suspension's own clock takes over
     p.status.pop("admission", None)
     if c.get(p.conds, c.ADMITTED):
         p.cond(c.ADMITTED, False, reason, "the job is suspended: its Workload is deleted")

@@ -207,6 +207,17 @@ def test_readmission_after_a_preemption_starts_the_new_generation():
     assert outcome.status["restarts"]["infrastructure"] == 1     # the preemption, once
 
 
+def test_the_wait_after_a_preemption_is_left_out_of_goodput_like_a_suspension():
+    wl = b.workload(created(), conditions=PREEMPTED, cluster_queue="gpus", count=4)
+    evicted = decide(queued_job(status=admitted_status()), b.observed(workload=wl), b.at(100))
+    assert evicted.status["tracking"]["queuedSince"] == b.ts(100)
+    again = b.workload(created(), conditions=ADMITTED, cluster_queue="gpus", count=4)
+    back = decide(queued_job(status=evicted.status), b.observed(workload=again, flavors=FLAVORS),
+                  b.at(160))
+    assert "queuedSince" not in back.status["tracking"]
+    assert back.status["tracking"]["suspendedSeconds"] == 60.0
+
+
 def test_quota_lost_without_an_evicted_condition_is_handled_as_an_eviction():
     wl = b.workload(created(), conditions={"QuotaReserved": ("False", "Inadmissible",
                                                              "ClusterQueue gpus is inactive")})
