@@ -34,6 +34,7 @@ import copy
 import datetime as dt
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from crucible.api.launch import CONTAINER
@@ -232,6 +233,9 @@ def admitted(p: Pass) -> bool:
         return False
     desired = workload(p.job.name, p.job.namespace, p.job.uid, p.spec, queue, priority)
     if ours is None:
+        # Deleted under a running job (by a person, say): its quota is gone with it.
+        _evict(p, "WorkloadDeleted", lambda cq: f"the job's Workload was deleted while "
+               f"ClusterQueue {cq} admitted it; a new one is queued")
         p.act("create", "Workload", name, desired)   # again after a conflict: it may be gone
         if conflict:
             _hold(p, "NameConflict", f"Workload {name} exists and belongs to another owner: "
@@ -316,21 +320,27 @@ def _evicted(p: Pass, wl: WorkloadView, queue: str) -> None:
         else "QuotaLost"
     message = (evicted.message if evicted and evicted.status == "True" and evicted.message
                else "Kueue no longer reserves quota for the Workload")
-    admission = p.track.pop("admission", None)
-    if admission is not None:
-        failure = f.Failure("Preempted" if reason == "Preempted" else "Evicted",
-                            f.INFRASTRUCTURE, f"Kueue evicted the job from ClusterQueue "
-                            f"{admission.get('clusterQueue')} ({reason}): {message}")
-        p.new_generation(failure)
-        p.track["queuedSince"] = format_time(p.now)   # goodput leaves the wait out, as a suspension
-        p.event("Warning", failure.cause, f"{failure.message}; deleting its pods as one unit "
-                "(checkpoints stay); it resumes from the newest commit when admitted again")
-    live = _withdraw_pods(p)
+    live = _evict(p, reason, lambda cq: f"Kueue evicted the job from ClusterQueue {cq} "
+                  f"({reason}): {message}")
     if wl.is_true("QuotaReserved") and not live:
         p.act("patch_status", "Workload", wl.name, release(wl, p.now), reason="Released")
     _queued(p, reason, f"evicted by Kueue ({reason}: {message}); "
             + (f"{live} pod(s) still terminating" if live else
                f"waiting in LocalQueue {queue}{_cluster_queue(p)} for re-admission"))
+
+
+def _evict(p: Pass, reason: str, describe: Callable[[str | None], str]) -> int:
+    """The pods go as one unit: one infrastructure restart per admission lost, and a new
+    generation; `describe(cluster_queue)` says why. How many pods are still live."""
+    admission = p.track.pop("admission", None)
+    if admission is not None:
+        failure = f.Failure("Preempted" if reason == "Preempted" else "Evicted",
+                            f.INFRASTRUCTURE, describe(admission.get("clusterQueue")))
+        p.new_generation(failure)
+        p.track["queuedSince"] = format_time(p.now)   # goodput leaves the wait out, as a suspension
+        p.event("Warning", failure.cause, f"{failure.message}; deleting its pods as one unit "
+                "(checkpoints stay); it resumes from the newest commit when admitted again")
+    return _withdraw_pods(p)
 
 
 def _withdraw_pods(p: Pass) -> int:

@@ -328,3 +328,12 @@ def test_a_kueue_workload_priority_class_wins_over_the_pods_priority_class():
     # The pods keep their own class (the kubelet and scheduler read that one).
     assert create.body["spec"]["podSets"][0]["template"]["spec"]["priorityClassName"] == \
         "research-high"
+
+
+def test_a_workload_deleted_under_a_running_job_takes_its_pods_and_is_made_again():
+    outcome = decide(queued_job(status=admitted_status()), b.observed(b.running(0, 4, H)),
+                     b.at(10))
+    assert len(acts(outcome, "delete", "Pod")) == 4
+    assert [a.verb for a in workload_actions(outcome)] == ["create"]
+    assert outcome.status["restarts"]["byCause"] == {"Evicted": 1}
+    assert outcome.status["podGeneration"] == 1 and outcome.status["phase"] == "Queued"
