@@ -61,7 +61,8 @@ def test_no_kueue_registers_no_watch_on_kueues_objects_and_reaches_the_policy():
              "plurals = {h.selector.any_name for h in "
              "kopf.get_default_registry()._indexing.get_all_handlers()}\n"
              "print(sorted(p for p in plurals if p in ('workloads', 'localqueues', "
-             "'resourceflavors', 'workloadpriorityclasses')), handlers.OperatorConfig.from_env().cluster_policy.kueue)\n")
+             "'resourceflavors', 'workloadpriorityclasses')),\n"
+             "      handlers.OperatorConfig.from_env().cluster_policy.kueue)\n")
     on = _run("-c", probe)
     assert on.returncode == 0, on.stderr
     assert on.stdout.split() == ["['localqueues',", "'resourceflavors',",
