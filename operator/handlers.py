@@ -193,7 +193,7 @@ async def priority_classes(name, body, memo, **_):
     # Rare, and a job may be held for want of this one (references.py): every job looks.
     for event in memo.wakeups.values():
         event.set()
-    return {name: body.get("value")}
+    return {name: (body.get("value"), bool(body.get("globalDefault")))}
 
 
 # Kueue (queueing.py). Kopf watches these only once their CRDs exist: without Kueue installed
@@ -287,7 +287,9 @@ def snapshot(key: tuple[str, str], indexes: dict,
                     conflicts=conflicts, schedulable_nodes=schedulable,
                     priority_classes=frozenset(classes) if len(classes) else None,
                     priority_values={name: value for name, store in classes.items()
-                                     for value in store if value is not None},
+                                     for value, _ in store if value is not None},
+                    default_priority_class=next((name for name, store in classes.items()
+                                                 for _, default in store if default), None),
                     **queued)
 
 

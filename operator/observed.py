@@ -279,6 +279,8 @@ class Observed:
     priority_classes: frozenset[str] | None = None
     # Their values, by name (Kueue orders and preempts Workloads by the value, not the name).
     priority_values: Mapping[str, int] = field(default_factory=dict)
+    # The class marked globalDefault: what a pod naming none gets (the Priority admission plugin).
+    default_priority_class: str | None = None
     # Kueue: the job's Workload, the ClusterQueue its LocalQueue points at, the flavors in use.
     workload: WorkloadView | None = None
     workload_priorities: Mapping[str, int] = field(default_factory=dict)  # Kueue's classes

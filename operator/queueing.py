@@ -275,7 +275,9 @@ def _priority(p: Pass) -> tuple[Priority | None, str | None]:
         return ((Priority("WorkloadPriorityClass", kueue_class, value), None) if value is not None
                 else (None, f"WorkloadPriorityClass {kueue_class} named by the {PRIORITY_LABEL} "
                       "label"))
-    pod_class = p.spec.scheduling.priority_class_name
+    # Naming none, the pods get the cluster's default class; Kueue's integrations then take its
+    # value for the Workload too, and so does this one.
+    pod_class = p.spec.scheduling.priority_class_name or p.obs.default_priority_class
     if pod_class:
         value = p.obs.priority_values.get(pod_class)
         return ((Priority("PriorityClass", pod_class, value), None) if value is not None

@@ -337,3 +337,13 @@ def test_a_workload_deleted_under_a_running_job_takes_its_pods_and_is_made_again
     assert [a.verb for a in workload_actions(outcome)] == ["create"]
     assert outcome.status["restarts"]["byCause"] == {"Evicted": 1}
     assert outcome.status["podGeneration"] == 1 and outcome.status["phase"] == "Queued"
+
+
+def test_a_job_naming_no_priority_class_takes_the_clusters_default_one():
+    outcome = decide(queued_job(), b.observed(priority_values={"normal": 50, "other": 7},
+                                              default_priority_class="normal"), b.at(0))
+    [create] = workload_actions(outcome, "create")
+    assert create.body["spec"]["priority"] == 50
+    assert create.body["spec"]["priorityClassRef"]["name"] == "normal"
+    without = decide(queued_job(), b.observed(priority_values={"other": 7}), b.at(0))
+    assert "priority" not in workload_actions(without, "create")[0].body["spec"]
