@@ -8,6 +8,7 @@ operator.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -87,6 +88,17 @@ class Cluster:
             assert err.status in (400, 422), err
             return err.body
         return None
+
+    def printed_row(self, name: str, wide: bool = False) -> dict:
+        """What `kubectl get ptj` (`-o wide`) prints for the job: the server-side Table, by
+        column name."""
+        path = f"/apis/{crd.API_VERSION}/namespaces/{self.namespace}/{crd.PLURAL}/{name}"
+        resp = self.api.call_api(
+            path, "GET", header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+            auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True)
+        data = json.loads(resp.data)
+        columns = [c["name"] for c in data["columnDefinitions"] if wide or c["priority"] == 0]
+        return dict(zip(columns, data["rows"][0]["cells"]))
 
     def patch_spec(self, name: str, spec: dict) -> None:
         self.objs.patch_namespaced_custom_object(crd.GROUP, crd.VERSION, self.namespace,

@@ -14,7 +14,6 @@ them. The pool is the stack's four 8-GPU nodes unless a test says otherwise.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import uuid
@@ -143,16 +142,6 @@ def condition(status: dict, type_: str) -> dict:
     return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
 
 
-def wide_row(cluster, name: str) -> dict:
-    """What `kubectl get ptj -o wide` prints for the job (the server-side Table)."""
-    path = f"/apis/{crd.API_VERSION}/namespaces/{cluster.namespace}/{crd.PLURAL}/{name}"
-    resp = cluster.api.call_api(
-        path, "GET", header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
-        auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True)
-    data = json.loads(resp.data)
-    return dict(zip([c["name"] for c in data["columnDefinitions"]], data["rows"][0]["cells"]))
-
-
 def live_pods(cluster, job: str) -> list:
     return [p for p in cluster.pods(job) if not p.metadata.deletion_timestamp]
 
@@ -184,9 +173,9 @@ def test_two_jobs_that_each_need_the_whole_queue_run_one_after_the_other(cluster
                                     "pods": 4}
         assert condition(ran, "Admitted")["status"] == "True"
         cluster.wait_event(running, "Admitted")
-        row = wide_row(cluster, waiting)
+        row = cluster.printed_row(waiting, wide=True)
         assert (row["Phase"], row["Admitted"], row["Queue"]) == ("Queued", "False", None)
-        row = wide_row(cluster, running)
+        row = cluster.printed_row(running, wide=True)
         assert (row["Phase"], row["Admitted"], row["Queue"]) == ("Running", "True",
                                                                  kueue.cluster_queue)
 

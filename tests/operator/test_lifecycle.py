@@ -5,7 +5,6 @@ Chaos survived: none on purpose; these pin down the happy path the chaos tests d
 
 from __future__ import annotations
 
-import json
 import re
 import urllib.request
 
@@ -20,17 +19,6 @@ from tests.support.services import eventually
 pytestmark = pytest.mark.stack
 
 
-def _table(cluster, name: str) -> dict:
-    """What `kubectl get ptj` prints: the server-side Table with the printer columns."""
-    path = f"/apis/crucible.dev/v1alpha1/namespaces/{cluster.namespace}/pretrainjobs/{name}"
-    resp = cluster.api.call_api(
-        path, "GET", header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
-        auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True)
-    data = json.loads(resp.data)
-    columns = [c["name"] for c in data["columnDefinitions"] if c["priority"] == 0]
-    return dict(zip(columns, data["rows"][0]["cells"]))
-
-
 def test_apply_gives_running_pods_owned_children_and_printer_columns(cluster, run_operator):
     port = free_port()
     with run_operator(cluster.namespace, metrics_port=port) as runner:
@@ -41,7 +29,7 @@ def test_apply_gives_running_pods_owned_children_and_printer_columns(cluster, ru
         assert sorted(p.metadata.name for p in pods) == ["gpt-0-0", "gpt-0-1", "gpt-0-2"]
         assert len({p.spec.node_name for p in pods}) == 3   # 8 GPUs each: a node per pod
         assert status["pods"]["running"] == 3 and status["observedGeneration"] == 1
-        row = eventually(lambda: (r := _table(cluster, "gpt"))["Phase"] == "Running" and r, 10,
+        row = eventually(lambda: (r := cluster.printed_row("gpt"))["Phase"] == "Running" and r, 10,
                          "printer columns")
         assert list(row)[:6] == ["Name", "Phase", "Step", "Loss", "Restarts", "Last-Ckpt"]
         assert row["Restarts"] == 0
