@@ -104,7 +104,7 @@ def removal(work: str, shards: int, partitions: int) -> dict:
 
     from crucible.trainer.corpus import dedup
 
-    exact = np.concatenate([dedup.exact_removal_of_shard(work, "exact", partitions, s, shards)[0]
+    exact = np.concatenate([dedup.exact_removal_of_shard(work, "exact", partitions, s)[0]
                             for s in range(shards)])
     near = np.concatenate([dedup.near_removal_of_shard(work, partitions, s)
                            for s in range(shards)])

@@ -53,11 +53,11 @@ def partitioned_removal(output: Path | str, partitions: int) -> dedup.Removal:
             for task in reversed(range(stage.tasks)):   # no task may rely on an earlier one
                 stage.body(job, task)
     dedup.write_summary(job.output, partitions, job.families, job.config.dedup.near)
-    exact = [dedup.exact_removal_of_shard(job.output, "exact", partitions, s, SHARDS)[0]
+    exact = [dedup.exact_removal_of_shard(job.output, "exact", partitions, s)[0]
              for s in range(SHARDS)]
     near = [dedup.near_removal_of_shard(job.output, partitions, s) for s in range(SHARDS)]
-    for shard, keys in enumerate(near):
-        assert (dedup.shard_of_keys(keys, SHARDS) == shard).all()
+    for shard, keys in enumerate(exact + near):     # each filter task reads only its own keys
+        assert (dedup.shard_of_keys(keys, SHARDS) == shard % SHARDS).all()
     return dedup.Removal(np.sort(np.concatenate(exact)), np.sort(np.concatenate(near)))
 
 
@@ -86,8 +86,8 @@ def test_partitioned_stages_remove_exactly_what_the_in_memory_path_removes(
 
 @pytest.mark.stack
 def test_partitioned_stages_on_s3_read_byte_ranges_of_the_pair_files(in_memory, s3_storage):
-    """On S3 a links task reads its rows of each pair file with a ranged GET: a range off by a
-    byte would misread every pair after it."""
+    """On S3 a task reads its rows of each routed file (pairs, links, steps, exact removals) with a
+    ranged GET: a range off by a byte would misread every row after it."""
     found = partitioned_removal(f"s3://{s3_storage.bucket}/dedup-stages/{secrets.token_hex(4)}", 3)
     assert np.array_equal(found.exact, in_memory.exact)
     assert np.array_equal(found.near, in_memory.near)
@@ -104,8 +104,11 @@ def test_each_links_task_holds_the_distinct_pairs_of_its_heads(tmp_path):
     every_pair = np.concatenate([dedup.load_array(dedup.pairs_uri(job.output, band, part))
                                  for band in range(bands) for part in range(partitions)])
     assert len(every_pair) > len(np.unique(every_pair, axis=0))   # bands found some pairs twice
-    removed = np.concatenate([dedup.removed_in_partition(job.output, ["exact"], partitions, p)
-                              for p in range(partitions)])
+    removed = [dedup.removed_in_partition(job.output, ["exact"], partitions, p)
+               for p in range(partitions)]
+    for part, keys in enumerate(removed):          # each task reads only its own partition's
+        assert (dedup.partition_of_keys(keys, partitions) == part).all()
+    removed = np.concatenate(removed)
     headed_by_removed = np.isin(every_pair[:, 1], removed)
     assert headed_by_removed.any()
     every_pair = every_pair[~headed_by_removed]

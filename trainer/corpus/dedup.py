@@ -8,7 +8,9 @@ Owns the stage bodies and their file formats (P = `DedupConfig.partitions`, N = 
        dedup/bands/band-BB/part-PPPPP/shard-NNNNN.npy      (m, 2) uint64: key, band key
   2. exact (per family and partition): the partition's digests of every shard, sorted; all but the
      smallest key of each digest group is removed, and so is every document whose digest an
-     earlier run in the persistent index holds -> dedup/<family>/part-PPPPP.npz
+     earlier run in the persistent index holds -> dedup/<family>/by-partition/part-PPPPP.npy
+     (routed to the links and components tasks by key) and by-shard/part-PPPPP.npy ((key, flag)
+     rows, routed to the filter tasks by shard), then the summary part-PPPPP.json
   3. buckets (per band and partition): documents sharing a band key are candidate pairs (each
      paired with the bucket's smallest key, its head), written routed to the links task of each
      pair's head -> dedup/pairs/band-BB-part-PPPPP.npy (m, 2) uint64 and, beside it,
@@ -82,8 +84,18 @@ def band_part_uri(output: str, band: int, part: int, shard: int) -> str:
                         f"shard-{shard:05d}.npy")
 
 
-def removed_uri(output: str, family: str, part: int) -> str:
-    return storage.join(output, "dedup", family, f"part-{part:05d}.npz")
+def exact_summary_uri(output: str, family: str, part: int) -> str:
+    return storage.join(output, "dedup", family, f"part-{part:05d}.json")
+
+
+def exact_keys_uri(output: str, family: str, part: int) -> str:
+    """One exact task's removals, routed to the links and components tasks by key partition."""
+    return storage.join(output, "dedup", family, "by-partition", f"part-{part:05d}.npy")
+
+
+def exact_shards_uri(output: str, family: str, part: int) -> str:
+    """One exact task's (key, earlier-run flag) rows, routed to the filter tasks by shard."""
+    return storage.join(output, "dedup", family, "by-shard", f"part-{part:05d}.npy")
 
 
 def pairs_uri(output: str, band: int, part: int) -> str:
@@ -151,17 +163,6 @@ def load_routes(uris: Iterable[str], owner: int, columns: int = 2) -> np.ndarray
     """`owner`'s rows of every `save_routed` file in `uris`, one after another."""
     empty = np.zeros((0, columns) if columns > 1 else 0, np.uint64)
     return np.concatenate([empty] + [load_routed(uri, owner, columns) for uri in uris])
-
-
-def _save_npz(uri: str, **arrays: np.ndarray) -> None:
-    with storage.open_write(uri) as out:
-        np.savez(out, **arrays)
-
-
-def _load_npz(uri: str) -> dict[str, np.ndarray]:
-    source = io.BytesIO(storage.read_bytes(uri)) if storage.is_s3(uri) else uri
-    with np.load(source, allow_pickle=False) as data:
-        return {name: data[name] for name in data.files}
 
 
 # ---- partitions and shards ------------------------------------------------------------------
@@ -280,19 +281,27 @@ def decide_exact(records: np.ndarray, earlier_digests: Iterable[np.ndarray]) -> 
     return ExactPart(groups.remove, np.sort(records["key"][seen]), groups.sizes)
 
 
-def run_exact(output: str, family: str, part: int, shard_count: int,
+def run_exact(output: str, family: str, part: int, shard_count: int, partitions: int,
               earlier: Iterable[np.ndarray] = ()) -> dict:
-    """Stage 2 task: read partition `part` of `family` from every shard, write its decision.
-    Returns the partition's summary (added up by `write_summary` for the report)."""
+    """Stage 2 task: read partition `part` of `family` from every shard, write its decision
+    twice, routed by key partition (links, components) and by shard (filters), so each reader
+    fetches one byte range of it rather than the whole file. Returns the partition's summary
+    (added up by `write_summary` for the report), written last."""
     records = np.concatenate([load_array(digest_part_uri(output, family, part, s))
                               for s in range(shard_count)]) if shard_count else \
         np.zeros(0, DIGEST_RECORD)
     decision = decide_exact(records, earlier)
+    gone = np.union1d(decision.removed, decision.earlier)
+    save_routed(exact_keys_uri(output, family, part), gone, partition_of_keys(gone, partitions),
+                partitions)
+    flagged = np.concatenate([np.stack([keys, np.full(keys.size, flag, np.uint64)], axis=1)
+                              for flag, keys in enumerate((decision.removed, decision.earlier))])
+    save_routed(exact_shards_uri(output, family, part), flagged,
+                shard_of_keys(flagged[:, 0], shard_count), shard_count)
     summary = {"documents": int(records.size), "groups": int(decision.sizes.size),
                "removed": int(decision.removed.size), "earlier_run": int(decision.earlier.size),
                "group_sizes": size_histogram(decision.sizes)}
-    _save_npz(removed_uri(output, family, part), removed=decision.removed,
-              earlier=decision.earlier, summary=np.frombuffer(json.dumps(summary).encode(), np.uint8))
+    storage.write_bytes(exact_summary_uri(output, family, part), json.dumps(summary).encode())
     return summary
 
 
@@ -314,15 +323,11 @@ def exact_summary(summaries: Iterable[dict]) -> dict:
     return total
 
 
-def exact_removal_of_shard(output: str, family: str, partitions: int, shard: int,
-                           shard_count: int) -> tuple[np.ndarray, np.ndarray]:
-    """(removed, earlier) keys of one shard, each sorted, reading one partition at a time."""
-    removed, earlier = [], []
-    for part in range(partitions):
-        arrays = _load_npz(removed_uri(output, family, part))
-        removed.append(keys_of_shard(arrays["removed"], shard, shard_count))
-        earlier.append(keys_of_shard(arrays["earlier"], shard, shard_count))
-    return np.sort(np.concatenate(removed)), np.sort(np.concatenate(earlier))
+def exact_removal_of_shard(output: str, family: str, partitions: int,
+                           shard: int) -> tuple[np.ndarray, np.ndarray]:
+    """(removed, earlier) keys of one shard, each sorted: one range of each exact task's file."""
+    rows = load_routes((exact_shards_uri(output, family, p) for p in range(partitions)), shard)
+    return np.sort(rows[rows[:, 1] == 0, 0]), np.sort(rows[rows[:, 1] == 1, 0])
 
 
 # ---- stage 3: buckets -----------------------------------------------------------------------
@@ -357,14 +362,9 @@ def run_buckets(output: str, band: int, part: int, shard_count: int, partitions:
 def removed_in_partition(output: str, families: Iterable[str], partitions: int,
                          part: int) -> np.ndarray:
     """The sorted keys of partition `part` that the exact and URL steps remove (later copies, and
-    documents an earlier run holds), reading one exact task's file at a time."""
-    found = [np.zeros(0, np.uint64)]
-    for family in families:
-        for exact_part in range(partitions):
-            arrays = _load_npz(removed_uri(output, family, exact_part))
-            for keys in (arrays["removed"], arrays["earlier"]):
-                found.append(keys[partition_of_keys(keys, partitions) == part])
-    return np.unique(np.concatenate(found))
+    documents an earlier run holds): one range of each exact task's file."""
+    return np.unique(load_routes((exact_keys_uri(output, family, p) for family in families
+                                  for p in range(partitions)), part, columns=1))
 
 
 def _members(sorted_keys: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -483,7 +483,7 @@ def write_summary(output: str, partitions: int, families: Iterable[str],
     summary: dict = {"exact": None, "url": None, "near": None}
     for family in families:
         summary[family] = exact_summary(
-            json.loads(_load_npz(removed_uri(output, family, part))["summary"].tobytes())
+            json.loads(storage.read_bytes(exact_summary_uri(output, family, part)))
             for part in range(partitions))
     if near is not None:
         stars = star_summaries(output, last_star_step(output, partitions), partitions)

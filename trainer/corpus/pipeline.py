@@ -269,7 +269,7 @@ class Job:
         index = self.config.dedup.index
         earlier = dedup.earlier_digests(index, self.index_runs(), family, self.partitions,
                                         part) if index else ()
-        dedup.run_exact(self.output, family, part, self.shard_count, earlier)
+        dedup.run_exact(self.output, family, part, self.shard_count, self.partitions, earlier)
         if index:
             dedup.publish_part(index, dedup.run_id(self.output, self.config.fingerprint()),
                                self.output, family, part, self.shard_count)
@@ -304,8 +304,8 @@ class Job:
         steps = []
         for family, step_type in (("exact", dedup.ExactDuplicate), ("url", dedup.UrlDuplicate)):
             if family in self.families:
-                removed, earlier = dedup.exact_removal_of_shard(
-                    self.output, family, self.partitions, shard, self.shard_count)
+                removed, earlier = dedup.exact_removal_of_shard(self.output, family,
+                                                                self.partitions, shard)
                 steps.append(step_type(removed=removed, earlier=earlier))
         if dedup_config.near is not None:
             steps.append(dedup.NearDuplicate(
