@@ -246,10 +246,12 @@ def _first(store):
 
 def snapshot(key: tuple[str, str], indexes: dict,
              conflicts: frozenset[tuple[str, str]] = frozenset(),
-             also_nodes: tuple[str, ...] = (), queue: str | None = None) -> Observed:
+             also_nodes: tuple[str, ...] = (), queue: str | None = None,
+             unserved: frozenset[str] = frozenset()) -> Observed:
     """The job's world from the indexes (event loop only: indexes change between awaits): its
     pods' nodes and `also_nodes` (those it avoids), the cluster's count of schedulable nodes,
-    the name conflicts the last pass's creates met (`conflicts`), and for a job in Kueue's
+    the name conflicts the last pass's creates met (`conflicts`) and the kinds they found not
+    served (`unserved`), and for a job in Kueue's
     LocalQueue `queue` its Workload, the queue's ClusterQueue and the ResourceFlavors."""
     pods = tuple(indexes["pods_by_job"].get(key, ()))
     node_index = indexes["nodes_by_name"]
@@ -284,7 +286,7 @@ def snapshot(key: tuple[str, str], indexes: dict,
                               indexes["workload_priority_classes"].items()
                               for value in store if value is not None})
     return Observed(pods=pods, nodes=nodes, children=frozenset(children), lease=lease,
-                    conflicts=conflicts, schedulable_nodes=schedulable,
+                    conflicts=conflicts, unserved=unserved, schedulable_nodes=schedulable,
                     priority_classes=frozenset(classes) if len(classes) else None,
                     priority_values={name: value for name, store in classes.items()
                                      for value, _ in store if value is not None},
@@ -321,6 +323,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
                      cordons_per_minute=cfg.max_cordons_per_minute)
     memo.executor = concurrent.futures.ThreadPoolExecutor(cfg.workers, "crucible-pass")
     memo.wakeups, memo.fences, memo.phases, memo.jobs, memo.conflicts = {}, {}, {}, {}, {}
+    memo.unserved = {}
     memo.waiting = set()   # (namespace, name) of jobs in phase Waiting: a node event wakes them
     # With leader election on, passes wait until this replica holds the leader Lease.
     memo.leading = None
@@ -462,7 +465,7 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -
         return NextPass(After.STALE, 0.1)
     avoided = tuple(entry["node"] for entry in bad_entries(job.status.get("tracking") or {}))
     obs = snapshot(key, indexes, memo.conflicts.get(job.uid, frozenset()), avoided,
-                   queueing.queue_name(job))
+                   queueing.queue_name(job), memo.unserved.get(job.uid, frozenset()))
     now = dt.datetime.now(dt.timezone.utc)
     loop = asyncio.get_running_loop()
     try:
@@ -484,6 +487,7 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -
     # What this pass's creates found under another owner; the next pass reports it and tries
     # again (a create that now succeeds, or meets no conflict, clears it).
     memo.conflicts[job.uid] = frozenset(applied.conflicts)
+    memo.unserved[job.uid] = frozenset(applied.unserved)
     if result.written is not None:
         memo.fences[job.uid] = result.written
     memo.phases[job.uid] = outcome.status.get("phase", "Pending")
@@ -551,6 +555,7 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
         memo.phases.pop(uid, None)
         memo.jobs.pop(uid, None)
         memo.conflicts.pop(uid, None)
+        memo.unserved.pop(uid, None)
         memo.waiting.discard(key)
 
 

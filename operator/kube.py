@@ -42,6 +42,9 @@ class Applied:
     rejected: list[str] = field(default_factory=list)    # 4xx other than the idempotent ones
     # (kind, name) of children that exist under another owner (a 409 on create, and not ours)
     conflicts: list[tuple[str, str]] = field(default_factory=list)
+    # kinds whose create the server answered 404: their API is not served (Kueue's Workload
+    # without Kueue installed), which says more than a rejection event every pass
+    unserved: list[str] = field(default_factory=list)
     transient: list[str] = field(default_factory=list)   # 5xx, 429, timeouts, connection errors
     cordons_limited: list[str] = field(default_factory=list)  # nodes annotated, not cordoned
 
@@ -232,7 +235,7 @@ class Kube:
                 if error is not None:
                     kind, detail = error
                     {"transient": out.transient, "rejected": out.rejected,
-                     "conflict": out.conflicts}[kind].append(detail)
+                     "conflict": out.conflicts, "unserved": out.unserved}[kind].append(detail)
                 elif changed and action.verb == "create" and action.kind == "Pod":
                     out.created_pods.append(action.name)
         return out
@@ -244,6 +247,8 @@ class Kube:
         except NameConflict as err:
             return False, ("conflict", (err.kind, err.name))
         except ApiException as err:
+            if err.status == 404 and action.verb == "create" and action.kind == "Workload":
+                return False, ("unserved", action.kind)
             # A 409 on a status patch: Kueue wrote the Workload since the pass read it (the
             # patch names the resourceVersion read); the next pass decides from the new one.
             retry = (err.status is None or err.status >= 500 or err.status == 429

@@ -272,6 +272,8 @@ class Observed:
     # (kind, name) of children the last pass could not create: they exist under another owner,
     # with none of this job's labels, so no index shows them (kube.py finds them on a 409).
     conflicts: frozenset[tuple[str, str]] = frozenset()
+    # Kinds whose create the last pass found the server does not serve (a 404: no such API).
+    unserved: frozenset[str] = frozenset()
     # Ready, schedulable nodes in the cluster (None: not known). A job that released its pods
     # for want of capacity tries again as soon as this grows.
     schedulable_nodes: int | None = None

@@ -242,6 +242,12 @@ def admitted(p: Pass) -> bool:
                   "delete it (it is never adopted)")
             p.wake(10)
             return False
+        if "Workload" in p.obs.unserved:   # tried again every pass: Kueue may come later
+            _hold(p, "KueueNotInstalled", f"the cluster does not serve Kueue's Workload API "
+                  f"({API_VERSION}): install Kueue, or remove the {QUEUE_LABEL} label and "
+                  "run the operator with --no-kueue (the chart's kueue.enabled=false)")
+            p.wake(30)
+            return False
         _queued(p, "Created", f"Workload {name} created in LocalQueue {queue}"
                 f"{_cluster_queue(p)}; waiting for Kueue to admit it")
         return False

@@ -277,3 +277,41 @@ def test_the_example_queues_are_what_kueue_accepts(cluster):
         if "namespace" in doc["metadata"]:
             doc["metadata"]["namespace"] = cluster.namespace
     assert strict_dry_run(cluster.api, docs) == []
+
+
+def test_a_workload_create_the_cluster_does_not_serve_is_reported_as_kueue_missing(
+        kube, operator_kubeconfig, monkeypatch):
+    """The adapter against the real apiserver, with the operator's credentials: a Workload
+    create in an API version no CRD serves (as on a cluster without Kueue) comes back as an
+    unserved kind, not a rejection; the next pass says to install Kueue (test_queueing.py)."""
+    from kubernetes import config
+
+    from crucible.operator import rbac
+    from crucible.operator.decision import Action, Outcome
+    from crucible.operator.kube import Kube
+    from crucible.operator.observed import job_view
+    from tests.operator import builders as b
+
+    job = job_view({"metadata": {"name": "no-kueue", "namespace": rbac.NAMESPACE, "uid": b.UID,
+                                 "labels": {q.QUEUE_LABEL: "team-a-gpus"}},
+                    "spec": b.spec_doc(), "status": {}})
+    body = q.workload(job.name, job.namespace, job.uid, b.spec(), "team-a-gpus", None)
+    adapter = Kube(config.new_client_from_config(str(operator_kubeconfig)))
+    try:
+        create = Outcome(actions=(Action("create", "Workload", body["metadata"]["name"], body),),
+                         status={})
+        served = adapter.apply(job, create)                       # served: created
+        assert served.unserved == [] and not served.rejected, served
+        monkeypatch.setattr(q, "VERSION", "v1nope")               # what no CRD serves
+        applied = adapter.apply(job, create)
+        assert applied.unserved == ["Workload"], applied
+        assert not applied.rejected and not applied.transient
+    finally:
+        monkeypatch.undo()
+        try:   # its owner does not exist, so the garbage collector may have taken it already
+            client.CustomObjectsApi(kube.client()).delete_namespaced_custom_object(
+                q.GROUP, q.VERSION, job.namespace, q.PLURAL, body["metadata"]["name"])
+        except ApiException as err:
+            if err.status != 404:
+                raise
+        adapter.events.shutdown(wait=False)

@@ -311,6 +311,22 @@ def test_an_operator_without_kueue_holds_a_queued_job_and_says_so():
     assert "--no-kueue" in cond(outcome, "Admitted")["message"]
 
 
+def test_a_cluster_without_kueue_holds_a_queued_job_says_how_to_fix_it_and_tries_again():
+    first = decide(queued_job(), b.observed(), b.at(0))
+    assert [a.verb for a in workload_actions(first)] == ["create"]
+    assert cond(first, "Admitted")["reason"] == "Created"
+    # The create met a 404: the Workload API is not served. Said so; the create is tried again.
+    outcome = decide(queued_job(status=first.status), b.observed(unserved=frozenset({"Workload"})),
+                     b.at(5))
+    assert [a.verb for a in workload_actions(outcome)] == ["create"]
+    assert acts(outcome, "create", "Pod") == []
+    assert outcome.status["phase"] == "Queued"
+    message = cond(outcome, "Admitted")["message"]
+    assert cond(outcome, "Admitted")["reason"] == "KueueNotInstalled"
+    assert "install Kueue" in message and "--no-kueue" in message and q.API_VERSION in message
+    assert outcome.wake_in_s is not None and outcome.wake_in_s <= 30
+
+
 def test_a_kueue_workload_priority_class_wins_over_the_pods_priority_class():
     labels = {**QUEUE, q.PRIORITY_LABEL: "production"}
     pc = {"scheduling": {"priorityClassName": "research-high"}}
