@@ -27,7 +27,7 @@ def test_a_pass_for_a_job_that_no_longer_exists_ends_its_loop(operator_kubeconfi
     cfg = OperatorConfig()
     memo = SimpleNamespace(config=cfg, cluster_policy=cfg.cluster_policy, kube=Kube(api),
                            executor=concurrent.futures.ThreadPoolExecutor(2), fences={},
-                           conflicts={}, phases={}, jobs={}, waiting=set())
+                           conflicts={}, unserved={}, phases={}, jobs={}, waiting=set())
     body = {"metadata": {"name": "gone", "namespace": "no-such-namespace-for-crucible",
                          "uid": "uid-gone", "generation": 1},
             "spec": b.spec_doc(), "status": {}}

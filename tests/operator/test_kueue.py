@@ -9,23 +9,31 @@ them. The pool is the stack's four 8-GPU nodes unless a test says otherwise.
   counts no application restart, and comes back in a new generation, its checkpoint record kept,
   when the high one is deleted;
 - a job asking for one rack gets all its pods on one rack's nodes, even when admitted with fewer
-  than nodes.max pods; a job no rack can hold stays Queued, saying why.
+  than nodes.max pods; a job no rack can hold stays Queued, saying why;
+- on a cluster that does not serve the Workload API, a queued job says to install Kueue.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import logging
 import sys
 import time
 import uuid
+from types import SimpleNamespace
 
 import pytest
 import yaml
-from kubernetes import client
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from crucible.api.progress import ProgressReport
-from crucible.operator import crd
+from crucible.operator import crd, rbac
 from crucible.operator import queueing as q
+from crucible.operator.handlers import CHILD_KINDS, OperatorConfig, _one_pass
+from crucible.operator.kube import Kube
+from tests.operator import builders as b
 from tests.operator.cluster import job_body
 from tests.support.apply import strict_dry_run
 from tests.support.operator_run import assert_clean_exit
@@ -279,39 +287,43 @@ def test_the_example_queues_are_what_kueue_accepts(cluster):
     assert strict_dry_run(cluster.api, docs) == []
 
 
-def test_a_workload_create_the_cluster_does_not_serve_is_reported_as_kueue_missing(
+
+def test_on_a_cluster_that_does_not_serve_workloads_a_queued_job_says_install_kueue(
         kube, operator_kubeconfig, monkeypatch):
-    """The adapter against the real apiserver, with the operator's credentials: a Workload
-    create in an API version no CRD serves (as on a cluster without Kueue) comes back as an
-    unserved kind, not a rejection; the next pass says to install Kueue (test_queueing.py)."""
-    from kubernetes import config
-
-    from crucible.operator import rbac
-    from crucible.operator.decision import Action, Outcome
-    from crucible.operator.kube import Kube
-    from crucible.operator.observed import job_view
-    from tests.operator import builders as b
-
-    job = job_view({"metadata": {"name": "no-kueue", "namespace": rbac.NAMESPACE, "uid": b.UID,
-                                 "labels": {q.QUEUE_LABEL: "team-a-gpus"}},
-                    "spec": b.spec_doc(), "status": {}})
-    body = q.workload(job.name, job.namespace, job.uid, b.spec(), "team-a-gpus", None)
-    adapter = Kube(config.new_client_from_config(str(operator_kubeconfig)))
+    """Two passes of the operator's own code against the real apiserver, with its credentials,
+    for a queued job whose Workload API version no CRD serves (as on a cluster without Kueue):
+    the first pass's create meets a 404, and the second says so in the job's status, rather
+    than "Workload created" beside a rejection event every pass."""
+    monkeypatch.setattr(q, "VERSION", "v1nope")              # what no CRD serves
+    name = f"no-kueue-{uuid.uuid4().hex[:6]}"
+    jobs = client.CustomObjectsApi(kube.client())
+    body = jobs.create_namespaced_custom_object(
+        crd.GROUP, crd.VERSION, rbac.NAMESPACE, crd.PLURAL, {
+            "apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": crd.KIND,
+            "metadata": {"name": name, "labels": {q.QUEUE_LABEL: "team-a-gpus"}},
+            "spec": b.spec_doc()})
+    cfg = OperatorConfig()
+    memo = SimpleNamespace(config=cfg, cluster_policy=cfg.cluster_policy,
+                           kube=Kube(config.new_client_from_config(str(operator_kubeconfig))),
+                           executor=concurrent.futures.ThreadPoolExecutor(2), fences={},
+                           conflicts={}, unserved={}, phases={}, jobs={}, waiting=set())
+    indexes = {"pods_by_job": {}, "nodes_by_name": {}, "leases_by_job": {},
+               "priority_classes": {"default": {(100, True)}}, "workloads_by_job": {},
+               "local_queues": {}, "resource_flavors": {}, "workload_priority_classes": {},
+               **{f"children_{plural}": {} for _, (_, plural) in CHILD_KINDS}}
     try:
-        create = Outcome(actions=(Action("create", "Workload", body["metadata"]["name"], body),),
-                         status={})
-        served = adapter.apply(job, create)                       # served: created
-        assert served.unserved == [] and not served.rejected, served
-        monkeypatch.setattr(q, "VERSION", "v1nope")               # what no CRD serves
-        applied = adapter.apply(job, create)
-        assert applied.unserved == ["Workload"], applied
-        assert not applied.rejected and not applied.transient
+        for _ in range(2):
+            asyncio.run(_one_pass((rbac.NAMESPACE, name), body, memo, indexes,
+                                  logging.getLogger("test-no-kueue"), fenced=False))
+            body = jobs.get_namespaced_custom_object(crd.GROUP, crd.VERSION, rbac.NAMESPACE,
+                                                     crd.PLURAL, name)
+        assert memo.unserved[body["metadata"]["uid"]] == {"Workload"}
+        admitted = next(c for c in body["status"]["conditions"] if c["type"] == "Admitted")
+        assert body["status"]["phase"] == "Queued"
+        assert admitted["reason"] == "KueueNotInstalled", admitted
+        assert "install Kueue" in admitted["message"] and q.GROUP in admitted["message"]
     finally:
-        monkeypatch.undo()
-        try:   # its owner does not exist, so the garbage collector may have taken it already
-            client.CustomObjectsApi(kube.client()).delete_namespaced_custom_object(
-                q.GROUP, q.VERSION, job.namespace, q.PLURAL, body["metadata"]["name"])
-        except ApiException as err:
-            if err.status != 404:
-                raise
-        adapter.events.shutdown(wait=False)
+        memo.executor.shutdown()
+        memo.kube.events.shutdown(wait=False)
+        jobs.delete_namespaced_custom_object(crd.GROUP, crd.VERSION, rbac.NAMESPACE, crd.PLURAL,
+                                             name)
