@@ -251,8 +251,8 @@ def snapshot(key: tuple[str, str], indexes: dict,
     """The job's world from the indexes (event loop only: indexes change between awaits): its
     pods' nodes and `also_nodes` (those it avoids), the cluster's count of schedulable nodes,
     the name conflicts the last pass's creates met (`conflicts`) and the kinds they found not
-    served (`unserved`), and for a job in Kueue's
-    LocalQueue `queue` its Workload, the queue's ClusterQueue and the ResourceFlavors."""
+    served (`unserved`), and for a job in Kueue's LocalQueue `queue` its Workload, the queue's
+    ClusterQueue and the ResourceFlavors."""
     pods = tuple(indexes["pods_by_job"].get(key, ()))
     node_index = indexes["nodes_by_name"]
     nodes = {}

@@ -189,10 +189,6 @@ def shard_of_keys(keys: np.ndarray, shard_count: int) -> np.ndarray:
     return ((keys >> np.uint64(RECORD_BITS)) % np.uint64(shard_count)).astype(np.int64)
 
 
-def keys_of_shard(sorted_keys: np.ndarray, shard: int, shard_count: int) -> np.ndarray:
-    return sorted_keys[shard_of_keys(sorted_keys, shard_count) == shard]
-
-
 # ---- stage 1: signatures --------------------------------------------------------------------
 def normalise_url(url: str) -> str:
     """One spelling per page: scheme and host lower case, default port and fragment dropped.
