@@ -187,6 +187,24 @@ def test_star_steps_change_nothing_only_on_stars_centred_on_the_smallest_key():
     assert large_star(both_directions(np.array([[5, 1], [9, 5]], dtype=np.uint64))).changes == 1
 
 
+def test_a_bucket_pairs_each_member_with_its_smallest_key_whatever_the_row_order():
+    """Brute force on random buckets: every member of a shared band key, and no other row, is
+    paired once with the smallest key of its bucket; rows arrive as sorted runs (shards) or
+    shuffled."""
+    rng = np.random.default_rng(7)
+    keys = rng.choice(10**9, size=3_000, replace=False).astype(np.uint64)
+    band_keys = rng.integers(0, 400, size=keys.size).astype(np.uint64)   # buckets of ~7
+    band_keys[:50] = np.arange(10**6, 10**6 + 50, dtype=np.uint64)       # 50 alone: no pair
+    expected = set()
+    for band in np.unique(band_keys):
+        members = keys[band_keys == band]
+        expected |= {(int(k), int(members.min())) for k in members if k != members.min()}
+    for order in (np.argsort(keys), rng.permutation(keys.size)):
+        pairs = dedup.bucket_pairs(keys[order], band_keys[order])
+        assert len(pairs) == len(expected)
+        assert {(int(a), int(b)) for a, b in pairs} == expected
+
+
 def test_pairs_from_every_band_are_merged_once():
     rng = np.random.default_rng(5)
     batches = [rng.integers(0, 40, size=(int(rng.integers(0, 50)), 2)).astype(np.uint64)

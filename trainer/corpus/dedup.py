@@ -141,7 +141,9 @@ def _routes_uri(uri: str) -> str:
 def save_routed(uri: str, rows: np.ndarray, owner: np.ndarray, owners: int) -> None:
     """uint64 `rows` ((m,) or (m, k)) ordered by `owner` (0..owners-1), and beside them the byte
     range of each owner's rows, so that each reader fetches only its own (`load_routed`)."""
-    rows = np.ascontiguousarray(rows[np.argsort(owner, kind="stable")], dtype=np.uint64)
+    # A stable sort of 16-bit owners is a radix sort: 6x faster than of int64 on 130k rows.
+    narrow = owner.astype(np.uint16) if owners <= 1 << 16 else owner
+    rows = np.ascontiguousarray(rows[np.argsort(narrow, kind="stable")], dtype=np.uint64)
     encoded = io.BytesIO()
     np.save(encoded, rows, allow_pickle=False)
     data_start = encoded.tell() - rows.nbytes         # the .npy header's length
@@ -329,16 +331,19 @@ def exact_removal_of_shard(output: str, family: str, partitions: int,
 # ---- stage 3: buckets -----------------------------------------------------------------------
 def bucket_pairs(keys: np.ndarray, band_keys: np.ndarray) -> np.ndarray:
     """Stage 3 for one band (or a hash range of it): (m, 2) pairs (member, smallest member) of
-    every shared band key."""
+    every shared band key. Keys are distinct (a document has one key per band)."""
     if keys.size == 0:
         return np.zeros((0, 2), dtype=np.uint64)
-    order = np.lexsort((keys, band_keys))
+    # One unstable sort by band key, then each bucket's smallest key by a reduction: a lexsort
+    # by (band key, key) costs two stable sorts, 2.3x the time, and more when the keys arrive
+    # as one sorted run per shard (measured on 1M rows: 168-211 ms against 73-94 ms).
+    order = np.argsort(band_keys)
     sorted_bands, sorted_keys = band_keys[order], keys[order]
     del order
     starts = np.ones(len(sorted_keys), dtype=bool)
     starts[1:] = sorted_bands[1:] != sorted_bands[:-1]
-    heads = sorted_keys[np.flatnonzero(starts)][np.cumsum(starts) - 1]   # bucket's smallest key
-    members = ~starts
+    heads = np.minimum.reduceat(sorted_keys, np.flatnonzero(starts))[np.cumsum(starts) - 1]
+    members = sorted_keys != heads
     return np.stack([sorted_keys[members], heads[members]], axis=1)
 
 
