@@ -9,8 +9,9 @@ signature computation is per shard and already bounded by its shard), one shard 
 --docs-per-shard documents and one hash-range partition per --docs-per-partition documents (1M
 each by default: a task's slice stays the same size as the corpus grows, as a user sizing a run
 for 2 GB tasks would keep it). Then every task of these five stages runs in its own forked
-process, as a pod or Ray task would (components in as many steps as it takes to converge), and
-the process's peak RSS is read back from the kernel
+process, as a pod or Ray task would (components in as many steps as it takes to converge), the
+sizes side by side: each stage's passes are taken for every size in turn, so the machine's other
+work weighs on all sizes alike. The process's peak RSS is read back from the kernel
 (os.wait4's rusage, the figure `/usr/bin/time -v` prints), with what the task added to the RSS
 it began with (the interpreter and imports, shared by every task). Printed per size: the largest
 peak RSS of any task of each stage, the seconds of all its tasks added up (each task's fastest of
@@ -123,67 +124,98 @@ def in_memory_removal(shards: int, docs: int) -> dict:
     return {"exact": found.exact.tolist(), "near": found.near.tolist()}
 
 
-def measure(docs: int, args: argparse.Namespace, root: Path) -> dict:
-    shards = max(1, -(-docs // args.docs_per_shard))
-    partitions = max(1, -(-docs // args.docs_per_partition))
-    work = root / f"docs-{docs}"
-    shutil.rmtree(work, ignore_errors=True)
-    started = time.perf_counter()
-    # In a child: the parent must stay as small as every task's starting point, or a task reuses
-    # heap the generator freed and its RSS hides what it allocated.
-    in_child(write_stage1, work, shards, partitions, docs)
-    print(f"{docs:>11,} docs: {shards} shards, {partitions} partitions; stage 1 files written in "
-          f"{time.perf_counter() - started:.0f}s", flush=True)
-    job = make_job(work, shards, partitions)
-    stages = {}
-    for stage in job.run_order():
-        if stage.kind not in STAGES:
-            continue
-        passes, peaks, added = [], [], []
-        for _ in range(args.repeat):       # tasks rewrite their outputs whole: a rerun is the same
-            seconds = []
-            for task in range(stage.tasks):
-                s, peak, more, _ = in_child(run_task, str(work), shards, partitions, stage.name,
-                                            task)
-                seconds.append(s)
-                peaks.append(peak)
-                added.append(more)
-            passes.append(seconds)
-        entry = stages.setdefault(stage.kind, {
+class Size:
+    """One corpus size's files, job and figures while the sizes are measured side by side."""
+
+    def __init__(self, docs: int, args: argparse.Namespace, root: Path):
+        self.docs = docs
+        self.shards = max(1, -(-docs // args.docs_per_shard))
+        self.partitions = max(1, -(-docs // args.docs_per_partition))
+        self.work = root / f"docs-{docs}"
+        shutil.rmtree(self.work, ignore_errors=True)
+        started = time.perf_counter()
+        # In a child: the parent must stay as small as every task's starting point, or a task
+        # reuses heap the generator freed and its RSS hides what it allocated.
+        in_child(write_stage1, self.work, self.shards, self.partitions, docs)
+        print(f"{docs:>11,} docs: {self.shards} shards, {self.partitions} partitions; stage 1 "
+              f"files written in {time.perf_counter() - started:.0f}s", flush=True)
+        job = make_job(self.work, self.shards, self.partitions)
+        self.order = (stage for stage in job.run_order() if stage.kind in STAGES)
+        self.stages: dict[str, dict] = {}
+
+    def run_tasks(self, stage) -> tuple[list[float], list[int], list[int]]:
+        """Every task of `stage` once: (seconds, peak RSS, RSS added) per task."""
+        runs = [in_child(run_task, str(self.work), self.shards, self.partitions, stage.name, task)
+                for task in range(stage.tasks)]
+        return [r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs]
+
+    def record(self, stage, passes: list[list[float]], peaks: list[int], added: list[int]) -> None:
+        entry = self.stages.setdefault(stage.kind, {
             "tasks": 0, "steps": 0, "task_seconds": 0.0, "fastest_pass_seconds": 0.0,
             "task_seconds_each_pass": [], "peak_rss_bytes": 0, "added_rss_bytes": 0,
-            "slice_docs": int(docs / partitions)})
+            "slice_docs": int(self.docs / self.partitions)})
         entry["tasks"] += stage.tasks
         entry["steps"] += 1
-        # Each task's fastest run, added up: a pass over 14 tasks (1M documents) has more luck in
-        # its fastest total than a pass over 280 (20M), which would bias the growth upwards.
+        # Each task's fastest run, added up: a pass over 14 tasks (1M documents) has more luck
+        # in its fastest total than a pass over 280 (20M), which would bias the growth upwards.
         entry["task_seconds"] = round(entry["task_seconds"] + sum(map(min, zip(*passes))), 2)
         entry["fastest_pass_seconds"] = round(entry["fastest_pass_seconds"] +
                                               min(map(sum, passes)), 2)
         entry["task_seconds_each_pass"].append([round(sum(x), 2) for x in passes])
         entry["peak_rss_bytes"] = max(entry["peak_rss_bytes"], *peaks)
         entry["added_rss_bytes"] = max(entry["added_rss_bytes"], *added)
-    for kind, entry in stages.items():
-        entry["seconds_per_mdoc"] = round(entry["task_seconds"] / docs * 1e6, 3)
-        entry["rss_bytes_per_slice_doc"] = round(entry["added_rss_bytes"] / entry["slice_docs"], 2)
-        steps = f" in {entry['steps']} steps" if entry["steps"] > 1 else ""
-        print(f"   {kind:<10} {entry['tasks']:>4} tasks{steps} {entry['task_seconds']:8.1f}s  "
-              f"peak RSS {entry['peak_rss_bytes'] / 2**30:5.2f} GiB (the task's own: "
-              f"{entry['added_rss_bytes'] / 2**20:6.0f} MiB, "
-              f"{entry['rss_bytes_per_slice_doc']:5.1f} B per document of its input)", flush=True)
-    result = {"docs": docs, "shards": shards, "partitions": partitions, "stages": stages}
-    if docs == args.check_docs:
-        _, _, _, found = in_child(removal, str(work), shards, partitions)
-        ref_s, ref_peak, _, expected = in_child(in_memory_removal, shards, docs)
-        result["reference"] = {
-            "identical": found == expected, "exact_removed": len(expected["exact"]),
-            "near_removed": len(expected["near"]), "seconds": round(ref_s, 1),
-            "peak_rss_bytes": ref_peak}
-        print(f"   in-memory path: {ref_s:.0f}s, peak RSS {ref_peak / 2**30:.2f} GiB; removal set "
-              f"{'identical' if found == expected else 'DIFFERENT'} "
-              f"({len(expected['exact']):,} exact, {len(expected['near']):,} near)", flush=True)
-    shutil.rmtree(work, ignore_errors=True)
-    return result
+
+    def report(self, args: argparse.Namespace) -> dict:
+        print(f"{self.docs:>11,} docs:", flush=True)
+        for kind, entry in self.stages.items():
+            entry["seconds_per_mdoc"] = round(entry["task_seconds"] / self.docs * 1e6, 3)
+            entry["rss_bytes_per_slice_doc"] = round(entry["added_rss_bytes"] /
+                                                     entry["slice_docs"], 2)
+            steps = f" in {entry['steps']} steps" if entry["steps"] > 1 else ""
+            print(f"   {kind:<10} {entry['tasks']:>4} tasks{steps} {entry['task_seconds']:8.1f}s  "
+                  f"peak RSS {entry['peak_rss_bytes'] / 2**30:5.2f} GiB (the task's own: "
+                  f"{entry['added_rss_bytes'] / 2**20:6.0f} MiB, "
+                  f"{entry['rss_bytes_per_slice_doc']:5.1f} B per document of its input)",
+                  flush=True)
+        result = {"docs": self.docs, "shards": self.shards, "partitions": self.partitions,
+                  "stages": self.stages}
+        if self.docs == args.check_docs:
+            _, _, _, found = in_child(removal, str(self.work), self.shards, self.partitions)
+            ref_s, ref_peak, _, expected = in_child(in_memory_removal, self.shards, self.docs)
+            result["reference"] = {
+                "identical": found == expected, "exact_removed": len(expected["exact"]),
+                "near_removed": len(expected["near"]), "seconds": round(ref_s, 1),
+                "peak_rss_bytes": ref_peak}
+            print(f"   in-memory path: {ref_s:.0f}s, peak RSS {ref_peak / 2**30:.2f} GiB; removal "
+                  f"set {'identical' if found == expected else 'DIFFERENT'} "
+                  f"({len(expected['exact']):,} exact, {len(expected['near']):,} near)",
+                  flush=True)
+        shutil.rmtree(self.work, ignore_errors=True)
+        return result
+
+
+def measure(sizes: list[int], args: argparse.Namespace, root: Path) -> list[dict]:
+    """Every size's stages in lockstep, and each pass over a stage's tasks taken for every size
+    in turn, so that the machine's other work at any moment weighs on all sizes alike and
+    cancels out of the growth ratios (measured one size after another, the same code gave
+    ratios from 1.01x to 1.26x in runs minutes apart)."""
+    every_size = [Size(docs, args, root) for docs in sizes]
+    pending = list(every_size)
+    while pending:
+        turn = [(size, stage) for size in pending
+                if (stage := next(size.order, None)) is not None]
+        pending = [size for size, _ in turn]
+        figures = {id(size): ([], [], []) for size, _ in turn}
+        for _ in range(args.repeat):       # tasks rewrite their outputs whole: a rerun is the same
+            for size, stage in turn:
+                seconds, peaks, added = size.run_tasks(stage)
+                passes, all_peaks, all_added = figures[id(size)]
+                passes.append(seconds)
+                all_peaks.extend(peaks)
+                all_added.extend(added)
+        for size, stage in turn:
+            size.record(stage, *figures[id(size)])
+    return [size.report(args) for size in every_size]
 
 
 def growth(results: list[dict]) -> dict:
@@ -225,7 +257,7 @@ def main() -> None:
 
     from crucible.trainer.corpus import pipeline  # noqa: F401
     root = args.work or Path(tempfile.mkdtemp(prefix="dedup-scale-"))
-    results = [measure(docs, args, root) for docs in sorted(args.docs)]
+    results = measure(sorted(args.docs), args, root)
     summary = {"results": results}
     if len(results) > 1:
         summary["growth"] = growth(results)
