@@ -196,9 +196,10 @@ class Size:
 
 def measure(sizes: list[int], args: argparse.Namespace, root: Path) -> list[dict]:
     """Every size's stages in lockstep, and each pass over a stage's tasks taken for every size
-    in turn, so that the machine's other work at any moment weighs on all sizes alike and
-    cancels out of the growth ratios (measured one size after another, the same code gave
-    ratios from 1.01x to 1.26x in runs minutes apart)."""
+    in turn, so that a spell of the machine's other work weighs on every size rather than on
+    the one running then (measured one size after another, the same code gave ratios from
+    1.01x to 1.26x in runs minutes apart). Within a pass the 1M tasks still take seconds and
+    the 20M ones a minute, so noise is reduced, not removed."""
     every_size = [Size(docs, args, root) for docs in sizes]
     pending = list(every_size)
     while pending:
