@@ -8,32 +8,25 @@ pass must say the job is gone, which ends the loop, rather than retry."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
-from types import SimpleNamespace
 
 import pytest
 from kubernetes import config
 
-from crucible.operator.handlers import CHILD_KINDS, After, OperatorConfig, _one_pass
-from crucible.operator.kube import Kube
+from crucible.operator.handlers import After, _one_pass
 from tests.operator import builders as b
+from tests.operator.passes import empty_indexes, pass_memo
 
 pytestmark = pytest.mark.stack
 
 
 def test_a_pass_for_a_job_that_no_longer_exists_ends_its_loop(operator_kubeconfig, caplog):
-    api = config.new_client_from_config(str(operator_kubeconfig))
-    cfg = OperatorConfig()
-    memo = SimpleNamespace(config=cfg, cluster_policy=cfg.cluster_policy, kube=Kube(api),
-                           executor=concurrent.futures.ThreadPoolExecutor(2), fences={},
-                           conflicts={}, unserved={}, phases={}, jobs={}, waiting=set())
+    memo = pass_memo(config.new_client_from_config(str(operator_kubeconfig)))
     body = {"metadata": {"name": "gone", "namespace": "no-such-namespace-for-crucible",
                          "uid": "uid-gone", "generation": 1},
             "spec": b.spec_doc(), "status": {}}
     # Empty indexes, as kopf's are for a job with nothing left: no pods, nodes or children.
-    indexes = {"pods_by_job": {}, "nodes_by_name": {}, "leases_by_job": {},
-               "priority_classes": {}, **{f"children_{plural}": {} for _, (_, plural) in CHILD_KINDS}}
+    indexes = empty_indexes()
     logger = logging.getLogger("test-gone")
     with caplog.at_level(logging.INFO, "test-gone"):
         nxt = asyncio.run(_one_pass(("no-such-namespace-for-crucible", "gone"), body, memo,

@@ -16,12 +16,10 @@ them. The pool is the stack's four 8-GPU nodes unless a test says otherwise.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import sys
 import time
 import uuid
-from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -31,10 +29,10 @@ from kubernetes.client.exceptions import ApiException
 from crucible.api.progress import ProgressReport
 from crucible.operator import crd, rbac
 from crucible.operator import queueing as q
-from crucible.operator.handlers import CHILD_KINDS, OperatorConfig, _one_pass
-from crucible.operator.kube import Kube
+from crucible.operator.handlers import _one_pass
 from tests.operator import builders as b
 from tests.operator.cluster import job_body
+from tests.operator.passes import empty_indexes, pass_memo
 from tests.support.apply import strict_dry_run
 from tests.support.operator_run import assert_clean_exit
 from tests.support.repo import REPO
@@ -287,7 +285,6 @@ def test_the_example_queues_are_what_kueue_accepts(cluster):
     assert strict_dry_run(cluster.api, docs) == []
 
 
-
 def test_on_a_cluster_that_does_not_serve_workloads_a_queued_job_says_install_kueue(
         kube, operator_kubeconfig, monkeypatch):
     """Two passes of the operator's own code against the real apiserver, with its credentials,
@@ -302,15 +299,9 @@ def test_on_a_cluster_that_does_not_serve_workloads_a_queued_job_says_install_ku
             "apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": crd.KIND,
             "metadata": {"name": name, "labels": {q.QUEUE_LABEL: "team-a-gpus"}},
             "spec": b.spec_doc()})
-    cfg = OperatorConfig()
-    memo = SimpleNamespace(config=cfg, cluster_policy=cfg.cluster_policy,
-                           kube=Kube(config.new_client_from_config(str(operator_kubeconfig))),
-                           executor=concurrent.futures.ThreadPoolExecutor(2), fences={},
-                           conflicts={}, unserved={}, phases={}, jobs={}, waiting=set())
-    indexes = {"pods_by_job": {}, "nodes_by_name": {}, "leases_by_job": {},
-               "priority_classes": {"default": {(100, True)}}, "workloads_by_job": {},
-               "local_queues": {}, "resource_flavors": {}, "workload_priority_classes": {},
-               **{f"children_{plural}": {} for _, (_, plural) in CHILD_KINDS}}
+    memo = pass_memo(config.new_client_from_config(str(operator_kubeconfig)))
+    indexes = empty_indexes(priority_classes={"default": {(100, True)}}, workloads_by_job={},
+                            local_queues={}, resource_flavors={}, workload_priority_classes={})
     try:
         for _ in range(2):
             asyncio.run(_one_pass((rbac.NAMESPACE, name), body, memo, indexes,
