@@ -30,13 +30,16 @@ JITTER = 0.25            # up to +25%, fixed per job: jobs released together ret
 
 def short_of_capacity(p: Pass, current: dict[int, PodView]) -> str | None:
     """Why this generation has not been able to gather nodes.min pods, or None; remembered in
-    `tracking` from the first pass that sees the shortage until nodes.min pods run at once.
-    Remembered, not just observed: when the survivors exit, their nodes free up and the pod
-    that waited for one is scheduled at once, so the pass that sees the exits may see no
-    unschedulable pod any more."""
-    running = sum(1 for pod in current.values() if pod.phase == "Running" and not pod.deleting
-                  and not p.node_broken(pod.node))
-    if running >= p.spec.nodes.min:
+    `tracking` from the first pass that sees the shortage until nodes.min pods are bound to
+    healthy nodes at once (none of them ended). Remembered, not just observed: when the
+    survivors exit, their nodes free up and the pod that waited for one is scheduled at once,
+    so the pass that sees the exits may see no unschedulable pod any more. Forgotten as soon as
+    nodes.min pods hold a node together: the rendezvous can complete from then on, and a crash
+    after it is the program's (remembered longer, a crash loop in a pool that was short once
+    would read as a capacity wait forever, and a capacity wait never counts)."""
+    bound = sum(1 for pod in current.values() if pod.node and not pod.terminated
+                and not pod.deleting and not p.node_broken(pod.node))
+    if bound >= p.spec.nodes.min:
         for key in ("capacityShort", "capacityWaitSince", "capacityRetries"):
             p.track.pop(key, None)
         return None

@@ -8,7 +8,8 @@ a failed node is only annotated and avoided by the job. The per-minute cap itsel
 the adapter (kube.CordonLimit), across jobs. Who may scrape a job's metrics port through its
 NetworkPolicy (`--metrics-scrapers`) is the administrator's too: they know where Prometheus
 runs. Whether jobs may queue through Kueue (`--no-kueue` turns it off where Kueue is not
-installed, or not for this operator) is the administrator's too. Pure.
+installed, or not for this operator) is the administrator's too, and so is how long the
+operator's cordons last (`--quarantine-minutes`, quarantine.py). Pure.
 """
 
 from __future__ import annotations
@@ -28,16 +29,18 @@ class ClusterPolicy:
     cordon: bool = True                                 # False: never cordon, annotate only
     metrics_from: tuple[dict, ...] = ANY_NAMESPACE      # NetworkPolicy peers for the metrics port
     kueue: bool = True                                  # False: the operator ignores Kueue
+    quarantine_s: float = 3600.0                        # how long its cordons last; 0: forever
 
     @classmethod
     def from_settings(cls, conditions: str, max_cordons_per_minute: int,
-                      metrics_scrapers: str = "", kueue: bool = True) -> "ClusterPolicy":
+                      metrics_scrapers: str = "", kueue: bool = True,
+                      quarantine_minutes: float = 60.0) -> "ClusterPolicy":
         """`conditions`: comma-separated condition types, or "*" for any. `metrics_scrapers`:
         a JSON list of NetworkPolicy peers; empty: any namespace."""
         names = frozenset(c.strip() for c in conditions.split(",") if c.strip())
         return cls(None if "*" in names else names, max_cordons_per_minute > 0,
                    parse_peers(metrics_scrapers) if metrics_scrapers.strip() else ANY_NAMESPACE,
-                   kueue)
+                   kueue, quarantine_minutes * 60.0)
 
 
 def parse_peers(text: str) -> tuple[dict, ...]:

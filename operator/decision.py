@@ -100,7 +100,7 @@ def _run(p: Pass):
     p.track["goodput"] = progress.advance(p.track.get("goodput", {}), p.obs.lease)
     current = {pod.index: pod for pod in p.obs.pods if pod.generation == p.gen}
     _stale(p)
-    policy.recount_store_loss(p)
+    policy.recount_peer_loss(p)
     if _succeeded(p, current) or capacity.held(p):
         return
     if stragglers.act(p, current):

@@ -19,6 +19,7 @@ from crucible.operator import failures as f
 from crucible.operator import manifests as m
 from crucible.operator import progress, queueing
 from crucible.operator.observed import PodView
+from crucible.operator.quarantine import cordon_annotations
 from crucible.operator.outcome import FAILED, RUNNING, Pass
 
 MAX_BAD_NODES = 32     # anti-affinity list per job; older entries drop off
@@ -49,16 +50,22 @@ def restart_needed(p: Pass, current: dict[int, PodView]) -> bool:
                 "InsufficientCapacity", f.INFRASTRUCTURE, f"{failure.message} while {short}"))
             return True
         if failure and failure.counted:
+            peer = _peer_loss_excuse(p)
+            if peer is not None:
+                # torchrun spent its in-pod restarts on peers the cluster took: this exit is
+                # that loss's, and the new generation's pods start with the budget whole.
+                p.bump("PeerLost", f"{failure.message} {peer}")
+                return True
             _application_failure(p, failure)
-            if pod.index != 0 and p.status.get("phase") != FAILED:
-                _suspect_store_host(p, current.get(0))
+            if p.status.get("phase") != FAILED:
+                _suspect_peers(p, current, pod, failure)
             return True
     for index, uid in (p.track.get("members") or {}).items():
         pod = current.get(int(index))
         if int(index) != 0 and (pod is None or pod.uid != uid) and uid not in p.handled:
             failure = f.vanished_failure(m.pod_name(p.job.name, p.gen, int(index)))
             p.mark_handled(uid)
-            p.count(failure)
+            replaced(p, failure)
             p.event("Warning", failure.cause, failure.message + "; replacing it")
     if _node_failures(p, current):
         return True
@@ -90,59 +97,106 @@ def _store_lost(p: Pass, current: dict[int, PodView]) -> f.Failure | None:
         # Restart without waiting out the grace; the node itself is judged only after it
         # (a new pod 0 lands elsewhere anyway: the scheduler avoids a NotReady node).
         return f.Failure("NodeFailure", f.INFRASTRUCTURE, f"{broken.message} under pod "
-                         f"{pod.name}, and {exited[0].name} exited without its store")
+                         f"{pod.name}, and {exited[0].name} exited without its store",
+                         broken.node)
     return None
 
 
-# How long after a survivor's exit the store host's node may still be found dead for the exit to
-# be its loss: the node controller marks a silent node Unknown after its monitor grace (40-50 s by
-# default), and a node failure is judged after nodeFailureGraceSeconds on top.
+# How long after a pod's exit a peer's node may still be found dead for the exit to be that
+# node's loss: the node controller marks a silent node Unknown after its monitor grace (40-50 s
+# by default), and a node failure is judged after nodeFailureGraceSeconds on top.
 STORE_LOSS_WINDOW_S = 120
+# How long after a peer was replaced for infrastructure an exit of the program is that loss's:
+# the trainer's collectives time out after 600 s (trainer/parallel.py, init_distributed), so a
+# survivor blocked on the lost peer has failed by then. One exit per loss, no more.
+PEER_LOSS_WINDOW_S = 600
 
 
-def _suspect_store_host(p: Pass, pod0: PodView | None):
-    """A pod other than pod 0 failed while pod 0, the c10d store's host, still looked alive. When
-    pod 0's whole node dies, the survivors can exit within seconds (their connections to it are
-    reset), long before the node controller marks the node: the restart then reads as the
-    program's. Remember pod 0's node; `recount_store_loss` settles it."""
-    if pod0 is None or pod0.terminated or not pod0.node:
-        p.track.pop("storeHostSuspect", None)
+def replaced(p: Pass, failure: f.Failure):
+    """Count the infrastructure failure of one pod that is replaced alone, and remember it for
+    `_peer_loss_excuse`: each such loss costs the survivors one of torchrun's in-pod restarts
+    (their workers fail with the lost peer), and once those are spent their agents exit 1."""
+    p.count(failure)
+    p.track["peerLost"] = {"generation": p.gen, "at": format_time(p.now),
+                           "message": failure.message}
+
+
+def _peer_loss_excuse(p: Pass) -> str | None:
+    """Why a program exit of this generation is a peer's loss (said once per loss), or None."""
+    lost = p.track.pop("peerLost", None)
+    if not lost or lost.get("generation") != p.gen:
+        return None
+    at = parse_time(lost.get("at"))
+    if at is None or (p.now - at).total_seconds() > PEER_LOSS_WINDOW_S:
+        return None
+    return (f"within {PEER_LOSS_WINDOW_S}s of a peer's loss ({lost.get('message')} at "
+            f"{lost.get('at')}): not counted, the survivors' torchrun restarts went to it")
+
+
+def _suspect_peers(p: Pass, current: dict[int, PodView], failed: PodView, failure: f.Failure):
+    """A pod failed while its peers still looked alive. When a peer's whole node dies (pod 0's
+    above all: it hosts the c10d store), the others can exit within seconds (their connections
+    to it are reset), long before the node controller marks the node: the restart then reads
+    as the program's. Remember the peers' nodes; `recount_peer_loss` settles it."""
+    nodes = sorted({pod.node for pod in current.values()
+                    if pod.index != failed.index and pod.node and not pod.terminated})
+    if not nodes:
+        p.track.pop("peerSuspect", None)
         return
-    p.track["storeHostSuspect"] = {"node": pod0.node, "pod": pod0.name,
-                                   "at": format_time(p.now)}
+    p.track["peerSuspect"] = {"nodes": nodes, "pod": failed.name, "cause": failure.cause,
+                              "at": format_time(p.now)}
 
 
-def recount_store_loss(p: Pass):
-    """A restart counted as an application failure whose store host's node is found dead within
+def _suspect(track: dict) -> dict | None:
+    """`tracking.peerSuspect`, or the one-node `storeHostSuspect` an earlier version wrote."""
+    if track.get("peerSuspect"):
+        return track["peerSuspect"]
+    old = track.get("storeHostSuspect")
+    if old:
+        return {"nodes": [old["node"]], "pod": old.get("pod", ""), "cause": "ApplicationError",
+                "at": old["at"]}
+    return None
+
+
+def recount_peer_loss(p: Pass):
+    """A restart counted as the program's whose peer's node is found dead within
     STORE_LOSS_WINDOW_S (and stays dead past nodeFailureGraceSeconds) was the node's loss:
     counted again as a NodeFailure (the restart budget gets its restart back), and the node is
     quarantined as any failed node is."""
-    suspect = p.track.get("storeHostSuspect")
+    suspect = _suspect(p.track)
     if not suspect:
         return
     at, grace = parse_time(suspect["at"]), p.spec.fault_tolerance.node_failure_grace_seconds
     age = (p.now - at).total_seconds()
-    broken = p.node_broken(suspect["node"])
-    if broken is None or (broken.since is not None
-                          and (broken.since - at).total_seconds() > STORE_LOSS_WINDOW_S):
+    dead = [broken for broken in map(p.node_broken, suspect["nodes"])
+            if broken is not None and (broken.since is None
+                                       or (broken.since - at).total_seconds()
+                                       <= STORE_LOSS_WINDOW_S)]
+    if not dead:
         if age > STORE_LOSS_WINDOW_S:
-            p.track.pop("storeHostSuspect")         # the node lived: the exit was the program's
+            _forget_suspect(p)                  # the nodes lived: the exit was the program's
         else:
             p.wake(STORE_LOSS_WINDOW_S - age)
         return
+    broken = max(dead, key=lambda d: d.age_s(p.now))
     if broken.age_s(p.now) < grace:
         p.wake(grace - broken.age_s(p.now))
         return
-    p.track.pop("storeHostSuspect")
-    if not p.recount(f.Failure("ApplicationError", f.APPLICATION, ""),
-                     f.Failure("NodeFailure", f.INFRASTRUCTURE, broken.message)):
+    _forget_suspect(p)
+    if not p.recount(f.Failure(suspect.get("cause", "ApplicationError"), f.APPLICATION, ""),
+                     f.Failure("NodeFailure", f.INFRASTRUCTURE, broken.message, broken.node)):
         return
     if p.track.get("noProgressFailures"):
         p.track["noProgressFailures"] -= 1
-    p.event("Warning", "NodeFailure", f"{broken.message}: it hosted {suspect['pod']}, the c10d "
-            f"store, when another pod exited at {suspect['at']}; that restart is counted as a "
-            "NodeFailure, not as the program's")
-    quarantine(p, broken, p.obs.nodes.get(suspect["node"]))
+    p.event("Warning", "NodeFailure", f"{broken.message}: it ran a peer of {suspect['pod']} when "
+            f"that pod exited at {suspect['at']}; that restart is counted as a NodeFailure, not "
+            "as the program's")
+    quarantine(p, broken, p.obs.nodes.get(broken.node))
+
+
+def _forget_suspect(p: Pass):
+    p.track.pop("peerSuspect", None)
+    p.track.pop("storeHostSuspect", None)
 
 
 def _application_failure(p: Pass, failure: f.Failure):
@@ -191,12 +245,12 @@ def _node_failures(p: Pass, current: dict[int, PodView]) -> bool:
             continue
         quarantine(p, broken, p.obs.nodes.get(pod.node))
         failure = f.Failure("NodeFailure", f.INFRASTRUCTURE,
-                            f"{broken.message} under pod {pod.name}")
+                            f"{broken.message} under pod {pod.name}", broken.node)
         p.mark_handled(pod.uid)
         if pod.index == 0:
             p.bump("NodeFailure", failure.message + "; it hosted the c10d store", failure)
             return True
-        p.count(failure)
+        replaced(p, failure)
         p.act("force_delete", "Pod", pod.name, reason=broken.reason)
         p.event("Warning", "NodeFailure", f"{failure.message}: force-deleted it to recreate it "
                 "elsewhere; the others re-rendezvous on pod 0's store meanwhile")
@@ -232,6 +286,8 @@ def quarantine(p: Pass, broken: f.NodeFailure, node, event_reason: str = "NodeFa
     if cordon:
         patch["spec"] = {"unschedulable": True}
         patch["metadata"]["annotations"]["crucible.dev/cordoned-by"] = this_job
+        patch["metadata"]["annotations"].update(cordon_annotations(
+            node, p.now, p.cluster_policy.quarantine_s))
         _list_cordoned(p, broken.node)
     p.act("patch_node", "Node", broken.node, patch, reason="Cordon" if cordon else "Annotate")
     p.event("Warning", event_reason, f"{broken.message}: " + (
@@ -281,9 +337,9 @@ def bad_entries(track) -> list[dict]:
 
 def infrastructure_loop(p: Pass) -> bool:
     """Fail the job when one infrastructure cause restarted it maxInfrastructureRestarts times
-    within infrastructureRestartWindowMinutes (an OOMKilled pod 0, say, which would otherwise
-    restart forever without spending the budget). Waiting for capacity is not a loop: it never
-    counts."""
+    within infrastructureRestartWindowMinutes (pod 0 killed by a signal again and again, which
+    would otherwise restart forever without spending the budget). Waiting for capacity is not
+    a loop: it never counts."""
     ft = p.spec.fault_tolerance
     window_s = ft.infrastructure_restart_window_minutes * 60
     recent: dict[str, list[str]] = {}
@@ -292,18 +348,24 @@ def infrastructure_loop(p: Pass) -> bool:
         if kept:
             recent[cause] = kept
     # One count per cause per pass: a node failure takes down every pod the job had on it (and
-    # each is replaced, counted in `restarts`), but it is one failure, not one per pod.
-    for cause in {failure.cause for failure in p.restarts
-                  if failure.kind == f.INFRASTRUCTURE and failure.cause != "InsufficientCapacity"}:
-        recent.setdefault(cause, []).append(format_time(p.now))
+    # each is replaced, counted in `restarts`), but it is one failure, not one per pod. A
+    # node's failure counts against that node: one node failing again and again is a loop;
+    # twenty nodes failing one after another under a long run are bad luck (each is quarantined,
+    # and the cordon cap protects the pool).
+    for key in {f"{failure.cause}:{failure.node}" if failure.node else failure.cause
+                for failure in p.restarts
+                if failure.kind == f.INFRASTRUCTURE and failure.cause != "InsufficientCapacity"}:
+        recent.setdefault(key, []).append(format_time(p.now))
     if recent:
         p.track["infrastructureRestarts"] = recent
     else:
         p.track.pop("infrastructureRestarts", None)
-    for cause, kept in recent.items():
+    for key, kept in recent.items():
         if len(kept) >= ft.max_infrastructure_restarts:
+            cause, _, node = key.partition(":")
             last = [x.message for x in p.restarts if x.cause == cause]
-            p.fail("InfrastructureLoop", f"{len(kept)} restarts caused by {cause} within "
+            what = f"{cause} of node {node}" if node else cause
+            p.fail("InfrastructureLoop", f"{len(kept)} restarts caused by {what} within "
                    f"{ft.infrastructure_restart_window_minutes} min "
                    f"(maxInfrastructureRestarts={ft.max_infrastructure_restarts})"
                    + (f"; the last: {last[-1]}" if last else ""))
@@ -354,7 +416,7 @@ def replace_and_create(p: Pass, current: dict[int, PodView]):
             failure = f.deleted_failure(pod)
         if failure is not None and pod.uid not in p.handled:
             p.mark_handled(pod.uid)
-            p.count(failure)
+            replaced(p, failure)
             p.event("Warning", failure.cause, failure.message + "; replacing it")
         if pod.phase == "Failed" or pod.deleting:
             p.delete(pod)

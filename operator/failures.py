@@ -9,9 +9,14 @@ counting disruptions (`DisruptionTarget`) against `maxRestarts`
 
   infrastructure (retried, not counted): pod deleted (whatever it exited with once its deletion
       was asked for), evicted or disrupted (preemption, taint manager, Eviction API, node
-      shutdown), OOMKilled, killed by a signal (exit >= 128), an exit code the user listed in
+      shutdown), killed by a signal (exit >= 128), an exit code the user listed in
       retryableExitCodes, a failed node;
-  application (counted against faultTolerance.maxRestarts): exit codes 1-127, and hangs.
+  application (counted against faultTolerance.maxRestarts): exit codes 1-127, hangs, and
+      OOMKilled: the container outgrew the memory limit the spec gave it, which no retry fixes
+      (a node short of memory evicts instead: `Evicted`, infrastructure). Counted, an OOM loop
+      ends (the budget, and maxRestartsWithoutProgress when it dies before a step); uncounted,
+      one below maxInfrastructureRestarts per window restarted forever. Listing its exit code
+      (137) in retryableExitCodes makes it infrastructure again.
 
 Pure functions of the records in `observed.py` and the job spec; "now" is a parameter.
 """
@@ -43,6 +48,7 @@ class Failure:
     cause: str       # CamelCase, becomes a status counter key, event reason and metric label
     kind: str        # INFRASTRUCTURE or APPLICATION
     message: str
+    node: str | None = None   # the failed node, for a node's failure (loops are counted per node)
 
     @property
     def counted(self) -> bool:
@@ -59,9 +65,10 @@ def pod_failure(pod: PodView, ft: FaultToleranceSpec) -> Failure | None:
                        f"{where} was evicted: {pod.message or ''}".strip())
     if pod.disruption:
         return Failure("Disrupted", INFRASTRUCTURE, f"{where} was disrupted ({pod.disruption})")
-    if pod.terminated_reason == "OOMKilled":
-        return Failure("OOMKilled", INFRASTRUCTURE, f"{where} ran out of memory (OOMKilled)")
     code = pod.exit_code
+    if pod.terminated_reason == "OOMKilled" and code not in ft.retryable_exit_codes:
+        return Failure("OOMKilled", APPLICATION, f"{where} ran out of memory (OOMKilled: it used "
+                       "more than its memory limit)")
     if pod.ended_by_deletion:
         # torchrun turns the kubelet's SIGTERM into an exception and exits 1, which would
         # otherwise read as the program failing (torch.distributed.elastic SignalException).

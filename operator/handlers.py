@@ -20,7 +20,8 @@ CRUCIBLE_OPERATOR_METRICS_PORT (8080; "off" disables), CRUCIBLE_OPERATOR_METRICS
 CRUCIBLE_OPERATOR_LEADER_ELECTION (a namespace; empty: off),
 CRUCIBLE_OPERATOR_MAX_CORDONS_PER_MINUTE (6; 0: never cordon),
 CRUCIBLE_OPERATOR_NODE_FAILURE_CONDITIONS ("*": any; else comma-separated condition types),
-CRUCIBLE_OPERATOR_KUEUE ("off": no watch on Kueue's objects; read once, at import).
+CRUCIBLE_OPERATOR_KUEUE ("off": no watch on Kueue's objects; read once, at import),
+CRUCIBLE_OPERATOR_QUARANTINE_MINUTES (60; 0: the operator's cordons never end).
 Must not import torch.
 """
 
@@ -33,18 +34,18 @@ import enum
 import functools
 import logging
 import os
-import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import kopf
-from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
 
 from crucible.operator import crd
+from crucible.operator.apiclient import (API_ERRORS, CONNECTION_ERRORS, api_client, bearer_token,
+                                         client_configuration, describe)
 from crucible.operator import manifests as m
-from crucible.operator import leader, metrics, queueing
+from crucible.operator import leader, metrics, quarantine, queueing
 from crucible.operator.decision import Event, Outcome, decide
 from crucible.operator.failure_policy import bad_entries
 from crucible.operator.kube import Applied, Kube
@@ -57,7 +58,9 @@ FINALIZER = "crucible.dev/operator"   # kopf's: stops the daemon before the job 
 WRITES = "writes"                     # status.tracking.writes: the fence counter
 FENCE_WAIT_S = 10.0                   # then read the job from the API instead of the watch
 FAN_OUT = 8                           # concurrent API calls within one pass (kube.Kube.apply)
-RETRY_S = 2.0                         # after a failed or partly refused pass
+RETRY_S = 2.0                         # after a failed or partly refused pass ...
+RETRY_MAX_S = 30.0                    # ... doubled while the failures go on, up to this
+CONFLICT_RETRIES = 3                  # fresh reads after a 409 before backing off
 DUE_SLACK_S = 0.05                    # run a due pass just after its time, never just before
 
 
@@ -73,6 +76,7 @@ class OperatorConfig:
     node_failure_conditions: str = "*"             # those jobs may name; "*": any (ClusterPolicy)
     metrics_scrapers: str = ""                     # JSON NetworkPolicy peers; "": any namespace
     kueue: bool = True                             # watch Kueue's objects (queueing.py)
+    quarantine_minutes: float = 60.0               # how long its cordons last; 0: forever
 
     @classmethod
     def from_env(cls) -> "OperatorConfig":
@@ -88,43 +92,19 @@ class OperatorConfig:
                    node_failure_conditions=env.get("CRUCIBLE_OPERATOR_NODE_FAILURE_CONDITIONS",
                                                    "*"),
                    metrics_scrapers=env.get("CRUCIBLE_OPERATOR_METRICS_SCRAPERS", ""),
-                   kueue=kueue_enabled())
+                   kueue=kueue_enabled(),
+                   quarantine_minutes=float(env.get("CRUCIBLE_OPERATOR_QUARANTINE_MINUTES",
+                                                    "60")))
 
     @property
     def cluster_policy(self) -> ClusterPolicy:
         return ClusterPolicy.from_settings(self.node_failure_conditions,
                                            self.max_cordons_per_minute, self.metrics_scrapers,
-                                           self.kueue)
+                                           self.kueue, self.quarantine_minutes)
 
 
 def kueue_enabled() -> bool:
     return os.environ.get("CRUCIBLE_OPERATOR_KUEUE", "on") != "off"
-
-
-def client_configuration() -> client.Configuration:
-    """In-cluster credentials first, then $KUBECONFIG (read now: the kubernetes package reads it
-    once at import, which would pin whatever was set then)."""
-    cfg = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=cfg)
-    except ConfigException:
-        config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None,
-                                client_configuration=cfg)
-    return cfg
-
-
-def api_client(workers: int) -> client.ApiClient:
-    cfg = client_configuration()
-    cfg.connection_pool_maxsize = max(4, workers)
-    return client.ApiClient(cfg)
-
-
-def bearer_token(header: str) -> str | None:
-    """The token of an Authorization value. The scheme is case-insensitive (RFC 9110 11.1), and
-    the kubernetes client writes it as "bearer" in-cluster and "Bearer" from a kubeconfig."""
-    scheme, _, rest = header.strip().partition(" ")
-    token = rest if scheme.lower() == "bearer" else header
-    return token.strip() or None
 
 
 @kopf.on.login()
@@ -178,6 +158,10 @@ def schedulable_node(view: NodeView) -> bool:
 @kopf.index("v1", "nodes")
 async def nodes_by_name(name, body, memo, **_):
     view = node_view(body)
+    if view.annotation(quarantine.CORDONED_BY):   # the quarantine loop looks at these alone
+        memo.cordoned[name] = view
+    else:
+        memo.cordoned.pop(name, None)
     ready = view.condition("Ready")
     if ready is not None and ready.status != "True":  # a failing node: every job takes a look
         for event in memo.wakeups.values():
@@ -325,11 +309,18 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
     memo.wakeups, memo.fences, memo.phases, memo.jobs, memo.conflicts = {}, {}, {}, {}, {}
     memo.unserved = {}
     memo.waiting = set()   # (namespace, name) of jobs in phase Waiting: a node event wakes them
-    # With leader election on, passes wait until this replica holds the leader Lease.
-    memo.leading = None
+    # With leader election on, passes wait until this replica holds the leader Lease, and
+    # stop writing the moment it could not renew it (leader.py).
+    memo.leadership = None
     if cfg.leader_election_namespace:
-        memo.leading = threading.Event()
-        leader.start(api_client(1), cfg.leader_election_namespace, memo.leading)
+        memo.leadership = leader.Leadership()
+        memo.became_leader = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        memo.leadership.on_leading(lambda: loop.call_soon_threadsafe(memo.became_leader.set))
+        leader.start(api_client(1, leader.CALL_TIMEOUT_S, retries=0),
+                     cfg.leader_election_namespace, memo.leadership)
+    memo.cordoned = {}     # name -> NodeView of nodes carrying the operator's cordon annotation
+    memo.quarantine_task = asyncio.create_task(_quarantine_loop(memo, logger))
     memo.metrics_server = None
     if cfg.metrics_port is not None:
         memo.metrics_server = metrics.serve(cfg.metrics_port, lambda: memo.phases,
@@ -340,8 +331,41 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
                 f"{cfg.workers} API workers")
 
 
+async def _quarantine_loop(memo, logger) -> None:
+    """End the operator's cordons whose quarantine is over (quarantine.py), on the leader only;
+    looks again when the next one falls due, at least every CHECK_INTERVAL_S."""
+    period_s = memo.cluster_policy.quarantine_s
+    loop = asyncio.get_running_loop()
+    while True:
+        delay = quarantine.CHECK_INTERVAL_S
+        if _acting(memo)():
+            now = dt.datetime.now(dt.timezone.utc)
+            for name, view in list(memo.cordoned.items()):
+                patch, due_s = quarantine.release(view, now, period_s)
+                if due_s is not None:
+                    delay = min(delay, due_s + DUE_SLACK_S)
+                if patch is None:
+                    continue
+                lifted = (patch.get("spec") or {}).get("unschedulable") is False
+                try:
+                    await loop.run_in_executor(memo.executor, memo.kube.release_quarantine,
+                                               name, patch)
+                except API_ERRORS as err:
+                    logger.warning(f"node {name}: quarantine not ended, will retry: "
+                                   f"{describe(err)}")
+                    delay = min(delay, RETRY_S)
+                    continue
+                memo.cordoned.pop(name, None)    # its next event says where it stands now
+                logger.info(f"node {name}: " + (
+                    "quarantine over and the node healthy: uncordoned, on probation" if lifted
+                    else "its cordon is no longer the operator's: dropped the operator's claim"))
+        await asyncio.sleep(max(delay, 0.5))
+
+
 @kopf.on.cleanup()
 async def shutdown(memo: kopf.Memo, **_):
+    if getattr(memo, "quarantine_task", None):
+        memo.quarantine_task.cancel()
     if getattr(memo, "metrics_server", None):
         server, _thread, collectors = memo.metrics_server
         server.shutdown()
@@ -368,11 +392,13 @@ class After(enum.Enum):
     """Why the daemon waits as long as it does before its next pass."""
 
     STALE = "stale"      # the job body predates our own last status write: wait for the watch
+    CONFLICT = "conflict"  # the job changed since the pass read it: read it and decide again
     RETRY = "retry"      # the API failed, or refused something for now
     NOW = "now"          # the pass decided something status-only: run the next one at once
     DUE = "due"          # a time-based decision falls due (a grace period, the hang timeout)
     RESYNC = "resync"    # nothing pending: the periodic resync
     GONE = "gone"        # the job no longer exists (deleted, or its namespace was)
+    FOLLOW = "follow"    # this replica does not lead (any more): wait until it does
 
 
 @dataclass(frozen=True)
@@ -390,12 +416,25 @@ class PassResult:
     applied: Applied
     written: int | None
     events: tuple[Event, ...]
+    conflict: bool = False   # the status patch met a 409: the job moved since the pass read it
 
 
-def next_pass(outcome: Outcome, applied: Applied, interval_s: float) -> NextPass:
-    """When to run again after a pass that went through (pure)."""
+class NotLeading(Exception):
+    """The replica lost (or could not renew) the leader Lease: the pass stops writing."""
+
+
+def retry_delay_s(failures: int) -> float:
+    """The wait after `failures` passes in a row that the API failed: RETRY_S, doubled each
+    time up to RETRY_MAX_S (an apiserver that is down is not asked every 2 s by every job)."""
+    return min(RETRY_S * 2 ** max(0, failures - 1), RETRY_MAX_S)
+
+
+def next_pass(outcome: Outcome, applied: Applied, interval_s: float,
+              failures: int = 1) -> NextPass:
+    """When to run again after a pass that went through (pure); `failures`: passes in a row,
+    this one included, that met a transient API failure."""
     if applied.transient:
-        return NextPass(After.RETRY, RETRY_S)
+        return NextPass(After.RETRY, retry_delay_s(failures))
     if outcome.requeue:
         return NextPass(After.NOW, 0.0)
     if outcome.wake_in_s is not None and outcome.wake_in_s + DUE_SLACK_S < interval_s:
@@ -404,22 +443,34 @@ def next_pass(outcome: Outcome, applied: Applied, interval_s: float) -> NextPass
 
 
 def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime, queued: float,
-             cluster_policy: ClusterPolicy) -> PassResult:
-    """decide -> apply -> status -> events (runs in a worker thread)."""
+             cluster_policy: ClusterPolicy,
+             acting: Callable[[], bool] = lambda: True) -> PassResult:
+    """decide -> apply -> status -> events (runs in a worker thread). `acting` is asked before
+    each write: a replica that stopped leading mid-pass writes nothing more."""
     started = time.perf_counter()
     metrics.RECONCILE_QUEUE_SECONDS.observe(started - queued)
     outcome = decide(job, obs, now, cluster_policy)
+    if not acting():
+        raise NotLeading()
     applied = kube.apply(job, outcome)
     if applied.cordons_limited:
         outcome = not_cordoned(outcome, applied.cordons_limited, kube.cordons.per_minute)
-    written = None
+    written, conflict = None, False
     if _comparable(outcome.status) != _comparable(job.status):
         status = dict(outcome.status)
         writes = int((job.status.get("tracking") or {}).get(WRITES, 0)) + 1
         status["tracking"] = {**status.get("tracking", {}), WRITES: writes}
-        kube.patch_status(job, status)
-        written = writes
-    events = list(outcome.events)
+        if not acting():
+            raise NotLeading()
+        try:
+            kube.patch_status(job, status)   # names job.resource_version: 409 if it moved since
+            written = writes
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            conflict = True
+    # The decision's events only once its status landed; what the API did, always.
+    events = [] if conflict else list(outcome.events)
     if applied.created_pods:
         names = ", ".join(applied.created_pods)
         events.append(Event("Normal", "Created", f"created pod(s) {names}"))
@@ -429,7 +480,7 @@ def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime, queued: 
     # people, and waiting for it would only delay the next pass.
     kube.events.submit(kube.post_events, job, events)
     metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
-    return PassResult(outcome, applied, written, tuple(events))
+    return PassResult(outcome, applied, written, tuple(events), conflict)
 
 
 def not_cordoned(outcome: Outcome, nodes: list[str], per_minute: int) -> Outcome:
@@ -456,8 +507,15 @@ def _log(logger, applied: Applied, events: tuple[Event, ...]):
         logger.warning(f"will retry: {line}")
 
 
-async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -> NextPass:
-    """Run one pass; says when the next one should run."""
+def _acting(memo) -> Callable[[], bool]:
+    leadership = getattr(memo, "leadership", None)
+    return leadership.acting if leadership is not None else (lambda: True)
+
+
+async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True,
+                    failures: int = 1) -> NextPass:
+    """Run one pass; says when the next one should run. `failures`: passes in a row before
+    this one that met a transient API failure, plus one (the backoff if this one does too)."""
     cfg: OperatorConfig = memo.config
     job = job_view(job_body)
     fence = memo.fences.get(job.uid, 0)
@@ -471,23 +529,38 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -
     try:
         result: PassResult = await loop.run_in_executor(
             memo.executor, _execute, memo.kube, job, obs, now, time.perf_counter(),
-            memo.cluster_policy)
-    except (ApiException, OSError) as err:
+            memo.cluster_policy, _acting(memo))
+    except NotLeading:
+        logger.warning("no longer leading: the pass stops before writing")
+        return NextPass(After.FOLLOW, 0.0)
+    except API_ERRORS as err:
         metrics.RECONCILES.labels("error").inc()
+        status = getattr(err, "status", None)
         # A 404 may mean the job itself is gone (its namespace deleted while this operator was
         # not watching): retrying would go on forever, every RETRY_S. Ask once.
-        if getattr(err, "status", None) == 404 and await loop.run_in_executor(
-                memo.executor, memo.kube.read_job, job.namespace, job.name) is None:
+        try:
+            gone = status == 404 and await loop.run_in_executor(
+                memo.executor, memo.kube.read_job, job.namespace, job.name) is None
+        except API_ERRORS:
+            gone = False
+        if gone:
             logger.info("the job no longer exists: its reconcile loop ends")
             return NextPass(After.GONE, 0.0)
-        logger.warning(f"pass failed, retrying: {getattr(err, 'status', '')} "
-                       f"{getattr(err, 'reason', err)}")
-        return NextPass(After.RETRY, RETRY_S)
+        delay = retry_delay_s(failures)
+        logger.warning(f"pass failed, retrying in {delay:.0f}s: {describe(err)}")
+        return NextPass(After.RETRY, delay)
     outcome, applied = result.outcome, result.applied
     # What this pass's creates found under another owner; the next pass reports it and tries
     # again (a create that now succeeds, or meets no conflict, clears it).
     memo.conflicts[job.uid] = frozenset(applied.conflicts)
     memo.unserved[job.uid] = frozenset(applied.unserved)
+    if result.conflict:
+        # The status patch named the resourceVersion the pass read, and the job has moved
+        # since (a spec edit, kopf's finalizer, another writer): never a blind write. Read the
+        # job and decide again (its actions are idempotent: they are replayed, not repeated).
+        _log(logger, applied, result.events)
+        logger.info("the job changed while the pass ran: deciding again from a fresh read")
+        return NextPass(After.CONFLICT, 0.0)
     if result.written is not None:
         memo.fences[job.uid] = result.written
     memo.phases[job.uid] = outcome.status.get("phase", "Pending")
@@ -501,7 +574,7 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True) -
         metrics.RESTARTS.labels(failure.cause, failure.kind).inc()
     _log(logger, applied, result.events)
     metrics.RECONCILES.labels("error" if applied.transient else "ok").inc()
-    return next_pass(outcome, applied, cfg.interval_s)
+    return next_pass(outcome, applied, cfg.interval_s, failures)
 
 
 async def _sleep(wake: asyncio.Event, stopped, timeout: float) -> None:
@@ -514,37 +587,55 @@ async def _sleep(wake: asyncio.Event, stopped, timeout: float) -> None:
             waiter.cancel()
 
 
+async def _fresh_pass(key, memo, indexes, logger, failures: int) -> NextPass:
+    """A pass on the job as the API has it now, not as the watch last showed it."""
+    loop = asyncio.get_running_loop()
+    try:
+        fresh = await loop.run_in_executor(memo.executor, memo.kube.read_job, *key)
+    except API_ERRORS as err:
+        logger.warning(f"could not read the job, retrying: {describe(err)}")
+        return NextPass(After.RETRY, retry_delay_s(failures))
+    if fresh is None:
+        return NextPass(After.GONE, 0.0)
+    return await _one_pass(key, fresh, memo, indexes, logger, fenced=False, failures=failures)
+
+
 @kopf.daemon(crd.GROUP, crd.VERSION, crd.PLURAL, cancellation_backoff=15.0,
              cancellation_timeout=15.0)
 async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger, **indexes):
-    """The per-job loop: a pass, then sleep until woken, due, or the resync interval."""
+    """The per-job loop: a pass, then sleep until woken, due, or the resync interval. A
+    standby replica's loop sleeps until the replica leads: it never wakes for events."""
     key = (namespace, name)
     wake = memo.wakeups.setdefault(key, asyncio.Event())
     fenced_since = None
-    loop = asyncio.get_running_loop()
+    failures = 0              # passes in a row that met a transient API failure (backoff)
     try:
         while not stopped:
-            if memo.leading is not None and not memo.leading.is_set():
-                await _sleep(wake, stopped, 1.0)  # a follower: watch, index, never act
+            if not _acting(memo)():
+                if memo.became_leader.is_set():   # led, and lost it: the process is ending
+                    await asyncio.sleep(1.0)
+                else:
+                    await _sleep(memo.became_leader, stopped, 60.0)
                 continue
             wake.clear()
-            nxt = await _one_pass(key, body, memo, indexes, logger)
-            if nxt.after is After.GONE:
-                break
+            nxt = await _one_pass(key, body, memo, indexes, logger, failures=failures + 1)
             if nxt.after is After.STALE:  # wait for the watch; if it lags too long, read the job
                 fenced_since = fenced_since or time.monotonic()
                 if time.monotonic() - fenced_since < FENCE_WAIT_S:
                     await _sleep(wake, stopped, nxt.delay_s)
                     continue
                 logger.warning("the watch lags our own status write; reading the job instead")
-                fresh = await loop.run_in_executor(memo.executor, memo.kube.read_job,
-                                                   namespace, name)
-                if fresh is None:
+                nxt = await _fresh_pass(key, memo, indexes, logger, failures + 1)
+            for _ in range(CONFLICT_RETRIES):   # the job moved under the pass: decide again
+                if nxt.after is not After.CONFLICT:
                     break
-                nxt = await _one_pass(key, fresh, memo, indexes, logger, fenced=False)
-                if nxt.after is After.GONE:
-                    break
+                nxt = await _fresh_pass(key, memo, indexes, logger, failures + 1)
+            if nxt.after is After.GONE:
+                break
             fenced_since = None
+            failures = failures + 1 if nxt.after in (After.RETRY, After.CONFLICT) else 0
+            if nxt.after is After.CONFLICT:
+                nxt = NextPass(After.RETRY, retry_delay_s(failures))
             if nxt.delay_s > 0:
                 await _sleep(wake, stopped, nxt.delay_s)
                 if wake.is_set() and not stopped:

@@ -28,9 +28,11 @@ from kubernetes.client.exceptions import ApiException
 
 from crucible.api.progress import format_time
 from crucible.operator import crd, metrics, queueing
+from crucible.operator.apiclient import API_ERRORS, CONNECTION_ERRORS, describe
 from crucible.api.names import PREFIX
 from crucible.operator.decision import Action, Event, Outcome
 from crucible.operator.observed import JobView
+from crucible.operator.quarantine import FIELD_MANAGER
 
 COMPONENT = "crucible-operator"
 log = logging.getLogger(__name__)
@@ -177,7 +179,7 @@ class Kube:
                 self.core.delete_namespaced_pod(name, ns, grace_period_seconds=0,
                                                 body=client.V1DeleteOptions(grace_period_seconds=0))
             elif verb == "patch_node":
-                self.core.patch_node(name, action.body)
+                self.patch_node(name, action.body)
                 if (action.body.get("spec") or {}).get("unschedulable"):
                     metrics.CORDONS.inc()
             elif verb == "delete" and kind == "Workload":
@@ -255,15 +257,37 @@ class Kube:
                      or (err.status == 409 and action.verb == "patch_status"))
             return False, ("transient" if retry else "rejected",
                            f"{what}: HTTP {err.status} {_api_message(err)}")
-        except OSError as err:  # urllib3's connection errors are OSErrors underneath
-            return False, ("transient", f"{what}: {err}")
+        except CONNECTION_ERRORS as err:  # no HTTP answer: refused, reset, timed out
+            return False, ("transient", f"{what}: {describe(err)}")
+
+    def patch_node(self, name: str, body: dict) -> None:
+        """A merge patch of a node under the operator's own field manager: the node's
+        managedFields then say whether a cordon is the operator's (quarantine.py)."""
+        self.core.patch_node(name, body, field_manager=FIELD_MANAGER)
+
+    def release_quarantine(self, name: str, body: dict) -> bool:
+        """Lift (or disown) the operator's cordon of a node; False if the node is gone."""
+        try:
+            self.patch_node(name, body)
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        if (body.get("spec") or {}).get("unschedulable") is False:
+            metrics.UNCORDONS.inc()
+        return True
 
     # -- status and events --------------------------------------------------------------------
     def patch_status(self, job: JobView, status: dict) -> dict:
-        """One merge patch of /status that makes it exactly `status` (see `merge_patch`)."""
+        """One merge patch of /status that makes it exactly `status` (see `merge_patch`),
+        naming the resourceVersion the pass read: if the job moved since (another writer, a
+        replica that still thinks it leads), the apiserver answers 409 and nothing is written
+        (the caller reads the job and decides again)."""
+        body: dict = {"status": merge_patch(dict(job.status), status)}
+        if job.resource_version:
+            body["metadata"] = {"resourceVersion": job.resource_version}
         return self.custom.patch_namespaced_custom_object_status(
-            crd.GROUP, crd.VERSION, job.namespace, crd.PLURAL, job.name,
-            {"status": merge_patch(dict(job.status), status)})
+            crd.GROUP, crd.VERSION, job.namespace, crd.PLURAL, job.name, body)
 
     def post_events(self, job: JobView, events: list[Event]) -> list[str]:
         """Post events, one Event object per job, type, reason and message: a repeat (an
@@ -276,8 +300,8 @@ class Kube:
             for event in events:
                 try:
                     self._post_event(job, event, now)
-                except (ApiException, OSError) as err:
-                    problems.append(f"event {event.reason}: {getattr(err, 'status', err)}")
+                except API_ERRORS as err:
+                    problems.append(f"event {event.reason}: {describe(err)}")
         for problem in problems:
             log.warning(f"{job.namespace}/{job.name}: not posted: {problem}")
         return problems

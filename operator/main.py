@@ -56,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "failed node is annotated and avoided by its job but left schedulable "
                      "(many nodes failing at once is rarely the nodes). 0: never cordon "
                      "(default 6)")
+    run.add_argument("--quarantine-minutes", type=float, default=60.0, metavar="M",
+                     help="how long the operator's cordon of a failed node lasts; then, if the "
+                     "node is healthy, it is uncordoned and on probation as long again (a "
+                     "failure within it doubles the next cordon). A cordon someone else set is "
+                     "never lifted. 0: the operator's cordons never end (default 60)")
     run.add_argument("--node-failure-conditions", default="*", metavar="TYPES",
                      help="node condition types a job's faultTolerance.nodeFailureConditions may "
                      "name, comma-separated (e.g. GPUUnhealthy,KernelDeadlock); others are "
@@ -75,9 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.interval <= 0 or args.workers < 1 or args.max_cordons_per_minute < 0:
-        print("crucible-operator run: --interval must be > 0, --workers >= 1 and "
-              "--max-cordons-per-minute >= 0", file=sys.stderr)
+    if (args.interval <= 0 or args.workers < 1 or args.max_cordons_per_minute < 0
+            or args.quarantine_minutes < 0):
+        print("crucible-operator run: --interval must be > 0, --workers >= 1, "
+              "--max-cordons-per-minute >= 0 and --quarantine-minutes >= 0", file=sys.stderr)
         return 2
     if args.metrics_scrapers.strip():
         from crucible.operator.cluster_policy import parse_peers
@@ -95,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["CRUCIBLE_OPERATOR_NODE_FAILURE_CONDITIONS"] = args.node_failure_conditions
     os.environ["CRUCIBLE_OPERATOR_METRICS_SCRAPERS"] = args.metrics_scrapers
     os.environ["CRUCIBLE_OPERATOR_KUEUE"] = "off" if args.no_kueue else "on"
+    os.environ["CRUCIBLE_OPERATOR_QUARANTINE_MINUTES"] = str(args.quarantine_minutes)
 
     import kopf
 

@@ -45,6 +45,9 @@ RESTARTS = Counter("crucible_operator_restarts_total", "Restarts (whole group or
                    ["cause", "kind"], registry=REGISTRY)
 CORDONS = Counter("crucible_operator_cordons_total", "Nodes cordoned after failing under a job.",
                   registry=REGISTRY)
+UNCORDONS = Counter("crucible_operator_uncordons_total", "Operator cordons lifted once their "
+                    "quarantine ended with the node healthy (--quarantine-minutes).",
+                    registry=REGISTRY)
 POD_OPERATIONS = Counter("crucible_operator_pod_operations_total", "Pod API calls that took "
                          "effect, by verb (create, delete, force_delete).", ["verb"],
                          registry=REGISTRY)

@@ -139,6 +139,8 @@ class NodeView:
     conditions: tuple[NodeCondition, ...] = ()
     taints: tuple[tuple[str, str, dt.datetime | None], ...] = ()   # (key, effect, timeAdded)
     annotations: tuple[tuple[str, str], ...] = ()                  # crucible.dev/* only
+    # The field manager that last set spec.unschedulable (managedFields): whose cordon it is.
+    cordon_manager: str | None = None
 
     def condition(self, type_: str) -> NodeCondition | None:
         return next((c for c in self.conditions if c.type == type_), None)
@@ -160,7 +162,18 @@ def node_view(body: Mapping) -> NodeView:
                      for t in spec.get("taints") or []),
         annotations=tuple(sorted((k, v) for k, v in (meta.get("annotations") or {}).items()
                                  if k.startswith(PREFIX))),
+        cordon_manager=unschedulable_manager(meta) if spec.get("unschedulable") else None,
     )
+
+
+def unschedulable_manager(meta: Mapping) -> str | None:
+    """The manager that owns `spec.unschedulable` in the object's managedFields (the apiserver
+    moves a field's ownership to whoever last changed it)."""
+    owner = None
+    for entry in meta.get("managedFields") or []:
+        if "f:unschedulable" in ((entry.get("fieldsV1") or {}).get("f:spec") or {}):
+            owner = entry.get("manager")
+    return owner
 
 
 def lease_view(body: Mapping) -> ProgressReport:
@@ -188,6 +201,7 @@ class JobView:
     status: Mapping
     deleting: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
+    resource_version: str | None = None   # what the status patch names (optimistic locking)
 
 
 def job_view(body: Mapping) -> JobView:
@@ -196,7 +210,8 @@ def job_view(body: Mapping) -> JobView:
                    uid=meta.get("uid", ""), generation=_int(meta.get("generation")) or 0,
                    spec=dict(body.get("spec") or {}), status=dict(body.get("status") or {}),
                    deleting=meta.get("deletionTimestamp") is not None,
-                   labels=dict(meta.get("labels") or {}))
+                   labels=dict(meta.get("labels") or {}),
+                   resource_version=meta.get("resourceVersion"))
 
 
 @dataclass(frozen=True)

@@ -186,6 +186,8 @@ class Pass:
         self.cond(c.RUNNING, False, reason, message)
         self.cond(c.RESTARTING, False, reason, message)
         self.event("Warning", reason, f"job failed: {message}")
+        # A failed job creates nothing, whatever this pass decided before it failed it.
+        self.actions = [a for a in self.actions if not (a.verb == "create" and a.kind == "Pod")]
         self.delete_active(self.obs.pods)
 
     def delete_active(self, pods):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from crucible.api.progress import format_time, parse_time
 from crucible.operator import failures as f
-from crucible.operator.failure_policy import quarantine
+from crucible.operator.failure_policy import quarantine, replaced
 from crucible.operator.observed import PodView
 from crucible.operator.outcome import Pass
 
@@ -70,11 +70,12 @@ def act(p: Pass, current: dict[int, PodView]) -> bool:
         quarantine(p, f.NodeFailure(pod.node, REASON, message, since),
                    p.obs.nodes.get(pod.node), event_reason=REASON)
         p.mark_handled(pod.uid)
-        failure = f.Failure(REASON, f.INFRASTRUCTURE, f"{message}, under pod {pod.name}")
+        failure = f.Failure(REASON, f.INFRASTRUCTURE, f"{message}, under pod {pod.name}",
+                            pod.node)
         if pod.index == 0:
             p.bump(REASON, failure.message + "; it hosted the c10d store", failure)
             return True
-        p.count(failure)
+        replaced(p, failure)
         p.act("force_delete", "Pod", pod.name, reason=REASON)
         p.event("Warning", REASON, f"{failure.message}: force-deleted it to recreate it "
                 "elsewhere")

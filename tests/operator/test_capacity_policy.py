@@ -258,7 +258,7 @@ def test_one_node_failure_under_several_pods_counts_once_toward_an_infrastructur
     out = decide(b.job(status=running_status(), **spec), b.observed(pods, nodes=nodes), b.at(10))
     assert out.status["restarts"]["byCause"] == {"NodeFailure": 2}
     assert out.status["phase"] != "Failed"
-    assert len(out.status["tracking"]["infrastructureRestarts"]["NodeFailure"]) == 1
+    assert len(out.status["tracking"]["infrastructureRestarts"]["NodeFailure:gpu-node-2"]) == 1
 
 
 def test_a_failed_job_says_why_in_its_message():
@@ -331,7 +331,7 @@ def _survivor_exits(t=100):
     status = running_status(members={"0": "uid-gpt-0-0", "1": "uid-gpt-0-1"})
     out = decide(b.job(status=status, **TWO), b.observed(pods, nodes=b.healthy_nodes()), b.at(t))
     assert out.status["restarts"]["application"] == 1 and out.status["podGeneration"] == 1
-    assert out.status["tracking"]["storeHostSuspect"]["node"] == "gpu-node-0"
+    assert "gpu-node-0" in out.status["tracking"]["peerSuspect"]["nodes"]
     return out
 
 
@@ -353,7 +353,7 @@ def test_a_survivors_exit_is_recounted_as_its_store_hosts_node_failure():
     (patch,) = acts(late, "patch_node")
     assert patch[2] == "gpu-node-0"
     assert [e["node"] for e in late.status["tracking"]["badNodes"]] == ["gpu-node-0"]
-    assert "storeHostSuspect" not in late.status["tracking"]
+    assert "peerSuspect" not in late.status["tracking"]
     assert "NodeFailure" in reasons(late)
     # Settled once: later passes never recount it again.
     again = _later(late, 200, dead)
@@ -363,9 +363,9 @@ def test_a_survivors_exit_is_recounted_as_its_store_hosts_node_failure():
 def test_a_survivors_exit_stays_the_programs_when_the_store_host_lives_on():
     out = _survivor_exits()
     within = _later(out, 150, b.healthy_nodes())
-    assert within.status["tracking"].get("storeHostSuspect") and within.wake_in_s > 0
+    assert within.status["tracking"].get("peerSuspect") and within.wake_in_s > 0
     after = _later(within, 100 + 121, b.healthy_nodes())
-    assert "storeHostSuspect" not in after.status["tracking"]
+    assert "peerSuspect" not in after.status["tracking"]
     # A node failure well after the window is another story, not this restart's cause.
     dead = b.healthy_nodes()
     dead["gpu-node-0"] = b.node("gpu-node-0", ready="Unknown", since=400)

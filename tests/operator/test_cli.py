@@ -48,7 +48,7 @@ def test_the_operator_imports_no_torch():
 def test_the_login_token_is_read_whatever_the_case_of_its_scheme():
     """In a pod the kubernetes client writes "bearer <jwt>" (load_incluster_config), from a
     kubeconfig "Bearer <jwt>": either way kopf must get the bare token, or every call is 401."""
-    from crucible.operator.handlers import bearer_token
+    from crucible.operator.apiclient import bearer_token
 
     assert bearer_token("bearer eyJ.a.b") == "eyJ.a.b"
     assert bearer_token("Bearer eyJ.a.b") == "eyJ.a.b"

@@ -155,7 +155,6 @@ def test_retryable_exit_code_is_infrastructure():
 # --- infrastructure failures -------------------------------------------------------------------
 @pytest.mark.parametrize("failed, cause", [
     (dict(exit_code=137), "Signal"),
-    (dict(exit_code=137, terminated_reason="OOMKilled"), "OOMKilled"),
     (dict(reason="Evicted"), "Evicted"),
     (dict(exit_code=143, disruption="PreemptionByScheduler"), "Disrupted"),
 ])
@@ -551,24 +550,44 @@ def test_one_infrastructure_cause_looping_fails_the_job_and_capacity_waits_do_no
                                "infrastructureRestartWindowMinutes": 10})
     h = m.spec_hash(b.spec(**job))
     status = running_status()
-    for i, t in enumerate((0, 100, 200)):   # pod 0 OOMKilled three times in 200 s
+    for i, t in enumerate((0, 100, 200)):   # pod 0 SIGKILLed three times in 200 s
         pods = [b.pod(i, 0, phase="Failed", node="gpu-node-0", spec_hash=h,
-                      terminated_reason="OOMKilled", exit_code=137, uid=f"oom-{i}")] + [
+                      exit_code=137, uid=f"oom-{i}")] + [
             b.pod(i, k, node=f"gpu-node-{k}", spec_hash=h, uid=f"u-{i}-{k}") for k in (1, 2, 3)]
         outcome = decide(b.job(status=status, **job), b.observed(pods), b.at(t))
         status = outcome.status
         assert status["phase"] == ("Failed" if i == 2 else "Restarting"), status["phase"]
     assert cond(outcome, "Failed")["reason"] == "InfrastructureLoop"
-    assert "3 restarts caused by OOMKilled within 10 min" in cond(outcome, "Failed")["message"]
+    assert "3 restarts caused by Signal within 10 min" in cond(outcome, "Failed")["message"]
     assert status["restarts"]["application"] == 0
     # Spread out beyond the window, the same three are no loop.
     status = running_status()
     for i, t in enumerate((0, 700, 1400)):
         pods = [b.pod(i, 0, phase="Failed", node="gpu-node-0", spec_hash=h,
-                      terminated_reason="OOMKilled", exit_code=137, uid=f"oom-{i}")] + [
+                      exit_code=137, uid=f"oom-{i}")] + [
             b.pod(i, k, node=f"gpu-node-{k}", spec_hash=h, uid=f"u-{i}-{k}") for k in (1, 2, 3)]
         status = decide(b.job(status=status, **job), b.observed(pods), b.at(t)).status
-    assert status["phase"] == "Restarting" and status["restarts"]["byCause"] == {"OOMKilled": 3}
+    assert status["phase"] == "Restarting" and status["restarts"]["byCause"] == {"Signal": 3}
+
+
+def test_oomkilled_spends_the_budget_and_an_oom_loop_fails_the_job():
+    """OOMKilled is the program outgrowing its memory limit: counted, so it ends. With no step
+    between them, maxRestartsWithoutProgress (3) ends it sooner than the budget."""
+    status = running_status()
+    for i, t in enumerate((0, 100, 200, 300)):
+        pods = b.running(i, 4, H)
+        pods[1] = b.pod(i, 1, phase="Failed", node="gpu-node-1", spec_hash=H,
+                        terminated_reason="OOMKilled", exit_code=137)
+        outcome = decide(b.job(status=status, faultTolerance={"maxRestarts": 20}),
+                         b.observed(pods), b.at(t))
+        status = outcome.status
+        if i < 3:
+            assert status["phase"] == "Restarting" and status["podGeneration"] == i + 1
+            assert status["restarts"]["application"] == i + 1
+    assert status["phase"] == "Failed"
+    assert cond(outcome, "Failed")["reason"] == "CrashLoopNoProgress"
+    assert "OOMKilled" in cond(outcome, "Failed")["message"]
+    assert status["restarts"]["byCause"] == {"OOMKilled": 3}
 
 
 def test_invalid_spec_fails_with_the_field_named():

@@ -19,7 +19,9 @@ FT = b.spec(faultTolerance={"retryableExitCodes": [75],
     (dict(exit_code=128), "Signal", "infrastructure"),
     (dict(exit_code=137), "Signal", "infrastructure"),      # SIGKILL
     (dict(exit_code=143), "Signal", "infrastructure"),      # SIGTERM
-    (dict(exit_code=137, terminated_reason="OOMKilled"), "OOMKilled", "infrastructure"),
+    # Over its own memory limit: the spec's limit against the program's use, which no retry
+    # fixes; counted, so an OOM loop ends.
+    (dict(exit_code=137, terminated_reason="OOMKilled"), "OOMKilled", "application"),
     (dict(reason="Evicted"), "Evicted", "infrastructure"),
     (dict(exit_code=1, reason="Evicted"), "Evicted", "infrastructure"),  # eviction wins
     (dict(exit_code=143, disruption="DeletionByTaintManager"), "Disrupted", "infrastructure"),
@@ -98,3 +100,10 @@ def test_an_unreachable_taint_counts_on_a_node_without_a_ready_condition():
         {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": b.ts(5)}]},
         "status": {}})
     assert f.node_failure("n", bare, FT).reason == "NodeUnreachable"
+
+
+def test_an_oom_whose_exit_code_is_listed_as_retryable_is_infrastructure_again():
+    ft = b.spec(faultTolerance={"retryableExitCodes": [137]}).fault_tolerance
+    failure = f.pod_failure(b.pod(0, 1, phase="Failed", exit_code=137,
+                                  terminated_reason="OOMKilled"), ft)
+    assert (failure.cause, failure.kind) == ("Signal", "infrastructure")
