@@ -108,14 +108,21 @@ def running(gen: int, count: int, spec_hash: str, **kw) -> list:
 
 def node(name: str, *, ready: str = "True", since: float = 0, unschedulable: bool = False,
          taints: list[tuple[str, str, float]] = (), conditions: dict[str, str] | None = None,
-         annotations: dict[str, str] | None = None):
+         annotations: dict[str, str] | None = None, cordoned_by_manager: str = "kubectl-cordon"):
+    """`cordoned_by_manager`: the field manager managedFields name for spec.unschedulable."""
     conds = [{"type": "Ready", "status": ready, "lastTransitionTime": ts(since),
               "reason": "NodeStatusUnknown" if ready == "Unknown" else "KubeletReady",
               "message": "Kubelet stopped posting node status." if ready == "Unknown" else ""}]
     for type_, status in (conditions or {}).items():
         conds.append({"type": type_, "status": status, "lastTransitionTime": ts(since),
                       "reason": f"{type_}Detected", "message": "XID 79 on GPU 3"})
-    body = {"metadata": {"name": name, "annotations": annotations or {}},
+    managed = [{"manager": "kubelet", "operation": "Update",
+                "fieldsV1": {"f:status": {"f:conditions": {}}}}]
+    if unschedulable:
+        managed.append({"manager": cordoned_by_manager, "operation": "Update",
+                        "fieldsV1": {"f:spec": {"f:unschedulable": {}}}})
+    body = {"metadata": {"name": name, "annotations": annotations or {},
+                         "managedFields": managed},
             "spec": {"unschedulable": unschedulable,
                      "taints": [{"key": k, "effect": e, "timeAdded": ts(t)} for k, e, t in taints]},
             "status": {"conditions": conds}}

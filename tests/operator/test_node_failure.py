@@ -86,3 +86,56 @@ def test_node_loss_cordons_and_moves_the_pod_and_pod_0_loss_restarts_the_group(c
     assert_clean_exit(runner, f"{victim} is Unreachable", "cordoned and annotated it",
                       "force-deleted it to recreate it elsewhere",
                       "it hosted the c10d store; restarting the group as generation 1")
+
+
+def test_the_operators_cordon_ends_after_its_quarantine_and_a_persons_cordon_stays(
+        cluster, kube, run_operator, monkeypatch):
+    """`--quarantine-minutes` 0.25: the node the operator cordoned is back in the pool 15 s
+    later (healthy again), on probation. Another node carries the operator's annotations but a
+    person's cordon (`kubectl cordon` after the operator's was lifted): it stays cordoned."""
+    monkeypatch.setenv("CRUCIBLE_OPERATOR_QUARANTINE_MINUTES", "0.25")
+    killed, admin_node = [], None
+    try:
+        with run_operator(cluster.namespace) as runner:
+            cluster.create_job("q", nodes={"min": 1, "max": 1},
+                               faultTolerance={"nodeFailureGraceSeconds": 2})
+            cluster.wait_running("q", 1, generation=0)
+            victim = _node_of(cluster, "q-0-0")
+            admin_node = next(n for n in kube.nodes if n != victim)
+            # What `kubectl cordon` writes (its field manager), on a node whose old operator
+            # annotations say the cordon ended long ago.
+            cluster.core.patch_node(admin_node, {"spec": {"unschedulable": True}},
+                                    field_manager="kubectl-cordon")
+            cluster.core.patch_node(admin_node, {"metadata": {"annotations": {
+                "crucible.dev/cordoned-by": "elsewhere/job",
+                "crucible.dev/quarantine-until": "2026-01-01T00:00:00.000000Z"}}},
+                field_manager="kubectl-annotate")
+
+            kube.set_node_alive(victim, False)
+            killed.append(victim)
+            node = eventually(lambda: (n := cluster.core.read_node(victim)).spec.unschedulable
+                              and n, 60, f"{victim} cordoned by the operator")
+            until = node.metadata.annotations["crucible.dev/quarantine-until"]
+            cordoned_at = time.monotonic()
+            kube.set_node_alive(victim, True)          # repaired, nobody uncordons it
+            back = eventually(lambda: not (n := cluster.core.read_node(victim)).spec.unschedulable
+                              and n, 60, f"{victim} uncordoned after its quarantine")
+            print(f"{victim} back in the pool {time.monotonic() - cordoned_at:.1f}s after its "
+                  f"cordon (quarantine until {until})")
+            assert time.monotonic() - cordoned_at >= 10     # not before its quarantine ended
+            ann = back.metadata.annotations
+            assert "crucible.dev/cordoned-by" not in ann and "crucible.dev/probation-until" in ann
+            assert ann["crucible.dev/failure-reason"] == "NodeUnreachable"   # the record stays
+
+            held = eventually(lambda: "crucible.dev/cordoned-by" not in (
+                (n := cluster.core.read_node(admin_node)).metadata.annotations or {}) and n, 45,
+                "the operator's stale claim on the person's cordon dropped")
+            assert held.spec.unschedulable is True
+            cluster.delete_job("q")
+    finally:
+        for node in killed:
+            cluster.revive(node)
+        if admin_node:
+            cluster.forget_failure(admin_node)
+    assert_clean_exit(runner, "quarantine over and the node healthy: uncordoned, on probation",
+                      "its cordon is no longer the operator's")
