@@ -7,8 +7,10 @@ A gang that holds some GPUs while it waits for the rest blocks every other job t
 them, and two such jobs can wait on each other forever (the partial-gang deadlock that Volcano's
 and Kueue's all-or-nothing admission exist to prevent). So a generation short of capacity for
 `capacityTimeoutSeconds` releases its pods: phase Waiting, no pods, a retry after
-`capacityRetrySeconds`, doubled after each retry that is still short (up to `RETRY_CAP_S`), and
-at once when the cluster gains a Ready, schedulable node. A retry that is short again releases
+`capacityRetrySeconds`, doubled after each retry that is still short (up to `RETRY_CAP_S`), or
+as soon as the operator grants it room (waitlist.py: the job waiting longest first, and only as
+many as the room holds; a job it sees no room for waits up to RETRY_CAP_S, not its backoff, so
+that it does not gather part of a gang to let go of it again). A retry that is short again releases
 after `capacityRetrySeconds`. The timeout is long by default because a Pending pod is also what
 asks a cluster autoscaler for a node: releasing too early withdraws the request. None of this
 counts as a restart of either kind. State lives in `status.tracking`; pure.
@@ -94,11 +96,11 @@ def release_due(p: Pass, current: dict[int, PodView]) -> bool:
                                                        p.job.uid))
     held = sum(1 for pod in current.values() if not pod.terminated)
     message = (f"{short} for {waited:.0f}s: released the {held} pod(s) it held; trying again "
-               f"at {format_time(until)}, or as soon as a node joins")
+               f"once there is room for it (oldest waiting job first), or at {format_time(until)}")
     p.new_generation()  # the old pods are stale now: the next pass deletes them
     p.track["capacityRetries"] = releases
     p.track["capacityHold"] = {"since": format_time(p.now), "until": format_time(until),
-                               "schedulableNodes": p.obs.schedulable_nodes, "reason": short}
+                               "reason": short}
     p.track.pop("capacityWaitSince", None)
     p.event("Warning", "CapacityReleased", message)
     _waiting(p, message)
@@ -107,24 +109,32 @@ def release_due(p: Pass, current: dict[int, PodView]) -> bool:
 
 
 def held(p: Pass) -> bool:
-    """While the job has released its pods: True (the pass creates nothing) until the retry is
-    due or the cluster has more Ready, schedulable nodes than when it let go."""
+    """While the job has released its pods: True (the pass creates nothing) until the operator
+    grants it room (`obs.capacity_granted`, waitlist.py: oldest first, as many as fit), or,
+    for a job the operator cannot account, until its retry is due. A job the operator sees no
+    room for is not sent after the timer alone (it would gather part of a gang and let go
+    again) unless it has waited RETRY_CAP_S: the operator does not see every pod."""
     hold = p.track.get("capacityHold")
     if not hold:
         return False
-    until, before, now_nodes = (parse_time(hold.get("until")), hold.get("schedulableNodes"),
-                                p.obs.schedulable_nodes)
-    grew = before is not None and now_nodes is not None and now_nodes > before
-    if until is None or p.now >= until or grew:
+    until, since = parse_time(hold.get("until")), parse_time(hold.get("since"))
+    granted = p.obs.capacity_granted
+    due = until is None or p.now >= until
+    waited = (p.now - since).total_seconds() if since is not None else float("inf")
+    if granted is False and due and waited < RETRY_CAP_S:
+        due = False
+    if granted or due:
         p.track.pop("capacityHold")
         p.track["capacityWaitSince"] = format_time(p.now)  # the retry's own window starts
         p.event("Normal", "CapacityRetry", "trying again for capacity: " + (
-            f"{now_nodes - before} more schedulable node(s) than when the job let go" if grew
+            "there is room for it now, and no job waiting longer needs it first" if granted
             else "the wait is over"))
         return False
-    _waiting(p, f"released its pods ({hold.get('reason')}); trying again at "
-             f"{hold.get('until')}, or as soon as a node joins")
-    p.wake((until - p.now).total_seconds())
+    latest = (since + dt.timedelta(seconds=RETRY_CAP_S) if granted is False and since is not None
+              else until)
+    _waiting(p, f"released its pods ({hold.get('reason')}); trying again once there is room "
+             f"for it, at the latest at {format_time(latest)}")
+    p.wake(max((latest - p.now).total_seconds(), 1.0))
     return True
 
 

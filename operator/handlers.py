@@ -45,7 +45,7 @@ from crucible.operator import crd
 from crucible.operator.apiclient import (API_ERRORS, CONNECTION_ERRORS, api_client, bearer_token,
                                          client_configuration, describe)
 from crucible.operator import manifests as m
-from crucible.operator import leader, metrics, quarantine, queueing
+from crucible.operator import leader, metrics, quarantine, queueing, waitlist
 from crucible.operator.decision import Event, Outcome, decide
 from crucible.operator.failure_policy import bad_entries
 from crucible.operator.kube import Applied, Kube
@@ -53,10 +53,12 @@ from crucible.operator.cluster_policy import ClusterPolicy
 from crucible.operator.observed import (ChildView, JobView, NodeView, Observed, controller_uid,
                                         flavor_view, job_view, lease_view, node_view, pod_view,
                                         workload_view)
+from crucible.operator.waitlist import node_room
 
 FINALIZER = "crucible.dev/operator"   # kopf's: stops the daemon before the job goes
 WRITES = "writes"                     # status.tracking.writes: the fence counter
 FENCE_WAIT_S = 10.0                   # then read the job from the API instead of the watch
+MAX_TOMBSTONES = 4096                 # deleted nodes remembered (the oldest are forgotten)
 FAN_OUT = 8                           # concurrent API calls within one pass (kube.Kube.apply)
 RETRY_S = 2.0                         # after a failed or partly refused pass ...
 RETRY_MAX_S = 30.0                    # ... doubled while the failures go on, up to this
@@ -140,8 +142,13 @@ def _wake(memo, key) -> None:
 
 @kopf.index("v1", "pods", labels={m.LABEL_JOB: kopf.PRESENT})
 async def pods_by_job(namespace, labels, body, memo, **_):
-    _wake(memo, (namespace, labels[m.LABEL_JOB]))
-    return {(namespace, labels[m.LABEL_JOB]): pod_view(body)}
+    key = (namespace, labels[m.LABEL_JOB])
+    view = pod_view(body)
+    _wake(memo, key)
+    active = not view.terminated and not view.deleting
+    if memo.book.set_pod(view.uid, key, view.node, dict(view.asks), active):
+        _grant(memo)                     # room given back: the jobs waiting longest take it
+    return {key: view}
 
 
 @kopf.index("coordination.k8s.io", "leases", labels={m.LABEL_JOB: kopf.PRESENT})
@@ -155,21 +162,69 @@ def schedulable_node(view: NodeView) -> bool:
     return ready is not None and ready.status == "True" and not view.unschedulable
 
 
+def _wake_jobs_on(memo, pods_by_job, node: str) -> None:
+    """Wake the jobs with a pod on `node` or that keep off it (it may be trusted again)."""
+    for key, store in pods_by_job.items():
+        if any(pod.node == node for pod in store):
+            _wake(memo, key)
+    for key, avoided in memo.avoiding.items():
+        if node in avoided:
+            _wake(memo, key)
+
+
 @kopf.index("v1", "nodes")
-async def nodes_by_name(name, body, memo, **_):
+async def nodes_by_name(name, body, memo, pods_by_job, **_):
     view = node_view(body)
+    memo.tombstones.pop(name, None)
     if view.annotation(quarantine.CORDONED_BY):   # the quarantine loop looks at these alone
         memo.cordoned[name] = view
     else:
         memo.cordoned.pop(name, None)
-    ready = view.condition("Ready")
-    if ready is not None and ready.status != "True":  # a failing node: every job takes a look
-        for event in memo.wakeups.values():
-            event.set()
-    elif schedulable_node(view):      # capacity, perhaps: the jobs waiting for it take a look
-        for key in memo.waiting:
-            _wake(memo, key)
+    # Only the jobs this node concerns look, and only when its health or schedulability
+    # changed: a node's status is written often (conditions' heartbeats, images), and every
+    # job looking at every write was most of the operator's passes.
+    health = (schedulable_node(view), view.condition("Ready") and view.condition("Ready").status,
+              view.unschedulable, tuple(c for c in view.conditions if c.status == "True"
+                                        and c.type != "Ready"))
+    if memo.node_health.get(name) != health:
+        memo.node_health[name] = health
+        _wake_jobs_on(memo, pods_by_job, name)
+    if memo.book.set_node(name, node_room(body)):
+        _grant(memo)                     # room: the jobs waiting longest take it
     return {name: view}
+
+
+@kopf.on.event("v1", "nodes")
+async def node_deleted(name, memo, **kwargs):
+    """A node's deletion, which the index only drops: remembered (a tombstone), so that a pod
+    on a node the watch has not shown yet is never taken for a pod on a deleted node."""
+    if kwargs.get("type") != "DELETED":
+        return
+    memo.tombstones[name] = time.monotonic()
+    while len(memo.tombstones) > MAX_TOMBSTONES:
+        memo.tombstones.pop(next(iter(memo.tombstones)))
+    memo.node_health.pop(name, None)
+    memo.book.set_node(name, None)
+    _wake_jobs_on(memo, kwargs["pods_by_job"], name)
+
+
+def _grant(memo) -> list[tuple[str, str]]:
+    """The waiting jobs the room holds now (waitlist.py), woken; cached until the book or the
+    waitlist changes."""
+    version = (memo.book.version, memo.waitlist_version)
+    if memo.grants[0] != version:
+        memo.grants = (version, frozenset(waitlist.grants(memo.waitlist.values(),
+                                                          memo.book.free(), memo.book.nodes)))
+    for key in memo.grants[1]:
+        _wake(memo, key)
+    return memo.grants[1]
+
+
+def _granted(memo, key) -> bool | None:
+    """Whether the operator grants a waiting job room now; None: it is not on the waitlist."""
+    if key not in memo.waitlist:
+        return None
+    return key in _grant(memo)
 
 
 @kopf.index("scheduling.k8s.io", "priorityclasses")
@@ -231,12 +286,15 @@ def _first(store):
 def snapshot(key: tuple[str, str], indexes: dict,
              conflicts: frozenset[tuple[str, str]] = frozenset(),
              also_nodes: tuple[str, ...] = (), queue: str | None = None,
-             unserved: frozenset[str] = frozenset()) -> Observed:
+             unserved: frozenset[str] = frozenset(), deleted_nodes=frozenset(),
+             capacity_granted: bool | None = None) -> Observed:
     """The job's world from the indexes (event loop only: indexes change between awaits): its
-    pods' nodes and `also_nodes` (those it avoids), the cluster's count of schedulable nodes,
-    the name conflicts the last pass's creates met (`conflicts`) and the kinds they found not
-    served (`unserved`), and for a job in Kueue's LocalQueue `queue` its Workload, the queue's
-    ClusterQueue and the ResourceFlavors."""
+    pods' nodes and `also_nodes` (those it avoids), a node the index lacks as deleted only if
+    its deletion was seen (`deleted_nodes`: else it is one the watch has not shown yet), the
+    name conflicts the last pass's creates met (`conflicts`) and the kinds they found not
+    served (`unserved`), whether the job may try for capacity again (`capacity_granted`),
+    and for a job in Kueue's LocalQueue `queue` its Workload, the queue's ClusterQueue and the
+    ResourceFlavors. It never walks every node: passes are many, nodes can be thousands."""
     pods = tuple(indexes["pods_by_job"].get(key, ()))
     node_index = indexes["nodes_by_name"]
     nodes = {}
@@ -245,10 +303,8 @@ def snapshot(key: tuple[str, str], indexes: dict,
             store = node_index.get(name)
             if store:
                 nodes[name] = next(iter(store))
-            elif len(node_index):          # a filled index without it: the node is gone
+            elif name in deleted_nodes:    # seen deleted: the node is gone
                 nodes[name] = None
-    schedulable = sum(1 for store in node_index.values() for view in store
-                      if schedulable_node(view)) if len(node_index) else None
     children = {view for _, (_, plural) in CHILD_KINDS
                 for view in indexes[f"children_{plural}"].get(key, ())}
     leases = indexes["leases_by_job"].get(key)
@@ -270,7 +326,7 @@ def snapshot(key: tuple[str, str], indexes: dict,
                               indexes["workload_priority_classes"].items()
                               for value in store if value is not None})
     return Observed(pods=pods, nodes=nodes, children=frozenset(children), lease=lease,
-                    conflicts=conflicts, unserved=unserved, schedulable_nodes=schedulable,
+                    conflicts=conflicts, unserved=unserved, capacity_granted=capacity_granted,
                     priority_classes=frozenset(classes) if len(classes) else None,
                     priority_values={name: value for name, store in classes.items()
                                      for value, _ in store if value is not None},
@@ -308,7 +364,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
     memo.executor = concurrent.futures.ThreadPoolExecutor(cfg.workers, "crucible-pass")
     memo.wakeups, memo.fences, memo.phases, memo.jobs, memo.conflicts = {}, {}, {}, {}, {}
     memo.unserved = {}
-    memo.waiting = set()   # (namespace, name) of jobs in phase Waiting: a node event wakes them
+    # In-memory pictures that steer wake-ups, never decisions a restart would need: the room
+    # the operator sees and the jobs waiting for it (waitlist.py), nodes seen deleted, each
+    # node's last health (a write that changes neither wakes nobody), the nodes jobs avoid.
+    memo.book, memo.waitlist, memo.waitlist_version = waitlist.RoomBook(), {}, 0
+    memo.grants = (None, frozenset())
+    memo.tombstones, memo.node_health, memo.avoiding = {}, {}, {}
     # With leader election on, passes wait until this replica holds the leader Lease, and
     # stop writing the moment it could not renew it (leader.py).
     memo.leadership = None
@@ -522,8 +583,11 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True,
     if fenced and int((job.status.get("tracking") or {}).get(WRITES, 0)) < fence:
         return NextPass(After.STALE, 0.1)
     avoided = tuple(entry["node"] for entry in bad_entries(job.status.get("tracking") or {}))
+    if memo.book.sync_job(key, [pod.uid for pod in indexes["pods_by_job"].get(key, ())]):
+        _grant(memo)
     obs = snapshot(key, indexes, memo.conflicts.get(job.uid, frozenset()), avoided,
-                   queueing.queue_name(job), memo.unserved.get(job.uid, frozenset()))
+                   queueing.queue_name(job), memo.unserved.get(job.uid, frozenset()),
+                   memo.tombstones, _granted(memo, key))
     now = dt.datetime.now(dt.timezone.utc)
     loop = asyncio.get_running_loop()
     try:
@@ -564,10 +628,12 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True,
     if result.written is not None:
         memo.fences[job.uid] = result.written
     memo.phases[job.uid] = outcome.status.get("phase", "Pending")
-    if memo.phases[job.uid] == "Waiting":
-        memo.waiting.add(key)
+    _enlist(memo, key, job, outcome.status, obs)
+    avoiding = {entry["node"] for entry in bad_entries(outcome.status.get("tracking") or {})}
+    if avoiding:
+        memo.avoiding[key] = avoiding
     else:
-        memo.waiting.discard(key)
+        memo.avoiding.pop(key, None)
     memo.jobs[job.uid] = metrics.JobRecord(job.namespace, job.name, outcome.status,
                                            metrics.checkpoint_interval_s(job.spec))
     for failure in outcome.restarts:
@@ -575,6 +641,19 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True,
     _log(logger, applied, result.events)
     metrics.RECONCILES.labels("error" if applied.transient else "ok").inc()
     return next_pass(outcome, applied, cfg.interval_s, failures)
+
+
+def _enlist(memo, key, job: JobView, status: dict, obs: Observed) -> None:
+    """Keep the waitlist in step with the job: on it while it waits with its pods released
+    (`tracking.capacityHold`) and asks for an extended resource the book can count."""
+    hold = (status.get("tracking") or {}).get("capacityHold")
+    waiter = waitlist.waiter(key, job.spec, hold, obs) if hold else None
+    if memo.waitlist.get(key) != waiter:
+        if waiter is None:
+            memo.waitlist.pop(key, None)
+        else:
+            memo.waitlist[key] = waiter
+        memo.waitlist_version += 1
 
 
 async def _sleep(wake: asyncio.Event, stopped, timeout: float) -> None:
@@ -647,7 +726,10 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
         memo.jobs.pop(uid, None)
         memo.conflicts.pop(uid, None)
         memo.unserved.pop(uid, None)
-        memo.waiting.discard(key)
+        memo.avoiding.pop(key, None)
+        if memo.waitlist.pop(key, None) is not None:
+            memo.waitlist_version += 1
+        memo.book.sync_job(key, ())
 
 
 logging.getLogger("kubernetes.client.rest").setLevel(logging.WARNING)

@@ -16,6 +16,7 @@ from typing import Mapping
 from crucible.api.names import ANNOTATION_WORKLOAD_DIGEST, PREFIX
 from crucible.api.progress import ProgressReport, parse_time
 from crucible.operator import manifests as m
+from crucible.operator.waitlist import extended
 
 UNREACHABLE_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
 
@@ -52,6 +53,7 @@ class PodView:
     waiting_message: str | None = None
     owner_uid: str | None = None        # the controlling owner's UID: which job it belongs to
     avoided_nodes: tuple[str, ...] = ()  # nodes its required affinity keeps it off
+    asks: tuple[tuple[str, int], ...] = ()   # extended resources it requests (nvidia.com/gpu)
 
     @property
     def deleting(self) -> bool:
@@ -114,6 +116,8 @@ def pod_view(body: Mapping) -> PodView:
         else None,
         waiting_reason=waiting_reason, waiting_message=waiting_message,
         owner_uid=controller_uid(meta),
+        asks=tuple(sorted({name: amount for c in spec.get("containers") or []
+                           for name, amount in extended(c.get("resources")).items()}.items())),
     )
 
 
@@ -289,9 +293,9 @@ class Observed:
     conflicts: frozenset[tuple[str, str]] = frozenset()
     # Kinds whose create the last pass found the server does not serve (a 404: no such API).
     unserved: frozenset[str] = frozenset()
-    # Ready, schedulable nodes in the cluster (None: not known). A job that released its pods
-    # for want of capacity tries again as soon as this grows.
-    schedulable_nodes: int | None = None
+    # For a job waiting after releasing its pods: whether the operator grants it room now
+    # (waitlist.py: oldest first, as many as fit); None: the operator cannot account it.
+    capacity_granted: bool | None = None
     # Names of the cluster's PriorityClasses (None: not known yet).
     priority_classes: frozenset[str] | None = None
     # Their values, by name (Kueue orders and preempts Workloads by the value, not the name).

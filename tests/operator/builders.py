@@ -151,7 +151,7 @@ def lease(step: int | None = None, step_time: float | None = None, *, loss: floa
 
 
 def observed(pods=(), nodes=None, lease_view_=None, children=None,
-             schedulable_nodes: int | None = None,
+             capacity_granted: bool | None = None,
              priority_classes: frozenset[str] | None = None, **queueing) -> Observed:
     """`queueing`: Kueue's side (workload, cluster_queue, flavors, priority_values)."""
     if children is None:
@@ -161,7 +161,7 @@ def observed(pods=(), nodes=None, lease_view_=None, children=None,
                       m.data_digest(c["data"]) if c["kind"] == "ConfigMap" else None, UID)
             for c in m.static_children(JOB, NS, UID, s))
     return Observed(pods=tuple(pods), nodes=nodes if nodes is not None else healthy_nodes(),
-                    children=children, lease=lease_view_, schedulable_nodes=schedulable_nodes,
+                    children=children, lease=lease_view_, capacity_granted=capacity_granted,
                     priority_classes=priority_classes, **queueing)
 
 

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 from crucible.operator.handlers import CHILD_KINDS, OperatorConfig
 from crucible.operator.kube import Kube
+from crucible.operator.waitlist import RoomBook
 
 
 def pass_memo(api) -> SimpleNamespace:
@@ -16,7 +17,9 @@ def pass_memo(api) -> SimpleNamespace:
     cfg = OperatorConfig()
     return SimpleNamespace(config=cfg, cluster_policy=cfg.cluster_policy, kube=Kube(api),
                            executor=concurrent.futures.ThreadPoolExecutor(2), fences={},
-                           conflicts={}, unserved={}, phases={}, jobs={}, waiting=set())
+                           conflicts={}, unserved={}, phases={}, jobs={},
+                           book=RoomBook(), waitlist={}, waitlist_version=0,
+                           grants=(None, frozenset()), tombstones={}, avoiding={}, wakeups={})
 
 
 def empty_indexes(**filled) -> dict:

@@ -2,7 +2,7 @@
 
 Pure scenarios (no cluster, no clock), as in test_decision.py: a generation short of capacity
 for `capacityTimeoutSeconds` releases its pods and waits, retrying with backoff or as soon as a
-schedulable node joins; an exit that follows a deletion, or the loss of pod 0, is never the
+the operator grants it room; an exit that follows a deletion, or the loss of pod 0, is never the
 program's failure; a failed node is avoided for `avoidFailedNodesMinutes` unless someone
 uncordoned it after the operator's cordon.
 """
@@ -43,7 +43,7 @@ def _released(t_short=100.0):
     assert first.wake_in_s == pytest.approx(600)
     still = _pass(first.status, _short(0), t_short + 599)
     assert still.status["podGeneration"] == 0 and not acts(still, "delete")
-    return _pass(still.status, _short(0), t_short + 600, schedulable_nodes=3)
+    return _pass(still.status, _short(0), t_short + 600)
 
 
 def test_a_generation_short_for_the_capacity_timeout_releases_its_pods_uncounted():
@@ -54,11 +54,10 @@ def test_a_generation_short_for_the_capacity_timeout_releases_its_pods_uncounted
     assert cond(out, "PodsScheduled")["reason"] == "InsufficientCapacity"
     assert cond(out, "Running")["reason"] == "CapacityReleased"
     assert "CapacityReleased" in reasons(out)
-    hold = out.status["tracking"]["capacityHold"]
-    assert hold["schedulableNodes"] == 3
+    assert out.status["tracking"]["capacityHold"]["since"] == b.ts(700)
     # The next pass deletes the held pods and creates none, however often it runs.
     for t in (701, 720, 740):
-        nxt = _pass(out.status, _short(0), t, schedulable_nodes=3)
+        nxt = _pass(out.status, _short(0), t)
         assert sorted(acts(nxt, "delete")) == [("delete", "Pod", f"gpt-0-{i}") for i in range(4)]
         assert not acts(nxt, "create", "Pod")
         assert nxt.status["phase"] == "Waiting" and nxt.status["podGeneration"] == 1
@@ -69,27 +68,40 @@ def test_a_released_job_retries_after_the_backoff():
     out = _released()
     due = (parse_time(out.status["tracking"]["capacityHold"]["until"]) - b.at(0)).total_seconds()
     assert 700 + 60 <= due <= 700 + 60 * 1.25        # capacityRetrySeconds plus its jitter
-    early = _pass(out.status, [], due - 1, schedulable_nodes=3)
+    early = _pass(out.status, [], due - 1)
     assert not acts(early, "create", "Pod")
-    retry = _pass(early.status, [], due, schedulable_nodes=3)
+    retry = _pass(early.status, [], due)
     assert "CapacityRetry" in reasons(retry)
     assert acts(retry, "create", "Pod") == [("create", "Pod", "gpt-1-0")]   # pod 0 first
     assert "capacityHold" not in retry.status["tracking"]
 
 
-def test_a_released_job_retries_at_once_when_a_schedulable_node_joins():
+def test_a_released_job_retries_at_once_when_the_operator_grants_it_room():
     out = _released()
-    retry = _pass(out.status, [], 705, schedulable_nodes=4)
+    retry = _pass(out.status, [], 705, capacity_granted=True)
     assert "CapacityRetry" in reasons(retry)
     assert acts(retry, "create", "Pod") == [("create", "Pod", "gpt-1-0")]
 
 
+def test_a_released_job_the_operator_sees_no_room_for_waits_past_its_backoff_up_to_the_cap():
+    """Its backoff alone would send it after part of a gang again: it waits for a grant, or
+    RETRY_CAP_S at most (the operator does not see every pod)."""
+    out = _released()
+    due = (parse_time(out.status["tracking"]["capacityHold"]["until"]) - b.at(0)).total_seconds()
+    later = _pass(out.status, [], due + 10, capacity_granted=False)
+    assert not acts(later, "create", "Pod") and "CapacityRetry" not in reasons(later)
+    assert later.status["phase"] == "Waiting"
+    assert later.wake_in_s == pytest.approx(700 + capacity.RETRY_CAP_S - (due + 10))
+    capped = _pass(later.status, [], 700 + capacity.RETRY_CAP_S, capacity_granted=False)
+    assert acts(capped, "create", "Pod") == [("create", "Pod", "gpt-1-0")]
+
+
 def test_a_retry_still_short_releases_after_the_retry_window_and_backs_off_longer():
     out = _released()
-    retry = _pass(out.status, [], 705, schedulable_nodes=4)
-    still = _pass(retry.status, _short(1), 706, schedulable_nodes=4)
+    retry = _pass(out.status, [], 705, capacity_granted=True)
+    still = _pass(retry.status, _short(1), 706)
     assert still.status["phase"] == "Waiting" and still.status["podGeneration"] == 1
-    again = _pass(still.status, _short(1), 705 + 60, schedulable_nodes=4)
+    again = _pass(still.status, _short(1), 705 + 60)
     assert again.status["podGeneration"] == 2 and "CapacityReleased" in reasons(again)
     hold = again.status["tracking"]["capacityHold"]
     wait = (parse_time(hold["until"]) - b.at(765)).total_seconds()
@@ -99,8 +111,8 @@ def test_a_retry_still_short_releases_after_the_retry_window_and_backs_off_longe
 
 def test_running_again_resets_the_wait_and_the_backoff():
     out = _released()
-    retry = _pass(out.status, [], 705, schedulable_nodes=4)
-    running = _pass(retry.status, b.running(1, 4, H), 720, schedulable_nodes=4)
+    retry = _pass(out.status, [], 705, capacity_granted=True)
+    running = _pass(retry.status, b.running(1, 4, H), 720)
     assert running.status["phase"] == "Running"
     for key in ("capacityRetries", "capacityWaitSince", "capacityHold", "capacityShort"):
         assert key not in running.status["tracking"], key

@@ -1,0 +1,107 @@
+"""The waitlist: room that frees up goes to the jobs waiting longest, as many as it holds.
+
+Pure (waitlist.grants over node rooms parsed from raw Node objects, as the apiserver writes
+them) plus the operator's book of room, fed as its watches feed it.
+"""
+
+from __future__ import annotations
+
+from crucible.operator import waitlist as w
+from tests.operator import builders as b
+
+GPU = "nvidia.com/gpu"
+
+
+def _node(name: str, gpus: int = 8, *, ready: str = "True", cordoned: bool = False,
+          labels: dict | None = None, taints: list[dict] | None = None):
+    return w.node_room({"metadata": {"name": name, "labels": labels or {}},
+                        "spec": {"unschedulable": cordoned, "taints": taints or []},
+                        "status": {"allocatable": {"cpu": "64", GPU: str(gpus)},
+                                   "conditions": [{"type": "Ready", "status": ready}]}})
+
+
+def _waiter(name: str, since: float, pods: int = 2, gpus: int = 8, **kw) -> w.Waiter:
+    return w.Waiter(key=("ns", name), since=b.at(since), pods=pods, per_pod={GPU: gpus}, **kw)
+
+
+def _free(nodes: dict) -> dict:
+    return {name: dict(node.allocatable) for name, node in nodes.items()}
+
+
+def test_room_goes_to_the_job_waiting_longest_and_only_as_many_as_fit():
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(3)}      # 3 whole nodes
+    waiters = [_waiter("young", 300), _waiter("old", 100), _waiter("middle", 200)]
+    assert w.grants(waiters, _free(nodes), nodes) == [("ns", "old")]   # 2 of 3 nodes; 1 left
+
+
+def test_nobody_jumps_a_job_that_does_not_fit_yet():
+    """A big gang first in line is not starved by a stream of small jobs behind it."""
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(3)}
+    waiters = [_waiter("big", 100, pods=4), _waiter("small", 200, pods=1)]
+    assert w.grants(waiters, _free(nodes), nodes) == []
+    nodes["n3"] = _node("n3")
+    assert w.grants(waiters, _free(nodes), nodes) == [("ns", "big")]
+
+
+def test_higher_priority_first_then_age():
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(2)}
+    waiters = [_waiter("old", 100), _waiter("urgent", 500, priority=1000)]
+    assert w.grants(waiters, _free(nodes), nodes) == [("ns", "urgent")]
+
+
+def test_pods_share_a_node_when_its_room_holds_several():
+    nodes = {"n0": _node("n0", gpus=8)}
+    assert w.grants([_waiter("a", 1, pods=4, gpus=2)], _free(nodes), nodes) == [("ns", "a")]
+    assert w.grants([_waiter("a", 1, pods=5, gpus=2)], _free(nodes), nodes) == []
+
+
+def test_nodes_the_job_cannot_use_hold_no_room_for_it():
+    taint = {"key": "dedicated", "value": "infer", "effect": "NoSchedule"}
+    nodes = {"down": _node("down", ready="Unknown"), "cordoned": _node("cordoned", cordoned=True),
+             "tainted": _node("tainted", taints=[taint]),
+             "other-pool": _node("other-pool", labels={"pool": "b"}),
+             "ok": _node("ok", labels={"pool": "a"})}
+    picky = _waiter("picky", 1, pods=2, node_selector={"pool": "a"})
+    assert w.grants([picky], _free(nodes), nodes) == []
+    tolerant = _waiter("tolerant", 1, pods=2, tolerations=(
+        {"key": "dedicated", "operator": "Equal", "value": "infer", "effect": "NoSchedule"},))
+    assert w.grants([tolerant], _free(nodes), nodes) == [("ns", "tolerant")]   # ok + tainted
+    # Three pods need the tainted node too (ok and other-pool hold two).
+    wrong_value = _waiter("wrong", 1, pods=3, tolerations=(
+        {"key": "dedicated", "value": "train"},))
+    assert w.grants([wrong_value], _free(nodes), nodes) == []
+    right_value = _waiter("right", 1, pods=3, tolerations=(
+        {"key": "dedicated", "value": "infer"},))
+    assert w.grants([right_value], _free(nodes), nodes) == [("ns", "right")]
+    assert w.tolerates([{"operator": "Exists"}], ("any", "", "NoExecute"))
+
+
+def test_the_book_counts_the_operators_active_pods_and_says_when_room_comes_back():
+    book = w.RoomBook()
+    assert book.set_node("n0", _node("n0")) is True             # a node with room joined
+    assert book.set_node("n0", _node("n0")) is False            # the same again: nothing new
+    job = ("ns", "a")
+    assert book.set_pod("u1", job, "n0", {GPU: 6}, active=True) is False
+    assert book.free() == {"n0": {GPU: 2}}
+    version = book.version
+    assert book.set_pod("u1", job, "n0", {GPU: 6}, active=True) is False
+    assert book.version == version                              # unchanged: no new version
+    assert book.set_pod("u1", job, "n0", {GPU: 6}, active=False) is True   # terminated
+    assert book.free() == {"n0": {GPU: 8}}
+    book.set_pod("u2", job, "n0", {GPU: 8}, active=True)
+    assert book.sync_job(job, ["u1"]) is True                   # u2 deleted unseen
+    assert book.free() == {"n0": {GPU: 8}}
+    assert book.set_node("n0", _node("n0", ready="Unknown")) is False
+    assert book.free() == {}
+    assert book.set_node("n0", _node("n0")) is True             # back: room again
+    book.set_node("n0", None)
+    assert book.free() == {}
+
+
+def test_a_job_that_asks_for_no_extended_resource_is_not_on_the_list():
+    obs = b.observed()
+    hold = {"since": b.ts(100)}
+    assert w.waiter(("ns", "cpu"), b.spec_doc(resources={"limits": {"cpu": "4"}}), hold,
+                    obs) is None
+    gpu = w.waiter(("ns", "gpu"), b.spec_doc(), hold, obs)
+    assert gpu.per_pod == {GPU: 8} and gpu.pods == 2 and gpu.since == b.at(100)
