@@ -48,6 +48,7 @@ from crucible.api.progress import format_time, parse_time
 from crucible.api.spec import PretrainJobSpec, explain
 from crucible.operator import capacity
 from crucible.operator import conditions as c
+from crucible.operator import failures as f
 from crucible.operator import failure_policy as policy
 from crucible.operator import manifests as m
 from crucible.operator import progress, queueing, references, stragglers
@@ -135,6 +136,11 @@ def _name_conflict(p: Pass, foreign: tuple[PodView, ...]) -> bool:
     Either way the pass stops here and looks again in a while: never a hot loop."""
     mine = {m.pod_name(p.job.name, p.gen, i) for i in range(p.spec.nodes.max)}
     clashes = [("Pod", pod.name, pod.deleting) for pod in foreign if pod.name in mine]
+    for pod in foreign:
+        if pod.name in mine and f.stuck_terminating(pod, p.spec.fault_tolerance, p.now):
+            # A deleted namesake's pod that no kubelet will ever end (its node is dead): it
+            # would hold this job's names forever.
+            p.act("force_delete", "Pod", pod.name, reason="StuckTerminating")
     for child in p.static_children:
         kind, name = child["kind"], child["metadata"]["name"]
         owner = p.obs.child_owner(kind, name)

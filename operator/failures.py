@@ -147,6 +147,18 @@ def stuck_terminating(pod: PodView, ft: FaultToleranceSpec, now: dt.datetime) ->
             and (now - pod.deletion).total_seconds() >= ft.terminating_timeout_seconds)
 
 
+# How long a pod of a deleted job may stay Terminating past its grace before the operator
+# force-deletes it: a live job's default terminatingTimeoutSeconds.
+ORPHAN_TERMINATING_S = FaultToleranceSpec.model_fields["terminating_timeout_seconds"].default
+
+
+def orphan_stuck(pod: PodView, now: dt.datetime) -> bool:
+    """A pod no live job owns, Terminating ORPHAN_TERMINATING_S past its grace (its node is
+    gone or dead: nothing else will ever end it)."""
+    return (pod.deletion is not None
+            and (now - pod.deletion).total_seconds() >= ORPHAN_TERMINATING_S)
+
+
 @dataclass(frozen=True)
 class PendingProblem:
     reason: str      # Unschedulable, ImagePullFailed, ContainerConfigError

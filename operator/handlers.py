@@ -45,9 +45,10 @@ from crucible.operator import crd
 from crucible.operator.apiclient import (API_ERRORS, CONNECTION_ERRORS, api_client, bearer_token,
                                          client_configuration, describe)
 from crucible.operator import manifests as m
-from crucible.operator import leader, metrics, quarantine, queueing, waitlist
+from crucible.operator import leader, metrics, quarantine, queueing, uninstall, waitlist
 from crucible.operator.decision import Event, Outcome, decide
 from crucible.operator.failure_policy import bad_entries
+from crucible.operator.failures import orphan_stuck
 from crucible.operator.kube import Applied, Kube
 from crucible.operator.cluster_policy import ClusterPolicy
 from crucible.operator.observed import (ChildView, JobView, NodeView, Observed, controller_uid,
@@ -55,7 +56,7 @@ from crucible.operator.observed import (ChildView, JobView, NodeView, Observed, 
                                         workload_view)
 from crucible.operator.waitlist import node_room
 
-FINALIZER = "crucible.dev/operator"   # kopf's: stops the daemon before the job goes
+FINALIZER = uninstall.FINALIZER       # kopf's: stops the daemon before the job goes
 WRITES = "writes"                     # status.tracking.writes: the fence counter
 FENCE_WAIT_S = 10.0                   # then read the job from the API instead of the watch
 MAX_TOMBSTONES = 4096                 # deleted nodes remembered (the oldest are forgotten)
@@ -148,6 +149,10 @@ async def pods_by_job(namespace, labels, body, memo, **_):
     active = not view.terminated and not view.deleting
     if memo.book.set_pod(view.uid, key, view.node, dict(view.asks), active):
         _grant(memo)                     # room given back: the jobs waiting longest take it
+    if view.deleting:
+        memo.terminating[(namespace, view.name)] = (key, view)
+    else:
+        memo.terminating.pop((namespace, view.name), None)
     return {key: view}
 
 
@@ -381,7 +386,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
         leader.start(api_client(1, leader.CALL_TIMEOUT_S, retries=0),
                      cfg.leader_election_namespace, memo.leadership)
     memo.cordoned = {}     # name -> NodeView of nodes carrying the operator's cordon annotation
-    memo.quarantine_task = asyncio.create_task(_quarantine_loop(memo, logger))
+    memo.terminating = {}  # (namespace, pod) -> (job key, PodView) of pods being deleted
+    memo.live = {}         # job key -> the UID of the job a daemon runs for
+    memo.housekeeping = asyncio.create_task(_housekeeping(memo, logger))
     memo.metrics_server = None
     if cfg.metrics_port is not None:
         memo.metrics_server = metrics.serve(cfg.metrics_port, lambda: memo.phases,
@@ -392,41 +399,67 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
                 f"{cfg.workers} API workers")
 
 
-async def _quarantine_loop(memo, logger) -> None:
-    """End the operator's cordons whose quarantine is over (quarantine.py), on the leader only;
-    looks again when the next one falls due, at least every CHECK_INTERVAL_S."""
-    period_s = memo.cluster_policy.quarantine_s
-    loop = asyncio.get_running_loop()
+async def _housekeeping(memo, logger) -> None:
+    """What no job's pass owns, on the leader only: end the operator's cordons whose quarantine
+    is over (quarantine.py), and force-delete the pods of deleted jobs stuck Terminating (on a
+    dead node no kubelet confirms their end: they would hold a same-name job's pod names
+    forever). Looks again when the next quarantine falls due, at least every CHECK_INTERVAL_S."""
     while True:
         delay = quarantine.CHECK_INTERVAL_S
         if _acting(memo)():
             now = dt.datetime.now(dt.timezone.utc)
-            for name, view in list(memo.cordoned.items()):
-                patch, due_s = quarantine.release(view, now, period_s)
-                if due_s is not None:
-                    delay = min(delay, due_s + DUE_SLACK_S)
-                if patch is None:
-                    continue
-                lifted = (patch.get("spec") or {}).get("unschedulable") is False
-                try:
-                    await loop.run_in_executor(memo.executor, memo.kube.release_quarantine,
-                                               name, patch)
-                except API_ERRORS as err:
-                    logger.warning(f"node {name}: quarantine not ended, will retry: "
-                                   f"{describe(err)}")
-                    delay = min(delay, RETRY_S)
-                    continue
-                memo.cordoned.pop(name, None)    # its next event says where it stands now
-                logger.info(f"node {name}: " + (
-                    "quarantine over and the node healthy: uncordoned, on probation" if lifted
-                    else "its cordon is no longer the operator's: dropped the operator's claim"))
+            delay = min(delay, await _end_quarantines(memo, logger, now))
+            await _sweep_orphans(memo, logger, now)
         await asyncio.sleep(max(delay, 0.5))
+
+
+async def _end_quarantines(memo, logger, now: dt.datetime) -> float:
+    """Lift or disown the cordons due; the seconds until the next one falls due."""
+    loop = asyncio.get_running_loop()
+    delay = quarantine.CHECK_INTERVAL_S
+    for name, view in list(memo.cordoned.items()):
+        patch, due_s = quarantine.release(view, now, memo.cluster_policy.quarantine_s)
+        if due_s is not None:
+            delay = min(delay, due_s + DUE_SLACK_S)
+        if patch is None:
+            continue
+        lifted = (patch.get("spec") or {}).get("unschedulable") is False
+        try:
+            await loop.run_in_executor(memo.executor, memo.kube.release_quarantine, name, patch)
+        except API_ERRORS as err:
+            logger.warning(f"node {name}: quarantine not ended, will retry: {describe(err)}")
+            delay = min(delay, RETRY_S)
+            continue
+        memo.cordoned.pop(name, None)    # its next event says where it stands now
+        logger.info(f"node {name}: " + (
+            "quarantine over and the node healthy: uncordoned, on probation" if lifted
+            else "its cordon is no longer the operator's: dropped the operator's claim"))
+    return delay
+
+
+async def _sweep_orphans(memo, logger, now: dt.datetime) -> None:
+    """Force-delete pods whose job is gone (or is a new job of the same name) once they have
+    been Terminating past their grace and ORPHAN_TERMINATING_S more: a live job's own pods are
+    its passes' to judge."""
+    loop = asyncio.get_running_loop()
+    for ref, (key, pod) in list(memo.terminating.items()):
+        if memo.live.get(key) == pod.owner_uid or not orphan_stuck(pod, now):
+            continue
+        try:
+            await loop.run_in_executor(memo.executor, memo.kube.force_delete_pod, *ref)
+        except API_ERRORS as err:
+            logger.warning(f"pod {ref[0]}/{ref[1]}: not force-deleted, will retry: "
+                           f"{describe(err)}")
+            continue
+        memo.terminating.pop(ref, None)
+        logger.info(f"pod {ref[0]}/{ref[1]} of a deleted job was stuck Terminating: "
+                    "force-deleted")
 
 
 @kopf.on.cleanup()
 async def shutdown(memo: kopf.Memo, **_):
-    if getattr(memo, "quarantine_task", None):
-        memo.quarantine_task.cancel()
+    if getattr(memo, "housekeeping", None):
+        memo.housekeeping.cancel()
     if getattr(memo, "metrics_server", None):
         server, _thread, collectors = memo.metrics_server
         server.shutdown()
@@ -686,6 +719,7 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
     standby replica's loop sleeps until the replica leads: it never wakes for events."""
     key = (namespace, name)
     wake = memo.wakeups.setdefault(key, asyncio.Event())
+    memo.live[key] = uid
     fenced_since = None
     failures = 0              # passes in a row that met a transient API failure (backoff)
     try:
@@ -727,6 +761,8 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
         memo.conflicts.pop(uid, None)
         memo.unserved.pop(uid, None)
         memo.avoiding.pop(key, None)
+        if memo.live.get(key) == uid:
+            del memo.live[key]
         if memo.waitlist.pop(key, None) is not None:
             memo.waitlist_version += 1
         memo.book.sync_job(key, ())

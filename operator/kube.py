@@ -260,6 +260,18 @@ class Kube:
         except CONNECTION_ERRORS as err:  # no HTTP answer: refused, reset, timed out
             return False, ("transient", f"{what}: {describe(err)}")
 
+    def force_delete_pod(self, namespace: str, name: str) -> bool:
+        """Delete a pod at once (grace 0); False if it is gone already."""
+        try:
+            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0,
+                                            body=client.V1DeleteOptions(grace_period_seconds=0))
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        metrics.POD_OPERATIONS.labels("force_delete").inc()
+        return True
+
     def patch_node(self, name: str, body: dict) -> None:
         """A merge patch of a node under the operator's own field manager: the node's
         managedFields then say whether a cordon is the operator's (quarantine.py)."""

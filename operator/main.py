@@ -6,6 +6,7 @@ with the repository root on `sys.path` (as under `python -m pytest`), a regular 
 import. A namespace portion never wins over a real module, so the stdlib stays reachable.
 
   crucible-operator run [-n NS ... | -A]   kopf run of crucible.operator.handlers
+  crucible-operator release-finalizers     before an uninstall: stop it, drop its finalizers
   crucible-operator crd                    the CRD YAML (manifests/crd/)
   crucible-operator rbac                   the operator's RBAC YAML (manifests/rbac/)
 
@@ -74,6 +75,22 @@ def build_parser() -> argparse.ArgumentParser:
                      "(where Kueue is not installed, or the operator holds no rights on them); "
                      "a job with the kueue.x-k8s.io/queue-name label then waits, saying so")
     run.add_argument("-v", "--verbose", action="store_true", help="log every API call kopf makes")
+    release = sub.add_parser(
+        "release-finalizers", help="Before uninstalling: stop the operator, then take its "
+        "finalizer off every PretrainJob (the chart's pre-delete hook runs this).",
+        description="Take the operator's finalizer (crucible.dev/operator) off every "
+        "PretrainJob, so that deleting one after the operator is gone does not hang. Stop the "
+        "operator first (--stop-deployment), or it puts the finalizer back. Jobs and their pods "
+        "stay, unmanaged.")
+    where = release.add_mutually_exclusive_group()
+    where.add_argument("-n", "--namespace", action="append", default=[],
+                       help="only PretrainJobs in this namespace (repeatable)")
+    where.add_argument("-A", "--all-namespaces", action="store_true",
+                       help="PretrainJobs in every namespace (the default)")
+    release.add_argument("--stop-deployment", metavar="NAMESPACE/NAME",
+                         help="scale the operator's Deployment to 0 and wait for it first")
+    release.add_argument("--timeout", type=float, default=120.0,
+                         help="seconds to wait for the operator to stop (default 120)")
     sub.add_parser("crd", help="Print the PretrainJob CRD (generated from the spec models).")
     sub.add_parser("rbac", help="Print the operator's ServiceAccount and ClusterRole.")
     return parser
@@ -115,11 +132,40 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def release_finalizers(args: argparse.Namespace) -> int:
+    from kubernetes.client.exceptions import ApiException
+
+    from crucible.operator import uninstall
+    from crucible.operator.apiclient import CONNECTION_ERRORS, api_client, describe
+
+    api = api_client(4)
+    try:
+        if args.stop_deployment:
+            namespace, _, name = args.stop_deployment.partition("/")
+            if not namespace or not name:
+                print("crucible-operator release-finalizers: --stop-deployment takes "
+                      "NAMESPACE/NAME", file=sys.stderr)
+                return 2
+            stopped = uninstall.stop_deployment(api, namespace, name, args.timeout)
+            print(f"operator {args.stop_deployment}: " + ("scaled to 0" if stopped
+                                                           else "not found, nothing to stop"))
+        released = uninstall.release_finalizers(api, args.namespace or None)
+    except (ApiException, TimeoutError, *CONNECTION_ERRORS) as err:
+        print(f"crucible-operator release-finalizers: {describe(err)}", file=sys.stderr)
+        return 1
+    for job in released:
+        print(f"released {job}")
+    print(f"{len(released)} PretrainJob(s) released")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "run":
         return run(args)
+    if args.command == "release-finalizers":
+        return release_finalizers(args)
     if args.command == "crd":
         from crucible.operator import crd
 

@@ -28,6 +28,10 @@ RULES: list[tuple[list[str], list[str], list[str], str]] = [
      "watch jobs; read one when the watch lags or a pass meets a 404 (get); kopf's finalizer "
      "(patch); ttlSecondsAfterFinished (delete)"),
     ([crd.GROUP], [f"{crd.PLURAL}/status"], ["patch"], "one status patch per pass"),
+    ([crd.GROUP], [f"{crd.PLURAL}/finalizers"], ["update"],
+     "every child's ownerReference sets blockOwnerDeletion, which the "
+     "OwnerReferencesPermissionEnforcement admission plugin (on in OpenShift and OKD) allows "
+     "only to who may update the owner's finalizers: without it no child could be created"),
     ([""], ["pods"], ["list", "watch", "create", "delete"],
      "worker pods: create, replace, force-delete (never read one by one, never edited; what "
      "a created pod may be is fenced by the admission policy below)"),

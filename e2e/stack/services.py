@@ -424,6 +424,9 @@ def _apiserver(l: Layout) -> list[str]:
             f"--tls-cert-file={c / 'apiserver.crt'}", f"--tls-private-key-file={c / 'apiserver.key'}",
             f"--client-ca-file={c / 'ca.crt'}", f"--token-auth-file={c / 'tokens.csv'}",
             "--authorization-mode=Node,RBAC",
+            # On in OpenShift and OKD: an ownerReference with blockOwnerDeletion needs update
+            # on the owner's finalizers. On here, so every test creates children under it.
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={c / 'sa.pub'}",
             f"--service-account-signing-key-file={c / 'sa.key'}",

@@ -19,7 +19,8 @@ def pass_memo(api) -> SimpleNamespace:
                            executor=concurrent.futures.ThreadPoolExecutor(2), fences={},
                            conflicts={}, unserved={}, phases={}, jobs={},
                            book=RoomBook(), waitlist={}, waitlist_version=0,
-                           grants=(None, frozenset()), tombstones={}, avoiding={}, wakeups={})
+                           grants=(None, frozenset()), tombstones={}, avoiding={}, wakeups={},
+                           terminating={}, live={})
 
 
 def empty_indexes(**filled) -> dict:

@@ -224,6 +224,11 @@ def test_a_deleted_namesakes_pods_are_waited_for_and_a_foreign_object_is_a_name_
     gone = decide(b.job(status=outcome.status), b.observed(), b.at(9))
     assert acts(gone, "create", "Pod") == [("create", "Pod", "gpt-0-0")]
     assert cond(gone, "NameConflict")["status"] == "False"
+    # Still there past their grace and terminatingTimeoutSeconds (a dead node: no kubelet will
+    # ever end them): force-deleted, or they would hold the names forever.
+    stuck = decide(b.job(), b.observed(held), b.at(120))
+    assert sorted(acts(stuck)) == [("force_delete", "Pod", f"gpt-0-{i}") for i in range(4)]
+    assert cond(stuck, "NameConflict")["reason"] == "WaitingForNamesake"
     # Someone else's Service under the job's name: reported, never adopted, nothing created.
     children = {v if v.kind != "Service" else dataclasses.replace(v, owner_uid="uid-stranger")
                 for v in b.observed().children}

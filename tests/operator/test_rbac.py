@@ -118,3 +118,52 @@ def test_a_repeated_event_is_one_object_with_a_count(kube, namespace, operator_k
     events = kube.core().list_namespaced_event(namespace).items
     counts = sorted((e.reason, e.count) for e in events if e.involved_object.name == "gpt")
     assert counts == [("ApiRejected", 3), ("Running", 1)]
+
+
+def test_children_owned_with_block_owner_deletion_pass_the_owner_references_plugin(
+        operator_kubeconfig, kube, namespace, crd, tmp_path):
+    """The stack's apiserver runs OwnerReferencesPermissionEnforcement (as OpenShift does): an
+    ownerReference with blockOwnerDeletion needs update on the owner's finalizers. The operator
+    holds it, so its children (this one as the manifests render every child's reference) are
+    created; an identity with create rights alone is refused, which shows the plugin is on."""
+    from crucible.operator import crd as crd_module
+    from crucible.operator import manifests as m
+    from tests.operator.cluster import job_body
+    from tests.support.kubeconfigs import write_kubeconfig
+
+    admin = kube.client()
+    job = client.CustomObjectsApi(admin).create_namespaced_custom_object(
+        crd_module.GROUP, crd_module.VERSION, namespace, crd_module.PLURAL, job_body("owner"))
+    child = {"metadata": {"name": "owned", "ownerReferences": [
+        m.owner_reference("owner", job["metadata"]["uid"])]}, "data": {}}
+    assert child["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
+    operator = client.CoreV1Api(config.new_client_from_config(str(operator_kubeconfig)))
+    assert _status(lambda: operator.create_namespaced_config_map(namespace, child)) == 200
+
+    core = client.CoreV1Api(admin)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "maker"}})
+    rbac = client.RbacAuthorizationV1Api(admin)
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "maker"}, "rules": [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}]})
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "maker"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "maker"},
+        "subjects": [{"kind": "ServiceAccount", "name": "maker", "namespace": namespace}]})
+    token = core.create_namespaced_service_account_token("maker", namespace, {
+        "spec": {"audiences": [], "expirationSeconds": 600}}).status.token
+    maker = client.CoreV1Api(config.new_client_from_config(str(write_kubeconfig(
+        kube.kubeconfig, token, tmp_path / "maker.kc"))))
+    other = {**child, "metadata": {**child["metadata"], "name": "owned-by-maker"}}
+
+    def refusal() -> str | None:
+        try:
+            maker.create_namespaced_config_map(namespace, other)
+        except ApiException as err:
+            return err.body if err.status == 403 else None
+        raise AssertionError("created without rights on the owner's finalizers")
+
+    # The maker's Role may take a moment to reach the authorizer: until then the refusal is
+    # RBAC's own; then it is the plugin's.
+    body = eventually(lambda: (b := refusal()) and "blockOwnerDeletion" in b and b, 10,
+                      "the plugin refusing blockOwnerDeletion")
+    assert "finalizers" in body

@@ -34,8 +34,12 @@ def release(kube: Kube, tmp_path_factory) -> Release:
     # its probes for `helm install --wait` to return.
     image = os.environ.get("CRUCIBLE_OPERATOR_IMAGE", "registry.invalid/crucible-operator:test")
     repository, _, tag = image.rpartition(":")
+    # The uninstall hook's Job needs the real image to finish: KWOK only pretends to run pods,
+    # and `helm uninstall` would wait on it. On kind it runs for real.
+    real = "CRUCIBLE_OPERATOR_IMAGE" in os.environ
     values.write_text(yaml.safe_dump({"operator": {"watchNamespaces": [jobs]},
-                                      "image": {"repository": repository, "tag": tag}}))
+                                      "image": {"repository": repository, "tag": tag},
+                                      "uninstallHook": {"enabled": real}}))
     try:
         helm("install", name, str(CHART), "--namespace", ns, "--values", str(values), "--wait",
              "--timeout", "120s", kubeconfig=kube.kubeconfig)

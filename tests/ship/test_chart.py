@@ -75,8 +75,13 @@ def test_helm_lint_passes_strict():
     assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
 
 
+def _hooks(docs: list[dict]) -> list[dict]:
+    return [d for d in docs if "helm.sh/hook" in (d["metadata"].get("annotations") or {})]
+
+
 def test_default_render_is_the_generated_rbac_and_crd():
     docs = render(include_crds=True)
+    docs = [d for d in docs if d not in _hooks(docs)]    # the uninstall hook: tested apart
     generated = {(d["kind"], d["metadata"]["name"]): d for d in rbac.documents()}
     for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
         [doc] = by_kind(docs, kind)
@@ -98,6 +103,32 @@ def test_default_render_is_the_generated_rbac_and_crd():
         assert condition["expression"].endswith(":crucible-operator'")
     assert sorted(b["spec"]["policyName"] for b in by_kind(
         docs, "ValidatingAdmissionPolicyBinding")) == sorted(f["metadata"]["name"] for f in fences)
+
+
+def test_uninstall_stops_the_operator_then_releases_the_finalizers_with_rights_for_that_alone():
+    hooks = _hooks(render())
+    assert {d["metadata"]["annotations"]["helm.sh/hook"] for d in hooks} == {"pre-delete"}
+    [job] = by_kind(hooks, "Job")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == ["release-finalizers",
+                                 "--stop-deployment=crucible-system/crucible-operator"]
+    assert container["image"] == "crucible-operator:0.1.0"
+    assert job["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    weights = {d["kind"]: int(d["metadata"]["annotations"]["helm.sh/hook-weight"]) for d in hooks}
+    assert max(v for k, v in weights.items() if k != "Job") < weights["Job"]   # rights first
+    [role] = by_kind(hooks, "Role")
+    assert all(rule["resourceNames"] == ["crucible-operator"] for rule in role["rules"])
+    assert {(r, v) for rule in role["rules"] for r in rule["resources"]
+            for v in rule["verbs"]} == {("deployments", "get"), ("deployments/scale", "patch")}
+    [cluster_role] = by_kind(hooks, "ClusterRole")
+    assert cluster_role["rules"] == [{"apiGroups": ["crucible.dev"], "resources": ["pretrainjobs"],
+                                      "verbs": ["get", "list", "patch"]}]
+    scoped = by_kind(_hooks(render({"operator": {"watchNamespaces": ["team-a"]}})), "Job")[0]
+    assert "--namespace=team-a" in scoped["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert _hooks(render({"uninstallHook": {"enabled": False}})) == []
+    assert "--quarantine-minutes=60" in _operator(render())["args"]
+    assert "--quarantine-minutes=0" in _operator(render({"operator": {"quarantineMinutes": 0}}))[
+        "args"]
 
 
 def test_kueue_off_takes_its_rights_and_its_watches():
@@ -146,6 +177,7 @@ def test_operator_deployment_defaults():
 
 def test_non_default_values_render_every_optional_part():
     docs = render(NON_DEFAULT, release="ml", namespace="ops")
+    docs = [d for d in docs if d not in _hooks(docs)]    # the uninstall hook: tested apart
     container = _operator(docs)
     assert container["image"] == "registry.example/team/crucible-operator:0.1.0-rc1"
     assert container["args"][:3] == ["run", "--namespace=team-a", "--namespace=team-b"]
