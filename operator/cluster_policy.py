@@ -30,17 +30,20 @@ class ClusterPolicy:
     metrics_from: tuple[dict, ...] = ANY_NAMESPACE      # NetworkPolicy peers for the metrics port
     kueue: bool = True                                  # False: the operator ignores Kueue
     quarantine_s: float = 3600.0                        # how long its cordons last; 0: forever
+    kueue_manage_all: bool = False                      # unlabelled jobs queue too (Kueue's
+    #                                                     manageJobsWithoutQueueName)
 
     @classmethod
     def from_settings(cls, conditions: str, max_cordons_per_minute: int,
                       metrics_scrapers: str = "", kueue: bool = True,
-                      quarantine_minutes: float = 60.0) -> "ClusterPolicy":
+                      quarantine_minutes: float = 60.0,
+                      kueue_manage_all: bool = False) -> "ClusterPolicy":
         """`conditions`: comma-separated condition types, or "*" for any. `metrics_scrapers`:
         a JSON list of NetworkPolicy peers; empty: any namespace."""
         names = frozenset(c.strip() for c in conditions.split(",") if c.strip())
         return cls(None if "*" in names else names, max_cordons_per_minute > 0,
                    parse_peers(metrics_scrapers) if metrics_scrapers.strip() else ANY_NAMESPACE,
-                   kueue, quarantine_minutes * 60.0)
+                   kueue, quarantine_minutes * 60.0, kueue_manage_all)
 
 
 def parse_peers(text: str) -> tuple[dict, ...]:

@@ -21,7 +21,8 @@ CRUCIBLE_OPERATOR_LEADER_ELECTION (a namespace; empty: off),
 CRUCIBLE_OPERATOR_MAX_CORDONS_PER_MINUTE (6; 0: never cordon),
 CRUCIBLE_OPERATOR_NODE_FAILURE_CONDITIONS ("*": any; else comma-separated condition types),
 CRUCIBLE_OPERATOR_KUEUE ("off": no watch on Kueue's objects; read once, at import),
-CRUCIBLE_OPERATOR_QUARANTINE_MINUTES (60; 0: the operator's cordons never end).
+CRUCIBLE_OPERATOR_QUARANTINE_MINUTES (60; 0: the operator's cordons never end),
+CRUCIBLE_OPERATOR_KUEUE_MANAGE_ALL ("on": unlabelled jobs queue in their LocalQueue "default").
 Must not import torch.
 """
 
@@ -80,6 +81,7 @@ class OperatorConfig:
     metrics_scrapers: str = ""                     # JSON NetworkPolicy peers; "": any namespace
     kueue: bool = True                             # watch Kueue's objects (queueing.py)
     quarantine_minutes: float = 60.0               # how long its cordons last; 0: forever
+    kueue_manage_all: bool = False                 # unlabelled jobs queue in LocalQueue default
 
     @classmethod
     def from_env(cls) -> "OperatorConfig":
@@ -97,13 +99,15 @@ class OperatorConfig:
                    metrics_scrapers=env.get("CRUCIBLE_OPERATOR_METRICS_SCRAPERS", ""),
                    kueue=kueue_enabled(),
                    quarantine_minutes=float(env.get("CRUCIBLE_OPERATOR_QUARANTINE_MINUTES",
-                                                    "60")))
+                                                    "60")),
+                   kueue_manage_all=env.get("CRUCIBLE_OPERATOR_KUEUE_MANAGE_ALL") == "on")
 
     @property
     def cluster_policy(self) -> ClusterPolicy:
         return ClusterPolicy.from_settings(self.node_failure_conditions,
                                            self.max_cordons_per_minute, self.metrics_scrapers,
-                                           self.kueue, self.quarantine_minutes)
+                                           self.kueue, self.quarantine_minutes,
+                                           self.kueue_manage_all)
 
 
 def kueue_enabled() -> bool:
@@ -322,6 +326,7 @@ def snapshot(key: tuple[str, str], indexes: dict,
     queued = {}
     if "workloads_by_job" in indexes:            # not registered with Kueue off
         queued["workload"] = _first(indexes["workloads_by_job"].get(key))
+        queued["default_queue"] = (key[0], queueing.DEFAULT_QUEUE) in indexes["local_queues"]
         if queue is not None:
             queued.update(cluster_queue=_first(indexes["local_queues"].get((key[0], queue))),
                           flavors={name: _first(store)
@@ -618,9 +623,13 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True,
     avoided = tuple(entry["node"] for entry in bad_entries(job.status.get("tracking") or {}))
     if memo.book.sync_job(key, [pod.uid for pod in indexes["pods_by_job"].get(key, ())]):
         _grant(memo)
+    policy = memo.cluster_policy
+    queue = queueing.queue_name(job, policy.kueue and policy.kueue_manage_all,
+                                (key[0], queueing.DEFAULT_QUEUE)
+                                in indexes.get("local_queues", {}))
     obs = snapshot(key, indexes, memo.conflicts.get(job.uid, frozenset()), avoided,
-                   queueing.queue_name(job), memo.unserved.get(job.uid, frozenset()),
-                   memo.tombstones, _granted(memo, key))
+                   queue, memo.unserved.get(job.uid, frozenset()), memo.tombstones,
+                   _granted(memo, key))
     now = dt.datetime.now(dt.timezone.utc)
     loop = asyncio.get_running_loop()
     try:

@@ -186,6 +186,9 @@ class Kube:
                 self.custom.delete_namespaced_custom_object(
                     queueing.GROUP, queueing.VERSION, ns, queueing.PLURAL, name,
                     propagation_policy="Background")
+            elif verb == "patch" and kind == "Workload":
+                self.custom.patch_namespaced_custom_object(
+                    queueing.GROUP, queueing.VERSION, ns, queueing.PLURAL, name, action.body)
             elif verb == "patch_status" and kind == "Workload":
                 self.custom.patch_namespaced_custom_object_status(
                     queueing.GROUP, queueing.VERSION, ns, queueing.PLURAL, name, action.body)
@@ -254,7 +257,7 @@ class Kube:
             # A 409 on a status patch: Kueue wrote the Workload since the pass read it (the
             # patch names the resourceVersion read); the next pass decides from the new one.
             retry = (err.status is None or err.status >= 500 or err.status == 429
-                     or (err.status == 409 and action.verb == "patch_status"))
+                     or (err.status == 409 and action.verb in ("patch", "patch_status")))
             return False, ("transient" if retry else "rejected",
                            f"{what}: HTTP {err.status} {_api_message(err)}")
         except CONNECTION_ERRORS as err:  # no HTTP answer: refused, reset, timed out

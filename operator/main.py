@@ -74,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-kueue", action="store_true", help="do not watch Kueue's objects "
                      "(where Kueue is not installed, or the operator holds no rights on them); "
                      "a job with the kueue.x-k8s.io/queue-name label then waits, saying so")
+    run.add_argument("--manage-jobs-without-queue-name", action="store_true",
+                     help="as Kueue's setting of that name: a job without the "
+                     "kueue.x-k8s.io/queue-name label queues in its namespace's LocalQueue "
+                     "named 'default', and waits (Queued, NoQueue) where there is none, instead "
+                     "of running outside every quota")
     run.add_argument("-v", "--verbose", action="store_true", help="log every API call kopf makes")
     release = sub.add_parser(
         "release-finalizers", help="Before uninstalling: stop the operator, then take its "
@@ -102,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
         print("crucible-operator run: --interval must be > 0, --workers >= 1, "
               "--max-cordons-per-minute >= 0 and --quarantine-minutes >= 0", file=sys.stderr)
         return 2
+    if args.manage_jobs_without_queue_name and args.no_kueue:
+        print("crucible-operator run: --manage-jobs-without-queue-name needs Kueue (drop "
+              "--no-kueue)", file=sys.stderr)
+        return 2
     if args.metrics_scrapers.strip():
         from crucible.operator.cluster_policy import parse_peers
 
@@ -119,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
     os.environ["CRUCIBLE_OPERATOR_METRICS_SCRAPERS"] = args.metrics_scrapers
     os.environ["CRUCIBLE_OPERATOR_KUEUE"] = "off" if args.no_kueue else "on"
     os.environ["CRUCIBLE_OPERATOR_QUARANTINE_MINUTES"] = str(args.quarantine_minutes)
+    os.environ["CRUCIBLE_OPERATOR_KUEUE_MANAGE_ALL"] = ("on" if args.manage_jobs_without_queue_name
+                                                        else "off")
 
     import kopf
 

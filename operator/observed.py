@@ -19,6 +19,7 @@ from crucible.operator import manifests as m
 from crucible.operator.waitlist import extended
 
 UNREACHABLE_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+WORKLOAD_PODSET = "workers"   # the one pod set of a job's Kueue Workload (queueing.py)
 
 
 def _int(value) -> int | None:
@@ -54,6 +55,7 @@ class PodView:
     owner_uid: str | None = None        # the controlling owner's UID: which job it belongs to
     avoided_nodes: tuple[str, ...] = ()  # nodes its required affinity keeps it off
     asks: tuple[tuple[str, int], ...] = ()   # extended resources it requests (nvidia.com/gpu)
+    ready: bool = False                 # its Ready condition is True
 
     @property
     def deleting(self) -> bool:
@@ -116,6 +118,7 @@ def pod_view(body: Mapping) -> PodView:
         else None,
         waiting_reason=waiting_reason, waiting_message=waiting_message,
         owner_uid=controller_uid(meta),
+        ready=conditions.get("Ready", {}).get("status") == "True",
         asks=tuple(sorted({name: amount for c in spec.get("containers") or []
                            for name, amount in extended(c.get("resources")).items()}.items())),
     )
@@ -238,6 +241,16 @@ class WorkloadView:
     count: int | None = None            # pods admitted (partial admission: nodes.min..max)
     flavors: tuple[str, ...] = ()       # ResourceFlavors of the admission
     raw_conditions: tuple[Mapping, ...] = ()   # as stored: a status patch rewrites the list
+    topology_assigned: bool = False     # Kueue's TAS placed the pod set (explicitly or implied)
+    # What the admission checks (a ProvisioningRequest, say) ask of the pods: merged
+    # {labels, annotations, nodeSelector, tolerations} of their podSetUpdates for our pod set.
+    pod_set_updates: tuple[Mapping, ...] = ()
+    priority_ref: Mapping | None = None  # spec.priorityClassRef
+    priority: int | None = None          # spec.priority
+
+    @property
+    def priority_class(self) -> str | None:
+        return (self.priority_ref or {}).get("name")
 
     def is_true(self, type_: str) -> bool:
         found = self.conditions.get(type_)
@@ -258,7 +271,12 @@ def workload_view(body: Mapping) -> WorkloadView:
                                                       c.get("message") or "") for c in raw},
         cluster_queue=admission.get("clusterQueue"), count=_int(assignment.get("count")),
         flavors=tuple(sorted(set((assignment.get("flavors") or {}).values()))),
-        raw_conditions=raw)
+        raw_conditions=raw, topology_assigned=assignment.get("topologyAssignment") is not None,
+        pod_set_updates=tuple(dict(update) for check in status.get("admissionChecks") or []
+                              for update in check.get("podSetUpdates") or []
+                              if update.get("name") == WORKLOAD_PODSET),
+        priority_ref=(body.get("spec") or {}).get("priorityClassRef"),
+        priority=_int((body.get("spec") or {}).get("priority")))
 
 
 @dataclass(frozen=True)
@@ -307,6 +325,7 @@ class Observed:
     workload_priorities: Mapping[str, int] = field(default_factory=dict)  # Kueue's classes
     cluster_queue: str | None = None
     flavors: Mapping[str, FlavorView] = field(default_factory=dict)
+    default_queue: bool = False          # the namespace has a LocalQueue named "default"
 
     def has_child(self, kind: str, name: str) -> bool:
         return any(c.kind == kind and c.name == name for c in self.children)

@@ -34,7 +34,7 @@ import copy
 import datetime as dt
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from crucible.api.launch import CONTAINER
@@ -44,7 +44,7 @@ from crucible.api.spec import PretrainJobSpec, TopologySpec
 from crucible.operator import conditions as c
 from crucible.operator import failures as f
 from crucible.operator import manifests as m
-from crucible.operator.observed import JobView, WorkloadView
+from crucible.operator.observed import WORKLOAD_PODSET, JobView, WorkloadView
 from crucible.operator.outcome import QUEUED, Pass
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -53,7 +53,7 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 GROUP, VERSION, PLURAL = "kueue.x-k8s.io", "v1beta2", "workloads"
 API_VERSION = f"{GROUP}/{VERSION}"
-PODSET = "workers"
+PODSET = WORKLOAD_PODSET
 # What Kueue reads on a pod (sigs.k8s.io/kueue v0.17: apis/kueue/v1beta2/topology_types.go,
 # pkg/constants/constants.go): whose pod it is, its pod set, and the topology gate.
 WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"
@@ -61,13 +61,25 @@ PODSET_LABEL = "kueue.x-k8s.io/podset"
 TOPOLOGY_GATE = "kueue.x-k8s.io/topology"
 TOPOLOGY_ANNOTATION = {"required": "kueue.x-k8s.io/podset-required-topology",
                        "preferred": "kueue.x-k8s.io/podset-preferred-topology"}
+UNCONSTRAINED_ANNOTATION = "kueue.x-k8s.io/podset-unconstrained-topology"
 # Evictions after which Kueue's own integrations mark the Workload Requeued=True; after the
 # others (a stopped queue, a deactivation) Kueue requeues it itself when the cause is gone.
 REQUEUED_AFTER = ("Preempted", "NodeFailures")
 
 
-def queue_name(job: JobView) -> str | None:
-    return job.labels.get(QUEUE_LABEL) or None
+DEFAULT_QUEUE = "default"   # Kueue's LocalQueueDefaulting: the queue of an unlabelled job
+
+
+def queue_name(job: JobView, manage_all: bool = False, default_queue: bool = False
+               ) -> str | None:
+    """The LocalQueue the job waits in: its label's; for an unlabelled job, when the operator
+    manages every job (`--manage-jobs-without-queue-name`, as Kueue's own setting of that name)
+    and the namespace has a LocalQueue named `default`, that one (Kueue's LocalQueueDefaulting,
+    pkg/controller/jobframework/defaults.go)."""
+    label = job.labels.get(QUEUE_LABEL)
+    if label:
+        return label
+    return DEFAULT_QUEUE if manage_all and default_queue else None
 
 
 # --- the Workload -----------------------------------------------------------------------------
@@ -111,12 +123,26 @@ def workload(job: str, namespace: str, uid: str, spec: PretrainJobSpec, queue: s
         kind = "required" if sched.topology.required else "preferred"
         podset["topologyRequest"] = {kind: sched.topology.level}
     wl_spec: dict = {"queueName": queue, "podSets": [podset]}
+    # The digest leaves the priority out: Kueue lets it change under an admitted Workload (only
+    # pod sets are immutable), and it is decided once, when the Workload is made, as a pod's
+    # is: a new globalDefault PriorityClass must not restart every admitted job.
+    meta = m.metadata(job, uid, workload_name(job), namespace)
+    meta["annotations"] = {ANNOTATION_WORKLOAD_DIGEST: digest(wl_spec)}
     if priority is not None:
         wl_spec["priorityClassRef"] = priority.ref
         wl_spec["priority"] = priority.value
-    meta = m.metadata(job, uid, workload_name(job), namespace)
-    meta["annotations"] = {ANNOTATION_WORKLOAD_DIGEST: digest(wl_spec)}
     return {"apiVersion": API_VERSION, "kind": "Workload", "metadata": meta, "spec": wl_spec}
+
+
+def same_spec(wl: WorkloadView, desired: dict) -> bool:
+    """Whether the Workload was made from the spec `desired` was (made without a priority):
+    its digest, or the digest an earlier version wrote, which included the Workload's priority
+    (a Workload made then must not be made again for that alone)."""
+    spec = {k: v for k, v in desired["spec"].items() if k not in ("priorityClassRef", "priority")}
+    legacy = dict(spec)
+    if wl.priority_ref is not None:
+        legacy.update(priorityClassRef=dict(wl.priority_ref), priority=wl.priority)
+    return wl.digest in (digest(spec), digest(legacy))
 
 
 def digest(wl_spec: dict) -> str:
@@ -157,6 +183,37 @@ def release(wl: WorkloadView, now: dt.datetime) -> dict:
                    message, now)], admission=None)
 
 
+# Kueue's own words for the PodsReady condition (sigs.k8s.io/kueue v0.17.0,
+# pkg/controller/jobframework/reconciler.go, generatePodsReadyCondition).
+NOT_READY = "Not all pods are ready or succeeded"
+RECOVERING = "At least one pod has failed, waiting for recovery"
+READY = "All pods reached readiness and the workload is running"
+
+
+def pods_ready_condition(wl: WorkloadView, ready: bool) -> tuple[str, str, str]:
+    """(status, reason, message) of the Workload's PodsReady condition, as Kueue's jobframework
+    reconciler writes it for the jobs it integrates: with waitForPodsReady on, Kueue evicts an
+    admitted Workload whose PodsReady stays False past its timeout, so nobody writing it means
+    every job evicted a few minutes after each admission."""
+    was = wl.conditions.get("PodsReady")
+    if ready:
+        recovering = was is not None and was.reason in ("WaitForRecovery", "Recovered")
+        return "True", "Recovered" if recovering else "Started", READY
+    if was is not None and (was.status == "True" or was.reason == "WaitForRecovery"):
+        return "False", "WaitForRecovery", RECOVERING
+    return "False", "WaitForStart", NOT_READY
+
+
+def pods_ready(wl: WorkloadView, ready: bool, now: dt.datetime) -> dict | None:
+    """The status patch that brings PodsReady to where it should be; None when it is there."""
+    status, reason, message = pods_ready_condition(wl, ready)
+    was = wl.conditions.get("PodsReady")
+    if was is not None and (was.status, was.reason) == (status, reason):
+        return None
+    return _status_patch(wl, [_condition(wl.raw_conditions, "PodsReady", status, reason,
+                                         message, now)])
+
+
 def finish(wl: WorkloadView, succeeded: bool, message: str, now: dt.datetime) -> dict:
     """The Workload's Finished condition: Kueue frees its quota."""
     return _status_patch(wl, [_condition(wl.raw_conditions, "Finished", "True",
@@ -173,24 +230,41 @@ class Admission:
     node_labels: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[dict, ...] = ()
     topology: TopologySpec | None = None
+    topology_assigned: bool = False     # Kueue's TAS placed it, asked for or implied
+    pod_set_updates: tuple[Mapping, ...] = ()   # from the admission checks, in their order
 
 
 def admitted_pod(pod: dict, admission: Admission) -> dict:
-    """A worker pod (`manifests.pod`) as Kueue expects to find it: marked as the Workload's,
-    on the admission's ResourceFlavors, and, with a topology request, gated until Kueue's
-    topology ungater gives it the node selector of its domain."""
+    """A worker pod (`manifests.pod`) as Kueue's own integrations make one from an admission
+    (sigs.k8s.io/kueue v0.17.0: pkg/podset/podset.go FromAssignment, and the podSetUpdates
+    merge in pkg/controller/jobframework/reconciler.go): marked as the Workload's, on the
+    admission's ResourceFlavors, with what its admission checks ask (a ProvisioningRequest's
+    node selector, say), and, whenever Kueue's topology-aware scheduling assigned the pod set a
+    topology (a request of the job's, or implied by a ClusterQueue whose flavors are all TAS),
+    gated until Kueue's topology ungater gives each pod the node selector of its domain."""
     pod = copy.deepcopy(pod)
     meta, spec = pod["metadata"], pod["spec"]
     meta["labels"][PODSET_LABEL] = PODSET
     meta.setdefault("annotations", {})[WORKLOAD_ANNOTATION] = admission.workload
     if admission.node_labels:
         spec["nodeSelector"] = {**spec.get("nodeSelector", {}), **dict(admission.node_labels)}
-    if admission.tolerations:
+    tolerations = [dict(t) for t in admission.tolerations]
+    for update in admission.pod_set_updates:
+        meta["labels"].update(update.get("labels") or {})
+        meta["annotations"].update(update.get("annotations") or {})
+        if update.get("nodeSelector"):
+            spec["nodeSelector"] = {**spec.get("nodeSelector", {}), **update["nodeSelector"]}
+        tolerations += [dict(t) for t in update.get("tolerations") or []]
+    if tolerations:
         spec["tolerations"] = spec.get("tolerations", []) + [
-            dict(t) for t in admission.tolerations if dict(t) not in spec.get("tolerations", [])]
+            t for i, t in enumerate(tolerations)
+            if t not in spec.get("tolerations", []) and t not in tolerations[:i]]
     if admission.topology is not None:
         kind = "required" if admission.topology.required else "preferred"
         meta["annotations"][TOPOLOGY_ANNOTATION[kind]] = admission.topology.level
+    elif admission.topology_assigned:
+        meta["annotations"][UNCONSTRAINED_ANNOTATION] = "true"
+    if admission.topology is not None or admission.topology_assigned:
         spec["schedulingGates"] = [{"name": TOPOLOGY_GATE}]
     return pod
 
@@ -199,8 +273,15 @@ def admitted_pod(pod: dict, admission: Admission) -> dict:
 def admitted(p: Pass) -> bool:
     """Whether the pass may run the job's pods; when not, the status says why. Sets
     `p.admission` for a queued job that Kueue admitted."""
-    queue = queue_name(p.job)
+    policy = p.cluster_policy
+    queue = queue_name(p.job, policy.kueue and policy.kueue_manage_all, p.obs.default_queue)
     ours = p.obs.workload if p.obs.workload and p.obs.workload.owner_uid == p.job.uid else None
+    if queue is None and policy.kueue and policy.kueue_manage_all:
+        _withdraw_pods(p)
+        _hold(p, "NoQueue", f"this cluster queues every job through Kueue (the operator's "
+              f"--manage-jobs-without-queue-name): label the job {QUEUE_LABEL}=<LocalQueue>, or "
+              f"create a LocalQueue named {DEFAULT_QUEUE} in namespace {p.job.namespace}")
+        return False
     if queue is None:
         if ours is not None:   # the label was removed: the job leaves Kueue, its pods stay
             p.act("delete", "Workload", ours.name, reason="NotQueued")
@@ -225,14 +306,14 @@ def admitted(p: Pass) -> bool:
         p.wake(2)
         return False
     conflict = ("Workload", name) in p.obs.conflicts
-    priority, unknown = _priority(p)
-    if unknown:
-        _hold(p, "PriorityClassUnknown", f"{unknown} is not known (yet): the Workload needs "
-              "its value")
-        p.wake(10)
-        return False
-    desired = workload(p.job.name, p.job.namespace, p.job.uid, p.spec, queue, priority)
     if ours is None:
+        priority, unknown = _priority(p)
+        if unknown:
+            _hold(p, "PriorityClassUnknown", f"{unknown} is not known (yet): the Workload "
+                  "needs its value")
+            p.wake(10)
+            return False
+        desired = workload(p.job.name, p.job.namespace, p.job.uid, p.spec, queue, priority)
         # Deleted under a running job (by a person, say): its quota is gone with it.
         _evict(p, "WorkloadDeleted", lambda cq: f"the job's Workload was deleted while "
                f"ClusterQueue {cq} admitted it; a new one is queued")
@@ -251,15 +332,20 @@ def admitted(p: Pass) -> bool:
         _queued(p, "Created", f"Workload {name} created in LocalQueue {queue}"
                 f"{_cluster_queue(p)}; waiting for Kueue to admit it")
         return False
-    if ours.digest != desired["metadata"]["annotations"][ANNOTATION_WORKLOAD_DIGEST] or \
-            ours.is_true("Finished"):
-        # Pod sets are immutable once Kueue reserved quota: a new Workload for the new spec.
+    desired = workload(p.job.name, p.job.namespace, p.job.uid, p.spec, queue, None)
+    if not same_spec(ours, desired) or ours.is_true("Finished"):
+        # Pod sets are immutable once Kueue reserved quota: a new Workload for the new spec,
+        # once the pods are gone (deleting the Workload gives its quota back at once).
         if p.track.pop("admission", None) is not None:
             p.new_generation()   # the spec change restarts the group, uncounted
-        p.act("delete", "Workload", ours.name, reason="SpecChanged")
+        live = _withdraw_pods(p)
+        if not live:
+            p.act("delete", "Workload", ours.name, reason="SpecChanged")
         _queued(p, "SpecChanged", "the spec changed what Kueue admits (pods, resources, "
-                "placement, priority or queue): the Workload is made again")
+                "placement or queue): the Workload is made again" +
+                (f" once its {live} pod(s) are gone" if live else ""))
         return False
+    _reprioritize(p, ours)
     if ours.is_true("Evicted") or (p.track.get("admission") and not ours.is_true("QuotaReserved")):
         _evicted(p, ours, queue)
         return False
@@ -291,6 +377,23 @@ def _priority(p: Pass) -> tuple[Priority | None, str | None]:
     return None, None
 
 
+def _reprioritize(p: Pass, wl: WorkloadView) -> None:
+    """The job's kueue.x-k8s.io/priority-class label names another WorkloadPriorityClass than
+    the Workload's: its priority changes in place (Kueue allows it under an admitted Workload,
+    and its own integrations follow the label). Any other priority is fixed at creation."""
+    name = p.job.labels.get(PRIORITY_LABEL)
+    value = p.obs.workload_priorities.get(name) if name else None
+    if value is None or wl.priority_class == name:
+        return
+    ref = Priority("WorkloadPriorityClass", name, value)
+    p.act("patch", "Workload", wl.name, {"metadata": {"resourceVersion": wl.resource_version},
+                                         "spec": {"priorityClassRef": ref.ref,
+                                                  "priority": value}},
+          reason="PriorityChanged")
+    p.event("Normal", "PriorityChanged", f"Workload {wl.name} now has WorkloadPriorityClass "
+            f"{name} ({value}), as the {PRIORITY_LABEL} label says; nothing restarts")
+
+
 def _admit(p: Pass, wl: WorkloadView, queue: str) -> bool:
     labels, tolerations = {}, []
     for name in wl.flavors:
@@ -309,6 +412,9 @@ def _admit(p: Pass, wl: WorkloadView, queue: str) -> bool:
                (f" on ResourceFlavor {', '.join(wl.flavors)}" if wl.flavors else ""))
     if p.track.get("admission") != record:
         p.event("Normal", "Admitted", message)
+        p.track["admittedGeneration"] = p.gen
+    elif count < p.spec.nodes.max and p.gen > int(p.track.get("admittedGeneration", p.gen)):
+        return _regrow(p, wl, queue, count)
     since = parse_time(p.track.pop("queuedSince", None))
     if since is not None:   # back from a preemption: the wait is not the job's lost time
         p.track["suspendedSeconds"] = round(float(p.track.get("suspendedSeconds", 0.0))
@@ -317,8 +423,33 @@ def _admit(p: Pass, wl: WorkloadView, queue: str) -> bool:
     p.status["admission"] = record
     p.cond(c.ADMITTED, True, "Admitted", message)
     p.admission = Admission(wl.name, count, tuple(sorted(labels.items())), tuple(tolerations),
-                            p.spec.scheduling.topology)
+                            p.spec.scheduling.topology, wl.topology_assigned,
+                            wl.pod_set_updates)
+    ready = sum(1 for pod in p.obs.pods if pod.generation == p.gen and not pod.deleting
+                and (pod.ready or pod.phase == "Succeeded")) >= count
+    patch = pods_ready(wl, ready, p.now)
+    if patch is not None:
+        p.act("patch_status", "Workload", wl.name, patch, reason="PodsReady")
     return True
+
+
+def _regrow(p: Pass, wl: WorkloadView, queue: str, count: int) -> bool:
+    """A job Kueue admitted below nodes.max restarts its group (a failure, a lost pod 0, a
+    hang): it asks Kueue again for nodes.max instead of carrying the smaller width on. The
+    restart already costs a reload from the newest checkpoint; a Workload's pod sets cannot
+    change once admitted, so asking again means a new Workload (once the old generation's pods
+    are gone: the quota is theirs until then). Kueue admits it again at whatever width fits,
+    which may be the same; the wait is left out of goodput as after a preemption."""
+    live = _withdraw_pods(p)
+    if not live:
+        p.act("delete", "Workload", wl.name, reason="Regrow")
+        p.track.pop("admission", None)
+        p.track.pop("admittedGeneration", None)
+        p.track["queuedSince"] = format_time(p.now)
+    _queued(p, "Regrow", f"admitted with {count} of nodes.max={p.spec.nodes.max} pods and "
+            "restarting: asking Kueue again for nodes.max" +
+            (f" once its {live} pod(s) are gone" if live else ""))
+    return False
 
 
 def _evicted(p: Pass, wl: WorkloadView, queue: str) -> None:
@@ -381,9 +512,10 @@ def _hold(p: Pass, reason: str, message: str) -> None:
 
 
 def withdraw(p: Pass, reason: str) -> None:
-    """A suspended job holds no quota: its Workload goes (made again on resume)."""
+    """A suspended job holds no quota: its Workload goes (made again on resume), once its pods
+    are gone (the quota is free the moment the Workload is)."""
     wl = p.obs.workload
-    if wl is not None and wl.owner_uid == p.job.uid:
+    if wl is not None and wl.owner_uid == p.job.uid and not _live(p):
         p.act("delete", "Workload", wl.name, reason=reason)
     p.track.pop("admission", None)
     p.track.pop("queuedSince", None)   # the suspension's own clock takes over
@@ -392,10 +524,15 @@ def withdraw(p: Pass, reason: str) -> None:
         p.cond(c.ADMITTED, False, reason, "the job is suspended: its Workload is deleted")
 
 
+def _live(p: Pass) -> int:
+    return sum(1 for pod in p.obs.pods if not pod.terminated)
+
+
 def finished(p: Pass) -> None:
-    """A Succeeded or Failed job's Workload is marked Finished, which frees its quota."""
+    """A Succeeded or Failed job's Workload is marked Finished, which frees its quota: once no
+    pod of it runs any more (a failed job's survivors are being stopped), never before."""
     wl = p.obs.workload
-    if wl is None or wl.owner_uid != p.job.uid or wl.is_true("Finished"):
+    if wl is None or wl.owner_uid != p.job.uid or wl.is_true("Finished") or _live(p):
         return
     succeeded = p.status.get("phase") == "Succeeded"
     p.act("patch_status", "Workload", wl.name,

@@ -51,9 +51,9 @@ RULES: list[tuple[list[str], list[str], list[str], str]] = [
      "node health; cordon and annotate failed nodes"),
     (["scheduling.k8s.io"], ["priorityclasses"], ["list", "watch"],
      "a job naming a PriorityClass that does not exist is told so"),
-    (["kueue.x-k8s.io"], ["workloads"], ["get", "list", "watch", "create", "delete"],
-     "a queued job's Kueue Workload (get: whose is it, after a 409; delete: on suspension or a "
-     "spec change)"),
+    (["kueue.x-k8s.io"], ["workloads"], ["get", "list", "watch", "create", "patch", "delete"],
+     "a queued job's Kueue Workload (get: whose is it, after a 409; patch: its priority, when "
+     "the job's priority-class label changes; delete: on suspension or a spec change)"),
     (["kueue.x-k8s.io"], ["workloads/status"], ["patch"],
      "release an evicted Workload's quota once its pods are gone; mark it Finished"),
     (["kueue.x-k8s.io"], ["localqueues"], ["list", "watch"],

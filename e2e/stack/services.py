@@ -209,6 +209,7 @@ KUEUE_WEBHOOKS = {  # kind in the shipped manifests -> the name a real installat
 # throwaway self-signed one that nothing ever serves or trusts.
 KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 FIELD_MANAGER = "crucible-stack"
+KUEUE_PODS_READY_TIMEOUT_S = 60
 
 
 def kueue_config(l: Layout) -> str:
@@ -216,7 +217,9 @@ def kueue_config(l: Layout) -> str:
     # is named instead because its API does not exist here: Kueue defers that controller until
     # the CRD appears (never, on this stack), so no job integration runs at all. Metrics and
     # the visibility server (which would want certificates of its own) are off; TAS and
-    # PartialAdmission keep their (beta, on) defaults.
+    # PartialAdmission keep their (beta, on) defaults. waitForPodsReady is on, as production
+    # clusters commonly run it (its timeout shortened from 5 min): an admitted Workload whose
+    # PodsReady condition nobody sets to True is evicted after it.
     return f"""apiVersion: config.kueue.x-k8s.io/v1beta2
 kind: Configuration
 namespace: {KUEUE_NAMESPACE}
@@ -235,6 +238,9 @@ webhook:
   certDir: {l.certs / 'kueue'}
 integrations:
   frameworks: ["jobset.x-k8s.io/jobset"]
+waitForPodsReady:
+  timeout: {KUEUE_PODS_READY_TIMEOUT_S}s
+  blockAdmission: false
 featureGates:
   VisibilityOnDemand: false
 """

@@ -39,7 +39,7 @@ from tests.support.repo import REPO
 from tests.support.services import eventually
 
 sys.path.insert(0, str(REPO / "e2e"))
-from stack.services import node_manifest  # noqa: E402
+from stack.services import KUEUE_PODS_READY_TIMEOUT_S, node_manifest  # noqa: E402
 
 pytestmark = pytest.mark.stack
 
@@ -68,7 +68,7 @@ class Kueue:
         return out
 
     def pool(self, gpus: int, *, node_labels: dict | None = None, topology: list[str] = (),
-             ) -> str:
+             local_queue: str = "gpus") -> str:
         """A flavor, a ClusterQueue of `gpus` GPUs that preempts lower priorities within itself,
         and a LocalQueue in the test's namespace; returns the LocalQueue's name."""
         flavor = {"apiVersion": q.API_VERSION, "kind": "ResourceFlavor",
@@ -92,9 +92,9 @@ class Kueue:
                              {"name": "nvidia.com/gpu", "nominalQuota": gpus}]}]}]}})
         self._create("localqueues", {
             "apiVersion": q.API_VERSION, "kind": "LocalQueue",
-            "metadata": {"name": "gpus", "namespace": self.cluster.namespace},
+            "metadata": {"name": local_queue, "namespace": self.cluster.namespace},
             "spec": {"clusterQueue": f"gpus-{self.suffix}"}}, self.cluster.namespace)
-        return "gpus"
+        return local_queue
 
     @property
     def cluster_queue(self) -> str:
@@ -271,6 +271,98 @@ def test_a_job_asking_for_one_rack_lands_on_one_rack_or_stays_queued_saying_why(
         assert admitted["status"] == "False" and admitted["message"], waiting
         time.sleep(2)
         assert cluster.pods("too-big") == []
+    assert_clean_exit(runner)
+
+
+def _workload(cluster, job: str) -> dict:
+    return cluster.objs.get_namespaced_custom_object(q.GROUP, q.VERSION, cluster.namespace,
+                                                     q.PLURAL, f"pretrainjob-{job}")
+
+
+def test_under_wait_for_pods_ready_a_running_job_is_never_evicted(cluster, kueue, run_operator):
+    """The stack's Kueue runs waitForPodsReady (timeout KUEUE_PODS_READY_TIMEOUT_S): the
+    operator says PodsReady=True once the admitted pods are Ready, so a job outlives the
+    timeout twice over without an eviction (nobody writing it: evicted after one)."""
+    timeout_s = KUEUE_PODS_READY_TIMEOUT_S
+    queue = kueue.pool(32)
+    with run_operator(cluster.namespace) as runner:
+        submit(cluster, "steady", queue, nodes={"min": 2, "max": 2})
+        cluster.wait_running("steady", 2, generation=0)
+        uid = _workload(cluster, "steady")["metadata"]["uid"]
+        ready = eventually(lambda: (c := condition(_workload(cluster, "steady")["status"],
+                                                   "PodsReady")).get("status") == "True" and c,
+                           30, "PodsReady=True on the Workload")
+        assert ready["reason"] == "Started"
+        time.sleep(2 * timeout_s + 10)
+        wl = _workload(cluster, "steady")
+        assert wl["metadata"]["uid"] == uid
+        assert condition(wl["status"], "Evicted").get("status") != "True", wl["status"]
+        status = cluster.status("steady")
+        assert status["phase"] == "Running" and status["podGeneration"] == 0
+        assert status["restarts"]["total"] == 0
+    assert_clean_exit(runner)
+
+
+def test_in_a_tas_only_queue_every_pod_is_gated_and_placed_by_kueue(cluster, kueue,
+                                                                    run_operator):
+    """Every flavor of the ClusterQueue names a Topology: Kueue assigns the pod set a topology
+    though the job asks for none (implicit TAS), and its ungater places each pod, giving it
+    its node's hostname selector; the operator must create them gated for that."""
+    pool = {"crucible.dev/test-pool": f"implicit-{kueue.suffix}"}
+    for i in range(3):
+        kueue.node(f"tas-{kueue.suffix}-{i}", {**pool, RACK: "rack-a"})
+    cluster.kube.wait_nodes_healthy(kueue.nodes)
+    queue = kueue.pool(24, node_labels=pool, topology=[RACK, "kubernetes.io/hostname"])
+    with run_operator(cluster.namespace) as runner:
+        submit(cluster, "implied", queue, nodes={"min": 3, "max": 3})
+        pods = cluster.wait_running("implied", 3, generation=0, timeout_s=60)
+        for pod in pods:
+            assert pod.metadata.annotations.get(q.UNCONSTRAINED_ANNOTATION) == "true"
+            assert not pod.spec.scheduling_gates, "the ungater lifted the gate"
+            # The ungater's node selector: the domain Kueue assigned, here down to the host.
+            assert (pod.spec.node_selector or {}).get("kubernetes.io/hostname") == \
+                pod.spec.node_name, pod.spec.node_selector
+        assert _workload(cluster, "implied")["status"]["admission"]["podSetAssignments"][0][
+            "topologyAssignment"]
+    assert_clean_exit(runner)
+
+
+def test_a_new_global_default_priority_class_restarts_no_admitted_job(cluster, kueue,
+                                                                     run_operator):
+    queue = kueue.pool(32)
+    with run_operator(cluster.namespace) as runner:
+        submit(cluster, "settled", queue, nodes={"min": 2, "max": 2})
+        cluster.wait_running("settled", 2, generation=0)
+        uid = _workload(cluster, "settled")["metadata"]["uid"]
+        name = f"new-default-{kueue.suffix}"
+        client.SchedulingV1Api(cluster.api).create_priority_class(
+            {"metadata": {"name": name}, "value": 777, "globalDefault": True})
+        kueue.priority_classes.append(name)
+        time.sleep(8)                      # several passes see the new class (resync 2 s)
+        assert _workload(cluster, "settled")["metadata"]["uid"] == uid
+        status = cluster.status("settled")
+        assert status["podGeneration"] == 0 and status["phase"] == "Running"
+        assert len(live_pods(cluster, "settled")) == 2
+    assert_clean_exit(runner)
+
+
+def test_with_every_job_managed_an_unlabelled_job_queues_in_the_default_local_queue(
+        cluster, kueue, run_operator, monkeypatch):
+    """The administrator's --manage-jobs-without-queue-name (as Kueue's setting): a job with
+    no queue label is admitted through the namespace's LocalQueue "default", within quota, and
+    never runs outside it."""
+    monkeypatch.setenv("CRUCIBLE_OPERATOR_KUEUE_MANAGE_ALL", "on")
+    with run_operator(cluster.namespace) as runner:
+        cluster.create_job("unqueued", nodes={"min": 1, "max": 1}, resources=GPUS)
+        held = cluster.wait_phase("unqueued", "Queued", timeout_s=30)
+        assert condition(held, "Admitted")["reason"] == "NoQueue"
+        time.sleep(2)
+        assert cluster.pods("unqueued") == []
+        kueue.pool(8, local_queue=q.DEFAULT_QUEUE)
+        cluster.wait_running("unqueued", 1, generation=0, timeout_s=60)
+        assert _workload(cluster, "unqueued")["spec"]["queueName"] == q.DEFAULT_QUEUE
+        assert cluster.wait_phase("unqueued", "Running")["admission"]["localQueue"] == \
+            q.DEFAULT_QUEUE
     assert_clean_exit(runner)
 
 

@@ -235,9 +235,18 @@ def test_a_finished_job_marks_its_workload_finished():
     outcome = decide(queued_job(status=admitted_status()), b.observed(done, workload=wl,
                                                                       flavors=FLAVORS), b.at(50))
     assert outcome.status["phase"] == "Succeeded"
-    [finish] = workload_actions(outcome, "patch_status")        # in the same pass
-    nxt = decide(queued_job(status=outcome.status), b.observed(workload=wl), b.at(51))
-    [again] = workload_actions(nxt, "patch_status")              # until Kueue shows it
+    # The other pods are being stopped: they still use the quota, which stays reserved.
+    assert [a.reason for a in workload_actions(outcome, "patch_status")] == ["PodsReady"]
+    assert len(acts(outcome, "delete", "Pod")) == 3
+    stopping = [b.pod(0, 1, node="gpu-node-1", spec_hash=H, deletion=51)]
+    held = decide(queued_job(status=outcome.status), b.observed(stopping, workload=wl), b.at(51))
+    assert workload_actions(held, "patch_status") == []
+    # Gone: the Workload is Finished, its quota free; again until Kueue shows it.
+    [finish] = workload_actions(decide(queued_job(status=held.status),
+                                       b.observed(done[:1], workload=wl), b.at(52)),
+                                "patch_status")
+    nxt = decide(queued_job(status=outcome.status), b.observed(workload=wl), b.at(53))
+    [again] = workload_actions(nxt, "patch_status")
     assert (again.name, again.reason) == (finish.name, finish.reason) == ("pretrainjob-gpt",
                                                                          "Finished")
     finished = next(c for c in finish.body["status"]["conditions"] if c["type"] == "Finished")
@@ -252,18 +261,27 @@ def test_suspension_deletes_the_workload_and_resumption_makes_it_again():
     wl = b.workload(created(), conditions=ADMITTED, cluster_queue="gpus", count=4)
     outcome = decide(queued_job(status=admitted_status(), suspend=True),
                      b.observed(b.running(0, 4, H), workload=wl), b.at(10))
+    # The pods go first; the Workload (and with it the quota) once they are gone.
+    assert workload_actions(outcome) == [] and len(acts(outcome, "delete", "Pod")) == 4
+    assert outcome.status["phase"] == "Suspended" and "admission" not in outcome.status
+    outcome = decide(queued_job(status=outcome.status, suspend=True), b.observed(workload=wl),
+                     b.at(11))
     assert [(a.verb, a.name) for a in workload_actions(outcome)] == [("delete",
                                                                       "pretrainjob-gpt")]
-    assert outcome.status["phase"] == "Suspended" and "admission" not in outcome.status
 
 
 def test_a_spec_change_that_reaches_kueue_replaces_the_workload():
     wl = b.workload(created(), conditions=ADMITTED, cluster_queue="gpus", count=4)
     wider = queued_job(status=admitted_status(), nodes={"min": 2, "max": 3})
     outcome = decide(wider, b.observed(b.running(0, 4, H), workload=wl), b.at(10))
-    assert [(a.verb, a.reason) for a in workload_actions(outcome)] == [("delete", "SpecChanged")]
+    # The pods go first: deleting the Workload would free the quota they still use.
+    assert workload_actions(outcome) == [] and len(acts(outcome, "delete", "Pod")) == 4
     assert outcome.status["podGeneration"] == 1
     assert outcome.status["restarts"]["total"] == 0              # not a failure
+    wider = queued_job(status=outcome.status, nodes={"min": 2, "max": 3})
+    gone = decide(wider, b.observed(workload=wl), b.at(11))
+    assert [(a.verb, a.reason) for a in workload_actions(gone)] == [("delete", "SpecChanged")]
+    assert gone.status["podGeneration"] == 1
     assert wl.digest != q.workload(b.JOB, b.NS, b.UID, b.spec(nodes={"min": 2, "max": 3}),
                                    "team-a-gpus", None)["metadata"]["annotations"][
         ANNOTATION_WORKLOAD_DIGEST]

@@ -142,6 +142,9 @@ def test_kueue_off_takes_its_rights_and_its_watches():
     assert not [rule for rule in _rules(without) if "kueue.x-k8s.io" in rule["apiGroups"]]
     assert len(_rules(without)) == len(_rules(render())) - 5   # the rest untouched
     assert "--no-kueue" in _operator(without)["args"]
+    assert "--manage-jobs-without-queue-name" not in _operator(render())["args"]
+    everyone = _operator(render({"kueue": {"manageJobsWithoutQueueName": True}}))
+    assert "--manage-jobs-without-queue-name" in everyone["args"]
 
 
 def test_operator_deployment_defaults():
