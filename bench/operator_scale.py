@@ -9,6 +9,8 @@ and CRUCIBLE_KWOK_NODES, so the shared test stack is left alone) unless --stack-
 file of a running one, runs `crucible-operator run -A` as a real process with admin credentials,
 and measures:
 
+  * the reference, in the same run and on the same stack: a plain client creating as many pods
+    (one GPU each) 32 at a time, timed until every one is Running;
   * time from the first create until every pod is Running and every job's status says Running;
   * per-job latency from its create to phase Running (p50/p99, client clock, 50 ms polling);
   * reconcile pass duration p50/p99 (the operator's crucible_operator_reconcile_seconds
@@ -18,7 +20,8 @@ and measures:
     every pod that was on it Running on another node, against the goal nodeFailureGraceSeconds
     + 15 s.
 
-Goals (docs/operator.md, "Scale"): all Running <= 60 s, reconcile p99 <= 2 s, RSS <= 300 MB.
+Goals (docs/operator.md, "Scale"): all Running <= 2x the plain client's time, reconcile p99 <= 2 s
+(start-up burst included), RSS <= 300 MB.
 Results go to bench/results/operator_scale.json. Every wait has a deadline; the node is revived
 and the stack stopped (unless --keep-stack) whatever happens.
 
@@ -337,6 +340,61 @@ def node_ready(body) -> bool:
 
 
 # --- the scale case ------------------------------------------------------------------------------
+BARE_LABEL = "crucible-bench/bare"
+
+
+def bare_client(b: Bench, count: int, threads: int = 32) -> dict:
+    """The reference in the same run: a plain client creating `count` pods shaped as the
+    operator's (one GPU each, restartPolicy Never), `threads` at a time, timed until every one
+    is Running (the scheduler and KWOK do the rest, as for the operator's); then deleted and
+    waited for, so the operator's run starts from the same empty pool."""
+    from kubernetes import watch
+
+    core, ns = b.core, b.ns
+    running, lock, done = set(), threading.Lock(), threading.Event()
+
+    def follow():
+        w = watch.Watch()
+        while not done.is_set():
+            for event in w.stream(core.list_namespaced_pod, ns, label_selector=BARE_LABEL,
+                                  timeout_seconds=5):
+                pod = event["object"]
+                with lock:
+                    if event["type"] != "DELETED" and pod.status.phase == "Running":
+                        running.add(pod.metadata.name)
+                    else:
+                        running.discard(pod.metadata.name)
+                    if len(running) == count:
+                        done.set()
+                if done.is_set():
+                    w.stop()
+
+    def body(i: int) -> dict:
+        return {"metadata": {"name": f"bare-{i:04d}", "labels": {BARE_LABEL: "1"}},
+                "spec": {"restartPolicy": "Never", "containers": [{
+                    "name": "trainer", "image": "registry.invalid/crucible-trainer:bench",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+
+    watcher = threading.Thread(target=follow, daemon=True)
+    watcher.start()
+    time.sleep(1)
+    start = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda i: core.create_namespaced_pod(ns, body(i)), range(count)))
+    created_s = time.monotonic() - start
+    assert done.wait(600), f"only {len(running)} of {count} bare pods Running after 600 s"
+    out = {"pods": count, "threads": threads, "pods_created_s": round(created_s, 1),
+           "all_running_s": round(time.monotonic() - start, 1)}
+    core.delete_collection_namespaced_pod(ns, label_selector=BARE_LABEL, grace_period_seconds=0)
+    deadline = time.monotonic() + 300
+    while core.list_namespaced_pod(ns, label_selector=BARE_LABEL).items:
+        assert time.monotonic() < deadline, "bare pods never went"
+        time.sleep(1)
+    print(f"bare client: {count} pods created in {out['pods_created_s']}s, all Running in "
+          f"{out['all_running_s']}s")
+    return out
+
+
 def scale_case(args) -> int:
     from kubernetes import watch
 
@@ -349,6 +407,7 @@ def scale_case(args) -> int:
         metrics_port, operator, stack_env = b.metrics_port, b.operator, b.stack_env
         try:
             time.sleep(3)  # the operator's watches start
+            results["bare_client"] = bare_client(b, args.jobs * args.pods)
             names = [f"job-{i:03d}" for i in range(args.jobs)]
 
             def body(name):
@@ -470,7 +529,9 @@ def scale_case(args) -> int:
             for key in ("reconcile", "reconcile_after_startup", "reconcile_steady_and_node_loss"):
                 results[key].pop("_buckets")
             results["memory"] = memory_mb(operator.pid)
-            results["goals"] = {"all_running_le_60s": results["all_running_s"] <= 60,
+            ratio = results["all_running_s"] / results["bare_client"]["all_running_s"]
+            results["all_running_vs_bare_client"] = round(ratio, 2)
+            results["goals"] = {"all_running_le_2x_bare_client": ratio <= 2,
                                 "reconcile_p99_le_2s": results["reconcile"]["p99_s"] <= 2,
                                 "reconcile_p99_le_2s_after_startup":
                                     results["reconcile_steady_and_node_loss"]["p99_s"] <= 2,

@@ -164,9 +164,10 @@ def status_schema() -> dict:
                     "faultTolerance.maxRestarts.", {
                         "total": _int("Every restart: whole-group restarts and single pods "
                                       "replaced."),
-                        "application": _int("Application failures (exit codes 1-127) and hangs."),
+                        "application": _int("Application failures (exit codes 1-127, "
+                                            "OOMKilled) and hangs."),
                         "infrastructure": _int("Pod deleted or evicted, killed by a signal "
-                                               "(exit >= 128, OOMKilled), node failure."),
+                                               "(exit >= 128), node failure, a peer's loss."),
                         "byCause": {"type": "object", "description": "Counts per cause.",
                                     "additionalProperties": {"type": "integer"}},
                     })

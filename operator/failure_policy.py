@@ -422,6 +422,11 @@ def replace_and_create(p: Pass, current: dict[int, PodView]):
             p.delete(pod)
             if pod.deleting:
                 p.wake(ft.terminating_timeout_seconds - (p.now - pod.deletion).total_seconds())
+    if current and "startTime" not in p.status:
+        # The pass that created the first pod may have lost its status write (a 409: the job
+        # moved meanwhile); the pods say when the job first had them.
+        made = [pod.created for pod in current.values() if pod.created is not None]
+        p.status["startTime"] = format_time(min(made) if made else p.now)
     avoid = bad_nodes(p)
     _recreate_if_trusted_again(p, current, avoid)
     # The adapter posts a "Created" event for each pod the API actually created.

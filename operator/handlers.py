@@ -60,11 +60,11 @@ from crucible.operator.waitlist import node_room
 FINALIZER = uninstall.FINALIZER       # kopf's: stops the daemon before the job goes
 WRITES = "writes"                     # status.tracking.writes: the fence counter
 FENCE_WAIT_S = 10.0                   # then read the job from the API instead of the watch
-MAX_TOMBSTONES = 4096                 # deleted nodes remembered (the oldest are forgotten)
 FAN_OUT = 8                           # concurrent API calls within one pass (kube.Kube.apply)
 RETRY_S = 2.0                         # after a failed or partly refused pass ...
 RETRY_MAX_S = 30.0                    # ... doubled while the failures go on, up to this
-CONFLICT_RETRIES = 3                  # fresh reads after a 409 before backing off
+CONFLICT_RETRIES = 3                  # passes again after a 409 before backing off
+CONFLICT_WAIT_S = 2.0                 # for the watch to show the newer job, then read it
 DUE_SLACK_S = 0.05                    # run a due pass just after its time, never just before
 
 
@@ -146,13 +146,13 @@ def _wake(memo, key) -> None:
 
 
 @kopf.index("v1", "pods", labels={m.LABEL_JOB: kopf.PRESENT})
-async def pods_by_job(namespace, labels, body, memo, **_):
+async def pods_by_job(namespace, labels, body, memo, nodes_by_name, **_):
     key = (namespace, labels[m.LABEL_JOB])
     view = pod_view(body)
     _wake(memo, key)
     active = not view.terminated and not view.deleting
     if memo.book.set_pod(view.uid, key, view.node, dict(view.asks), active):
-        _grant(memo)                     # room given back: the jobs waiting longest take it
+        _grant(memo, nodes_by_name)      # room given back: the jobs waiting longest take it
     if view.deleting:
         memo.terminating[(namespace, view.name)] = (key, view)
     else:
@@ -182,9 +182,9 @@ def _wake_jobs_on(memo, pods_by_job, node: str) -> None:
 
 
 @kopf.index("v1", "nodes")
-async def nodes_by_name(name, body, memo, pods_by_job, **_):
+async def nodes_by_name(name, body, memo, pods_by_job, nodes_by_name, **_):
     view = node_view(body)
-    memo.tombstones.pop(name, None)
+    memo.known_nodes.add(name)    # one the index lacks later was deleted (kopf drops it then)
     if view.annotation(quarantine.CORDONED_BY):   # the quarantine loop looks at these alone
         memo.cordoned[name] = view
     else:
@@ -199,29 +199,18 @@ async def nodes_by_name(name, body, memo, pods_by_job, **_):
         memo.node_health[name] = health
         _wake_jobs_on(memo, pods_by_job, name)
     if memo.book.set_node(name, node_room(body)):
-        _grant(memo)                     # room: the jobs waiting longest take it
+        _grant(memo, nodes_by_name)      # room: the jobs waiting longest take it
     return {name: view}
 
 
-@kopf.on.event("v1", "nodes")
-async def node_deleted(name, memo, **kwargs):
-    """A node's deletion, which the index only drops: remembered (a tombstone), so that a pod
-    on a node the watch has not shown yet is never taken for a pod on a deleted node."""
-    if kwargs.get("type") != "DELETED":
-        return
-    memo.tombstones[name] = time.monotonic()
-    while len(memo.tombstones) > MAX_TOMBSTONES:
-        memo.tombstones.pop(next(iter(memo.tombstones)))
-    memo.node_health.pop(name, None)
-    memo.book.set_node(name, None)
-    _wake_jobs_on(memo, kwargs["pods_by_job"], name)
-
-
-def _grant(memo) -> list[tuple[str, str]]:
+def _grant(memo, nodes_by_name) -> list[tuple[str, str]]:
     """The waiting jobs the room holds now (waitlist.py), woken; cached until the book or the
-    waitlist changes."""
+    waitlist changes. Nodes gone from the index (deleted) leave the book then."""
     version = (memo.book.version, memo.waitlist_version)
     if memo.grants[0] != version:
+        for name in [n for n in memo.book.nodes if n not in nodes_by_name]:
+            memo.book.set_node(name, None)
+        version = (memo.book.version, memo.waitlist_version)
         memo.grants = (version, frozenset(waitlist.grants(memo.waitlist.values(),
                                                           memo.book.free(), memo.book.nodes)))
     for key in memo.grants[1]:
@@ -229,11 +218,11 @@ def _grant(memo) -> list[tuple[str, str]]:
     return memo.grants[1]
 
 
-def _granted(memo, key) -> bool | None:
+def _granted(memo, key, nodes_by_name) -> bool | None:
     """Whether the operator grants a waiting job room now; None: it is not on the waitlist."""
     if key not in memo.waitlist:
         return None
-    return key in _grant(memo)
+    return key in _grant(memo, nodes_by_name)
 
 
 @kopf.index("scheduling.k8s.io", "priorityclasses")
@@ -299,7 +288,7 @@ def snapshot(key: tuple[str, str], indexes: dict,
              capacity_granted: bool | None = None) -> Observed:
     """The job's world from the indexes (event loop only: indexes change between awaits): its
     pods' nodes and `also_nodes` (those it avoids), a node the index lacks as deleted only if
-    its deletion was seen (`deleted_nodes`: else it is one the watch has not shown yet), the
+    it is in `deleted_nodes` (seen, then gone: else one the watch has not shown yet), the
     name conflicts the last pass's creates met (`conflicts`) and the kinds they found not
     served (`unserved`), whether the job may try for capacity again (`capacity_granted`),
     and for a job in Kueue's LocalQueue `queue` its Workload, the queue's ClusterQueue and the
@@ -375,11 +364,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
     memo.wakeups, memo.fences, memo.phases, memo.jobs, memo.conflicts = {}, {}, {}, {}, {}
     memo.unserved = {}
     # In-memory pictures that steer wake-ups, never decisions a restart would need: the room
-    # the operator sees and the jobs waiting for it (waitlist.py), nodes seen deleted, each
-    # node's last health (a write that changes neither wakes nobody), the nodes jobs avoid.
+    # the operator sees and the jobs waiting for it (waitlist.py), the nodes ever seen (one
+    # gone from the index since was deleted), each node's last health (a write that changes
+    # neither wakes nobody), the nodes jobs avoid.
     memo.book, memo.waitlist, memo.waitlist_version = waitlist.RoomBook(), {}, 0
     memo.grants = (None, frozenset())
-    memo.tombstones, memo.node_health, memo.avoiding = {}, {}, {}
+    memo.known_nodes, memo.node_health, memo.avoiding = set(), {}, {}
     # With leader election on, passes wait until this replica holds the leader Lease, and
     # stop writing the moment it could not renew it (leader.py).
     memo.leadership = None
@@ -621,15 +611,21 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True,
     if fenced and int((job.status.get("tracking") or {}).get(WRITES, 0)) < fence:
         return NextPass(After.STALE, 0.1)
     avoided = tuple(entry["node"] for entry in bad_entries(job.status.get("tracking") or {}))
+    nodes = indexes["nodes_by_name"]
     if memo.book.sync_job(key, [pod.uid for pod in indexes["pods_by_job"].get(key, ())]):
-        _grant(memo)
+        _grant(memo, nodes)
     policy = memo.cluster_policy
     queue = queueing.queue_name(job, policy.kueue and policy.kueue_manage_all,
                                 (key[0], queueing.DEFAULT_QUEUE)
                                 in indexes.get("local_queues", {}))
+    # A node seen once and gone from the index was deleted; one never seen is one the watch
+    # has not shown yet (a pod bound to a node that just joined), unknown, judged by nobody.
+    wanted = [pod.node for pod in indexes["pods_by_job"].get(key, ()) if pod.node]
+    deleted = {name for name in wanted + list(avoided) if name in memo.known_nodes
+               and name not in nodes}
     obs = snapshot(key, indexes, memo.conflicts.get(job.uid, frozenset()), avoided,
-                   queue, memo.unserved.get(job.uid, frozenset()), memo.tombstones,
-                   _granted(memo, key))
+                   queue, memo.unserved.get(job.uid, frozenset()), deleted,
+                   _granted(memo, key, nodes))
     now = dt.datetime.now(dt.timezone.utc)
     loop = asyncio.get_running_loop()
     try:
@@ -708,6 +704,10 @@ async def _sleep(wake: asyncio.Event, stopped, timeout: float) -> None:
             waiter.cancel()
 
 
+def _version(body) -> str | None:
+    return (body.get("metadata") or {}).get("resourceVersion")
+
+
 async def _fresh_pass(key, memo, indexes, logger, failures: int) -> NextPass:
     """A pass on the job as the API has it now, not as the watch last showed it."""
     loop = asyncio.get_running_loop()
@@ -740,6 +740,7 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
                     await _sleep(memo.became_leader, stopped, 60.0)
                 continue
             wake.clear()
+            read = _version(body)
             nxt = await _one_pass(key, body, memo, indexes, logger, failures=failures + 1)
             if nxt.after is After.STALE:  # wait for the watch; if it lags too long, read the job
                 fenced_since = fenced_since or time.monotonic()
@@ -751,7 +752,18 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
             for _ in range(CONFLICT_RETRIES):   # the job moved under the pass: decide again
                 if nxt.after is not After.CONFLICT:
                     break
-                nxt = await _fresh_pass(key, memo, indexes, logger, failures + 1)
+                # From the watch's newer body, once it shows it (its indexes then show this
+                # pass's creates too, which a pass on a fresh read would replay); from a read
+                # if the watch is slow.
+                deadline = time.monotonic() + CONFLICT_WAIT_S
+                while _version(body) == read and time.monotonic() < deadline and not stopped:
+                    await asyncio.sleep(0.05)
+                if _version(body) != read:
+                    read = _version(body)
+                    nxt = await _one_pass(key, body, memo, indexes, logger,
+                                          failures=failures + 1)
+                else:
+                    nxt = await _fresh_pass(key, memo, indexes, logger, failures + 1)
             if nxt.after is After.GONE:
                 break
             fenced_since = None

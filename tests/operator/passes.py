@@ -19,7 +19,7 @@ def pass_memo(api) -> SimpleNamespace:
                            executor=concurrent.futures.ThreadPoolExecutor(2), fences={},
                            conflicts={}, unserved={}, phases={}, jobs={},
                            book=RoomBook(), waitlist={}, waitlist_version=0,
-                           grants=(None, frozenset()), tombstones={}, avoiding={}, wakeups={},
+                           grants=(None, frozenset()), known_nodes=set(), avoiding={}, wakeups={},
                            terminating={}, live={})
 
 
