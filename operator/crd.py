@@ -167,7 +167,7 @@ def status_schema() -> dict:
                         "application": _int("Application failures (exit codes 1-127, "
                                             "OOMKilled) and hangs."),
                         "infrastructure": _int("Pod deleted or evicted, killed by a signal "
-                                               "(exit >= 128), node failure, a peer's loss."),
+                                               "(exit >= 128), node failure."),
                         "byCause": {"type": "object", "description": "Counts per cause.",
                                     "additionalProperties": {"type": "integer"}},
                     })

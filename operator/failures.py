@@ -66,14 +66,15 @@ def pod_failure(pod: PodView, ft: FaultToleranceSpec) -> Failure | None:
     if pod.disruption:
         return Failure("Disrupted", INFRASTRUCTURE, f"{where} was disrupted ({pod.disruption})")
     code = pod.exit_code
-    if pod.terminated_reason == "OOMKilled" and code not in ft.retryable_exit_codes:
-        return Failure("OOMKilled", APPLICATION, f"{where} ran out of memory (OOMKilled: it used "
-                       "more than its memory limit)")
     if pod.ended_by_deletion:
         # torchrun turns the kubelet's SIGTERM into an exception and exits 1, which would
         # otherwise read as the program failing (torch.distributed.elastic SignalException).
+        # An OOM kill after the deletion (a checkpoint saved on SIGTERM) is the deletion's too.
         return Failure("PodDeleted", INFRASTRUCTURE, f"{where} was deleted" + (
             f" (its exit code {code} is torchrun's answer to SIGTERM)" if code else ""))
+    if pod.terminated_reason == "OOMKilled" and code not in ft.retryable_exit_codes:
+        return Failure("OOMKilled", APPLICATION, f"{where} ran out of memory (OOMKilled: it used "
+                       "more than its memory limit)")
     if code is None:
         return Failure("PodFailed", INFRASTRUCTURE,
                        f"{where} failed without an exit code ({pod.reason or 'no reason given'})")

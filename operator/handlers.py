@@ -63,6 +63,8 @@ FENCE_WAIT_S = 10.0                   # then read the job from the API instead o
 FAN_OUT = 8                           # concurrent API calls within one pass (kube.Kube.apply)
 RETRY_S = 2.0                         # after a failed or partly refused pass ...
 RETRY_MAX_S = 30.0                    # ... doubled while the failures go on, up to this
+RESERVE_S = 120.0                     # a grant holds its room this long for the pods to bind
+KNOWN_NODE_TTL_S = 3600.0             # a deleted node is remembered as deleted this long
 CONFLICT_RETRIES = 3                  # passes again after a 409 before backing off
 CONFLICT_WAIT_S = 2.0                 # for the watch to show the newer job, then read it
 DUE_SLACK_S = 0.05                    # run a due pass just after its time, never just before
@@ -146,13 +148,14 @@ def _wake(memo, key) -> None:
 
 
 @kopf.index("v1", "pods", labels={m.LABEL_JOB: kopf.PRESENT})
-async def pods_by_job(namespace, labels, body, memo, nodes_by_name, **_):
+async def pods_by_job(namespace, labels, body, memo, pods_by_job, **_):
     key = (namespace, labels[m.LABEL_JOB])
     view = pod_view(body)
+    memo.pods_index = pods_by_job       # kopf's live view, for the housekeeping loop
     _wake(memo, key)
     active = not view.terminated and not view.deleting
     if memo.book.set_pod(view.uid, key, view.node, dict(view.asks), active):
-        _grant(memo, nodes_by_name)      # room given back: the jobs waiting longest take it
+        _grant(memo)                     # room given back: the jobs waiting longest take it
     if view.deleting:
         memo.terminating[(namespace, view.name)] = (key, view)
     else:
@@ -184,7 +187,8 @@ def _wake_jobs_on(memo, pods_by_job, node: str) -> None:
 @kopf.index("v1", "nodes")
 async def nodes_by_name(name, body, memo, pods_by_job, nodes_by_name, **_):
     view = node_view(body)
-    memo.known_nodes.add(name)    # one the index lacks later was deleted (kopf drops it then)
+    memo.nodes_index = nodes_by_name    # kopf's live view, for the housekeeping loop
+    memo.known_nodes[name] = None       # one the index lacks later was deleted (kopf drops it)
     if view.annotation(quarantine.CORDONED_BY):   # the quarantine loop looks at these alone
         memo.cordoned[name] = view
     else:
@@ -199,30 +203,41 @@ async def nodes_by_name(name, body, memo, pods_by_job, nodes_by_name, **_):
         memo.node_health[name] = health
         _wake_jobs_on(memo, pods_by_job, name)
     if memo.book.set_node(name, node_room(body)):
-        _grant(memo, nodes_by_name)      # room: the jobs waiting longest take it
+        _grant(memo)                     # room: the jobs waiting longest take it
     return {name: view}
 
 
-def _grant(memo, nodes_by_name) -> list[tuple[str, str]]:
-    """The waiting jobs the room holds now (waitlist.py), woken; cached until the book or the
-    waitlist changes. Nodes gone from the index (deleted) leave the book then."""
+def _grant(memo, quiet=None) -> frozenset[tuple[str, str]]:
+    """The waiting jobs the room holds now (waitlist.py), woken (all but `quiet`: the job whose
+    own pass asks); cached until the book or the waitlist changes."""
     version = (memo.book.version, memo.waitlist_version)
     if memo.grants[0] != version:
-        for name in [n for n in memo.book.nodes if n not in nodes_by_name]:
-            memo.book.set_node(name, None)
-        version = (memo.book.version, memo.waitlist_version)
         memo.grants = (version, frozenset(waitlist.grants(memo.waitlist.values(),
                                                           memo.book.free(), memo.book.nodes)))
     for key in memo.grants[1]:
-        _wake(memo, key)
+        if key != quiet:
+            _wake(memo, key)
     return memo.grants[1]
 
 
-def _granted(memo, key, nodes_by_name) -> bool | None:
-    """Whether the operator grants a waiting job room now; None: it is not on the waitlist."""
-    if key not in memo.waitlist:
+def _granted(memo, key) -> bool | None:
+    """Whether the operator grants a waiting job room now; None: it is not on the waitlist, or
+    it holds a grant already (reserved, waiting for its pods to get nodes)."""
+    if (key not in memo.waitlist or key in memo.reserved
+            or not waitlist.could_fit(memo.waitlist[key], memo.book.nodes)):
         return None
-    return key in _grant(memo, nodes_by_name)
+    return key in _grant(memo, quiet=key)
+
+
+def _forget_deleted_nodes(memo, nodes_by_name) -> None:
+    """Nodes gone from the index (deleted) leave the book and the per-node maps. Never from an
+    index handler: kopf stores a handler's result only after it returns, so the node it is
+    indexing is not in the index yet."""
+    for name in [n for n in memo.book.nodes if n not in nodes_by_name]:
+        memo.book.set_node(name, None)
+    for table in (memo.node_health, memo.cordoned):
+        for name in [n for n in table if n not in nodes_by_name]:
+            del table[name]
 
 
 @kopf.index("scheduling.k8s.io", "priorityclasses")
@@ -369,7 +384,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
     # neither wakes nobody), the nodes jobs avoid.
     memo.book, memo.waitlist, memo.waitlist_version = waitlist.RoomBook(), {}, 0
     memo.grants = (None, frozenset())
-    memo.known_nodes, memo.node_health, memo.avoiding = set(), {}, {}
+    memo.known_nodes, memo.node_health, memo.avoiding = {}, {}, {}
+    memo.reserved = {}     # job key -> monotonic deadline: granted room, pods not bound yet
+    memo.nodes_index = memo.pods_index = None
     # With leader election on, passes wait until this replica holds the leader Lease, and
     # stop writing the moment it could not renew it (leader.py).
     memo.leadership = None
@@ -396,16 +413,46 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
 
 async def _housekeeping(memo, logger) -> None:
     """What no job's pass owns, on the leader only: end the operator's cordons whose quarantine
-    is over (quarantine.py), and force-delete the pods of deleted jobs stuck Terminating (on a
-    dead node no kubelet confirms their end: they would hold a same-name job's pod names
-    forever). Looks again when the next quarantine falls due, at least every CHECK_INTERVAL_S."""
+    is over (quarantine.py), force-delete the pods of deleted jobs stuck Terminating (on a dead
+    node no kubelet confirms their end: they would hold a same-name job's pod names forever),
+    and drop from memory what belongs to nodes and jobs that are gone. Looks again when the
+    next quarantine falls due, at least every CHECK_INTERVAL_S."""
     while True:
         delay = quarantine.CHECK_INTERVAL_S
-        if _acting(memo)():
-            now = dt.datetime.now(dt.timezone.utc)
-            delay = min(delay, await _end_quarantines(memo, logger, now))
-            await _sweep_orphans(memo, logger, now)
+        try:
+            _forget_gone(memo)
+            if _acting(memo)():
+                now = dt.datetime.now(dt.timezone.utc)
+                delay = min(delay, await _end_quarantines(memo, logger, now))
+                await _sweep_orphans(memo, logger, now)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a background loop must outlive one bad object
+            logger.exception("housekeeping failed; trying again later")
         await asyncio.sleep(max(delay, 0.5))
+
+
+def _forget_gone(memo) -> None:
+    """Bound the in-memory maps: deleted nodes leave them (known ones an hour after they went:
+    by then no pod of theirs is left, PodGC deletes those), pods gone from the index leave the
+    Terminating list, jobs without a loop leave the room book."""
+    nodes, pods = memo.nodes_index, memo.pods_index
+    if nodes is not None:
+        _forget_deleted_nodes(memo, nodes)
+        now = time.monotonic()
+        for name, gone in list(memo.known_nodes.items()):
+            if name in nodes:
+                memo.known_nodes[name] = None
+            elif gone is None:
+                memo.known_nodes[name] = now
+            elif now - gone > KNOWN_NODE_TTL_S:
+                del memo.known_nodes[name]
+    if pods is not None:
+        for ref, (key, pod) in list(memo.terminating.items()):
+            if not any(view.uid == pod.uid for view in pods.get(key, ())):
+                del memo.terminating[ref]
+    for key in {owner for owner, _, _ in memo.book.pods.values()} - set(memo.wakeups):
+        memo.book.sync_job(key, ())
 
 
 async def _end_quarantines(memo, logger, now: dt.datetime) -> float:
@@ -438,10 +485,12 @@ async def _sweep_orphans(memo, logger, now: dt.datetime) -> None:
     its passes' to judge."""
     loop = asyncio.get_running_loop()
     for ref, (key, pod) in list(memo.terminating.items()):
-        if memo.live.get(key) == pod.owner_uid or not orphan_stuck(pod, now):
+        if (memo.live.get(key) == pod.owner_uid or pod.owner_kind != crd.KIND
+                or not orphan_stuck(pod, now)):
             continue
         try:
-            await loop.run_in_executor(memo.executor, memo.kube.force_delete_pod, *ref)
+            await loop.run_in_executor(memo.executor, memo.kube.force_delete_pod, *ref,
+                                       pod.uid)
         except API_ERRORS as err:
             logger.warning(f"pod {ref[0]}/{ref[1]}: not force-deleted, will retry: "
                            f"{describe(err)}")
@@ -612,12 +661,14 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True,
         return NextPass(After.STALE, 0.1)
     avoided = tuple(entry["node"] for entry in bad_entries(job.status.get("tracking") or {}))
     nodes = indexes["nodes_by_name"]
+    _forget_deleted_nodes(memo, nodes)
     if memo.book.sync_job(key, [pod.uid for pod in indexes["pods_by_job"].get(key, ())]):
-        _grant(memo, nodes)
+        _grant(memo)
     policy = memo.cluster_policy
     queue = queueing.queue_name(job, policy.kueue and policy.kueue_manage_all,
                                 (key[0], queueing.DEFAULT_QUEUE)
-                                in indexes.get("local_queues", {}))
+                                in indexes.get("local_queues", {}),
+                                (job.status.get("tracking") or {}).get("defaultQueue"))
     # A node seen once and gone from the index was deleted; one never seen is one the watch
     # has not shown yet (a pod bound to a node that just joined), unknown, judged by nobody.
     wanted = [pod.node for pod in indexes["pods_by_job"].get(key, ()) if pod.node]
@@ -625,7 +676,7 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True,
                and name not in nodes}
     obs = snapshot(key, indexes, memo.conflicts.get(job.uid, frozenset()), avoided,
                    queue, memo.unserved.get(job.uid, frozenset()), deleted,
-                   _granted(memo, key, nodes))
+                   _granted(memo, key))
     now = dt.datetime.now(dt.timezone.utc)
     loop = asyncio.get_running_loop()
     try:
@@ -682,10 +733,29 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True,
 
 
 def _enlist(memo, key, job: JobView, status: dict, obs: Observed) -> None:
-    """Keep the waitlist in step with the job: on it while it waits with its pods released
-    (`tracking.capacityHold`) and asks for an extended resource the book can count."""
+    """Keep the waitlist in step with the job: on it while it waits (phase Waiting) with its
+    pods released (`tracking.capacityHold`) and asks for an extended resource the book can
+    count. A job just granted room keeps its place, holding that room, until nodes.min of its
+    pods have a node (or RESERVE_S passes): its new pods are not in the book before they are
+    bound, and the same room would otherwise be granted again. A job no longer waiting for
+    any other reason (suspended, failed, held by Kueue) leaves the list at once."""
     hold = (status.get("tracking") or {}).get("capacityHold")
-    waiter = waitlist.waiter(key, job.spec, hold, obs) if hold else None
+    phase = status.get("phase")
+    waiter = waitlist.waiter(key, job.spec, hold, obs) if hold and phase == "Waiting" else None
+    # Still after capacity: not suspended, finished, or held by Kueue.
+    seeking = phase not in ("Suspended", "Succeeded", "Failed", "Queued")
+    if waiter is None and key in memo.waitlist and obs.capacity_granted and seeking:
+        memo.reserved.setdefault(key, time.monotonic() + RESERVE_S)
+    if key in memo.reserved:
+        bound = sum(1 for pod in obs.pods if pod.node and not pod.terminated
+                    and pod.owner_uid == job.uid
+                    and pod.generation == status.get("podGeneration"))
+        minimum = ((job.spec.get("nodes") or {}).get("min") or 1)
+        if (waiter is None and seeking and bound < minimum
+                and time.monotonic() < memo.reserved[key]):
+            waiter = memo.waitlist.get(key)
+        else:
+            del memo.reserved[key]
     if memo.waitlist.get(key) != waiter:
         if waiter is None:
             memo.waitlist.pop(key, None)
@@ -731,6 +801,7 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
     memo.live[key] = uid
     fenced_since = None
     failures = 0              # passes in a row that met a transient API failure (backoff)
+    ended = False             # the loop ended as it should (stopped, or the job gone)
     try:
         while not stopped:
             if not _acting(memo)():
@@ -774,6 +845,7 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
                 await _sleep(wake, stopped, nxt.delay_s)
                 if wake.is_set() and not stopped:
                     await asyncio.sleep(memo.config.debounce_s)  # let a burst of events land
+        ended = True
     finally:
         memo.wakeups.pop(key, None)
         memo.fences.pop(uid, None)
@@ -782,7 +854,9 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
         memo.conflicts.pop(uid, None)
         memo.unserved.pop(uid, None)
         memo.avoiding.pop(key, None)
-        if memo.live.get(key) == uid:
+        # A loop that crashed comes back after kopf's backoff: the job is still live, and its
+        # Terminating pods are not orphans for the sweep meanwhile.
+        if ended and memo.live.get(key) == uid:
             del memo.live[key]
         if memo.waitlist.pop(key, None) is not None:
             memo.waitlist_version += 1

@@ -263,13 +263,16 @@ class Kube:
         except CONNECTION_ERRORS as err:  # no HTTP answer: refused, reset, timed out
             return False, ("transient", f"{what}: {describe(err)}")
 
-    def force_delete_pod(self, namespace: str, name: str) -> bool:
-        """Delete a pod at once (grace 0); False if it is gone already."""
+    def force_delete_pod(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete that very pod (its UID: not a namesake made since) at once (grace 0); False
+        if it is gone already."""
         try:
             self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0,
-                                            body=client.V1DeleteOptions(grace_period_seconds=0))
+                                            body=client.V1DeleteOptions(
+                                                grace_period_seconds=0,
+                                                preconditions=client.V1Preconditions(uid=uid)))
         except ApiException as err:
-            if err.status == 404:
+            if err.status in (404, 409):    # 409: the UID precondition failed: another pod
                 return False
             raise
         metrics.POD_OPERATIONS.labels("force_delete").inc()
@@ -281,11 +284,13 @@ class Kube:
         self.core.patch_node(name, body, field_manager=FIELD_MANAGER)
 
     def release_quarantine(self, name: str, body: dict) -> bool:
-        """Lift (or disown) the operator's cordon of a node; False if the node is gone."""
+        """Lift (or disown) the operator's cordon of a node; False if the node is gone, or
+        moved since it was read (the patch names its resourceVersion: a cordon someone made a
+        moment ago is never undone; the next look decides from the newer node)."""
         try:
             self.patch_node(name, body)
         except ApiException as err:
-            if err.status == 404:
+            if err.status in (404, 409):
                 return False
             raise
         if (body.get("spec") or {}).get("unschedulable") is False:

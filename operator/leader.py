@@ -21,7 +21,8 @@ unrenewable Lease ends the process, and the Deployment restarts it as a follower
 - the election thread ending, for any reason, ends the process.
 A standby takes the Lease no sooner than `LEASE_SECONDS` after it last saw it change, which is
 after the holder's last successful renewal was sent: the old leader has been gone for
-`LEASE_SECONDS - RENEW_DEADLINE_SECONDS` by then. kopf's peering was the other candidate; it
+`LEASE_SECONDS - RENEW_DEADLINE_SECONDS` by then. The stop itself cannot hang: the log line
+that says why is written with a timer armed to end the process regardless. kopf's peering was the other candidate; it
 pauses lower-priority operators but elects no leader (equal priorities all pause), so it does
 not give failover.
 """
@@ -45,10 +46,14 @@ from crucible.operator.apiclient import API_ERRORS, describe
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "crucible-operator-leader"
-LEASE_SECONDS = 10   # a dead leader is replaced this long after its last renewal (+ one retry)
-RENEW_DEADLINE_SECONDS = 7   # a leader that has not renewed for this long stops and exits
+# client-go's defaults (leaderelection.LeaderElectionConfig, as controller-runtime sets them):
+# the 5 s between the renew deadline and the lease absorbs a forward step of the standby's
+# clock (the package's loop times expiry on the wall clock) and scheduling delays.
+LEASE_SECONDS = 15   # a dead leader is replaced this long after its last renewal (+ one retry)
+RENEW_DEADLINE_SECONDS = 10  # a leader that has not renewed for this long stops and exits
 RETRY_SECONDS = 2
-CALL_TIMEOUT_S = (2.0, 2.0)  # (connect, read) per Lease call: a try never outlasts the deadline
+CALL_TIMEOUT_S = (3.0, 4.0)  # (connect, read) per Lease call: an apiserver slow for a moment
+#                              fails one attempt, not the leadership
 WATCHDOG_PERIOD_S = 0.25
 
 
@@ -184,6 +189,9 @@ def identity() -> str:
 
 
 def _exit_now() -> None:
+    # Exit even if flushing the logs blocks (a stuck stdout): the process must not outlive
+    # its leadership.
+    threading.Timer(1.0, os._exit, args=(1,)).start()
     logging.shutdown()
     os._exit(1)
 
@@ -202,6 +210,8 @@ def start(api: client.ApiClient, namespace: str, leadership: Leadership,
             return
         done.set()
         leadership.leading.clear()   # passes stop writing before the process is gone
+        if exit_process is _exit_now:    # the log line below must not be what keeps us alive
+            threading.Timer(1.0, os._exit, args=(1,)).start()
         log.error("%s (Lease %s/%s): exiting so that only the new leader acts", why, namespace,
                   LEASE_NAME)
         exit_process()

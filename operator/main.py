@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--leader-election-namespace", metavar="NS",
                      help="run as one of several replicas: only the holder of the Lease "
                      "crucible-operator-leader in NS reconciles; the others take over within "
-                     "~12 s of its last renewal (default: off, a single replica)")
+                     "~17 s of its last renewal (default: off, a single replica)")
     run.add_argument("--max-cordons-per-minute", type=int, default=6, metavar="N",
                      help="cordon at most N failed nodes a minute across all jobs; past it a "
                      "failed node is annotated and avoided by its job but left schedulable "

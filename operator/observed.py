@@ -53,6 +53,7 @@ class PodView:
     waiting_reason: str | None = None   # e.g. ImagePullBackOff, CreateContainerConfigError
     waiting_message: str | None = None
     owner_uid: str | None = None        # the controlling owner's UID: which job it belongs to
+    owner_kind: str | None = None       # ... and its kind (PretrainJob, or a stranger's)
     avoided_nodes: tuple[str, ...] = ()  # nodes its required affinity keeps it off
     asks: tuple[tuple[str, int], ...] = ()   # extended resources it requests (nvidia.com/gpu)
     ready: bool = False                 # its Ready condition is True
@@ -118,6 +119,8 @@ def pod_view(body: Mapping) -> PodView:
         else None,
         waiting_reason=waiting_reason, waiting_message=waiting_message,
         owner_uid=controller_uid(meta),
+        owner_kind=next((ref.get("kind") for ref in meta.get("ownerReferences") or []
+                         if ref.get("controller")), None),
         ready=conditions.get("Ready", {}).get("status") == "True",
         asks=tuple(sorted({name: amount for c in spec.get("containers") or []
                            for name, amount in extended(c.get("resources")).items()}.items())),
@@ -148,6 +151,7 @@ class NodeView:
     annotations: tuple[tuple[str, str], ...] = ()                  # crucible.dev/* only
     # The field manager that last set spec.unschedulable (managedFields): whose cordon it is.
     cordon_manager: str | None = None
+    resource_version: str | None = None
 
     def condition(self, type_: str) -> NodeCondition | None:
         return next((c for c in self.conditions if c.type == type_), None)
@@ -170,6 +174,7 @@ def node_view(body: Mapping) -> NodeView:
         annotations=tuple(sorted((k, v) for k, v in (meta.get("annotations") or {}).items()
                                  if k.startswith(PREFIX))),
         cordon_manager=unschedulable_manager(meta) if spec.get("unschedulable") else None,
+        resource_version=meta.get("resourceVersion"),
     )
 
 
@@ -226,6 +231,7 @@ class KueueCondition:
     status: str
     reason: str = ""
     message: str = ""
+    since: dt.datetime | None = None    # lastTransitionTime
 
 
 @dataclass(frozen=True)
@@ -268,7 +274,9 @@ def workload_view(body: Mapping) -> WorkloadView:
         digest=(meta.get("annotations") or {}).get(ANNOTATION_WORKLOAD_DIGEST),
         conditions={c.get("type", ""): KueueCondition(c.get("status", "Unknown"),
                                                       c.get("reason") or "",
-                                                      c.get("message") or "") for c in raw},
+                                                      c.get("message") or "",
+                                                      parse_time(c.get("lastTransitionTime")))
+                    for c in raw},
         cluster_queue=admission.get("clusterQueue"), count=_int(assignment.get("count")),
         flavors=tuple(sorted(set((assignment.get("flavors") or {}).values()))),
         raw_conditions=raw, topology_assigned=assignment.get("topologyAssignment") is not None,

@@ -12,9 +12,17 @@ that runs for months the pool shrinks to nothing unless a person sweeps it. So, 
 - a node that fails again while on probation is cordoned for twice its last period (and so on,
   up to `MAX_PERIOD_S`): a node that keeps failing spends ever longer out of the pool;
 - a cordon is lifted only if the operator is still the one that set `spec.unschedulable`
-  (the node's managedFields name the field manager of the last write that set it): a person's
-  `kubectl cordon`, before or after the operator's, is never undone. An operator cordon that
-  someone lifted or took over loses the operator's annotations that claimed it.
+  (the node's managedFields name the field manager of the last write that set it, and the
+  node still carries the operator's `cordoned-by`): a person's `kubectl cordon` of a node the
+  operator had not cordoned is never undone, nor one made after someone lifted the operator's.
+  An operator cordon that someone lifted or took over loses the operator's annotations.
+  One case the API cannot show: `kubectl cordon` (and `drain`) of a node the operator has
+  already cordoned sends nothing, so the cordon stays the operator's and ends with its
+  quarantine. To keep such a node out, remove the claim: `kubectl annotate node NAME
+  crucible.dev/cordoned-by-` (the cordon is then the person's, and the operator leaves it).
+- cordons an earlier version made carry the `kubernetes` client's default field manager
+  (`OpenAPI-Generator`) and no `quarantine-until`: with the operator's `cordoned-by` on the
+  node they are the operator's too, and last one period from their `failure-time`.
 Pure: node views and times in, a merge patch out; `handlers.py` runs the check on a timer.
 """
 
@@ -27,6 +35,9 @@ from crucible.api.progress import format_time, parse_time
 from crucible.operator.observed import NodeView
 
 FIELD_MANAGER = "crucible-operator"     # the operator's node writes name it (managedFields)
+# The manager an earlier version's cordons carry: the python client's user agent, unnamed.
+LEGACY_MANAGER = "OpenAPI-Generator"
+FAILURE_TIME = f"{PREFIX}failure-time"
 CORDONED_BY = f"{PREFIX}cordoned-by"
 UNTIL = f"{PREFIX}quarantine-until"
 PROBATION = f"{PREFIX}probation-until"
@@ -45,9 +56,17 @@ def cordon_annotations(node: NodeView | None, now: dt.datetime, period_s: float)
     count = 1
     probation = parse_time(node.annotation(PROBATION)) if node is not None else None
     if probation is not None and now < probation:
-        count = int(node.annotation(COUNT) or 1) + 1
+        count = _count(node) + 1
     length_s = min(period_s * 2 ** (count - 1), MAX_PERIOD_S)
     return {UNTIL: format_time(now + dt.timedelta(seconds=length_s)), COUNT: str(count)}
+
+
+def _count(node: NodeView) -> int:
+    """The `quarantines` annotation (1 when absent, or not a number: anyone may write it)."""
+    try:
+        return max(1, min(int(node.annotation(COUNT) or 1), 64))
+    except ValueError:
+        return 1
 
 
 def healthy(node: NodeView) -> bool:
@@ -69,21 +88,27 @@ def release(node: NodeView, now: dt.datetime, period_s: float) -> tuple[dict | N
     how many seconds to look again (None: nothing pending)."""
     if not node.annotation(CORDONED_BY):
         return None, None
-    ours = node.unschedulable and node.cordon_manager == FIELD_MANAGER
+    legacy = node.cordon_manager == LEGACY_MANAGER and not node.annotation(UNTIL)
+    ours = node.unschedulable and (node.cordon_manager == FIELD_MANAGER or legacy)
+    version = {"resourceVersion": node.resource_version} if node.resource_version else {}
     if not ours:
         # Lifted by someone (a repair), or the cordon is theirs now: never touch it, and stop
         # claiming it, so that a later cordon of theirs is never taken for ours.
-        return {"metadata": {"annotations": {CORDONED_BY: None, UNTIL: None}}}, None
+        return {"metadata": {**version, "annotations": {CORDONED_BY: None, UNTIL: None}}}, None
+    if period_s <= 0:
+        return None, None                       # cordons do not expire
     until = parse_time(node.annotation(UNTIL))
-    if until is None or period_s <= 0:
-        return None, None                       # cordoned when cordons did not expire
+    if until is None:
+        failed = parse_time(node.annotation(FAILURE_TIME))
+        if failed is None:
+            return None, None
+        until = failed + dt.timedelta(seconds=period_s)
     if now < until:
         return None, (until - now).total_seconds()
     if not healthy(node):
         return None, CHECK_INTERVAL_S           # still broken: stays cordoned, asked again
-    count = int(node.annotation(COUNT) or 1)
-    probation_s = min(period_s * 2 ** (count - 1), MAX_PERIOD_S)
+    probation_s = min(period_s * 2 ** (_count(node) - 1), MAX_PERIOD_S)
     return {"spec": {"unschedulable": False},
-            "metadata": {"annotations": {
+            "metadata": {**version, "annotations": {
                 CORDONED_BY: None, UNTIL: None,
                 PROBATION: format_time(now + dt.timedelta(seconds=probation_s))}}}, None

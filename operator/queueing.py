@@ -70,15 +70,19 @@ REQUEUED_AFTER = ("Preempted", "NodeFailures")
 DEFAULT_QUEUE = "default"   # Kueue's LocalQueueDefaulting: the queue of an unlabelled job
 
 
-def queue_name(job: JobView, manage_all: bool = False, default_queue: bool = False
-               ) -> str | None:
+def queue_name(job: JobView, manage_all: bool = False, default_queue: bool = False,
+               chosen: str | None = None) -> str | None:
     """The LocalQueue the job waits in: its label's; for an unlabelled job, when the operator
     manages every job (`--manage-jobs-without-queue-name`, as Kueue's own setting of that name)
     and the namespace has a LocalQueue named `default`, that one (Kueue's LocalQueueDefaulting,
-    pkg/controller/jobframework/defaults.go)."""
+    pkg/controller/jobframework/defaults.go). Kueue defaults once, when the job is made; so
+    here, once chosen (`chosen`, from `tracking.defaultQueue`), it sticks: a LocalQueue made
+    or deleted later never moves a running job."""
     label = job.labels.get(QUEUE_LABEL)
     if label:
         return label
+    if manage_all and chosen:
+        return chosen
     return DEFAULT_QUEUE if manage_all and default_queue else None
 
 
@@ -180,7 +184,11 @@ def release(wl: WorkloadView, now: dt.datetime) -> dict:
         _condition(old, "Admitted", "False", "NoReservation", "The workload has no reservation",
                    now),
         _condition(old, "Requeued", "True" if reason in REQUEUED_AFTER else "False", reason,
-                   message, now)], admission=None)
+                   message, now),
+        # Not admitted: waiting to start again, as Kueue's jobframework writes it; left True,
+        # the next admission would read as a recovery, timed by recoveryTimeout (no default)
+        # instead of waitForPodsReady's timeout.
+        _condition(old, "PodsReady", "False", "WaitForStart", NOT_READY, now)], admission=None)
 
 
 # Kueue's own words for the PodsReady condition (sigs.k8s.io/kueue v0.17.0,
@@ -196,6 +204,10 @@ def pods_ready_condition(wl: WorkloadView, ready: bool) -> tuple[str, str, str]:
     admitted Workload whose PodsReady stays False past its timeout, so nobody writing it means
     every job evicted a few minutes after each admission."""
     was = wl.conditions.get("PodsReady")
+    admitted = wl.conditions.get("Admitted")
+    if (was is not None and admitted is not None and admitted.since is not None
+            and was.since is not None and was.since < admitted.since):
+        was = None     # from before this admission (an eviction someone else released)
     if ready:
         recovering = was is not None and was.reason in ("WaitForRecovery", "Recovered")
         return "True", "Recovered" if recovering else "Started", READY
@@ -274,7 +286,10 @@ def admitted(p: Pass) -> bool:
     """Whether the pass may run the job's pods; when not, the status says why. Sets
     `p.admission` for a queued job that Kueue admitted."""
     policy = p.cluster_policy
-    queue = queue_name(p.job, policy.kueue and policy.kueue_manage_all, p.obs.default_queue)
+    queue = queue_name(p.job, policy.kueue and policy.kueue_manage_all, p.obs.default_queue,
+                       p.track.get("defaultQueue"))
+    if queue is not None and not p.job.labels.get(QUEUE_LABEL):
+        p.track["defaultQueue"] = queue    # chosen once, as Kueue's defaulting at creation
     ours = p.obs.workload if p.obs.workload and p.obs.workload.owner_uid == p.job.uid else None
     if queue is None and policy.kueue and policy.kueue_manage_all:
         _withdraw_pods(p)
@@ -384,6 +399,15 @@ def _reprioritize(p: Pass, wl: WorkloadView) -> None:
     name = p.job.labels.get(PRIORITY_LABEL)
     value = p.obs.workload_priorities.get(name) if name else None
     if value is None or wl.priority_class == name:
+        return
+    # Kueue's CRD forbids adding a priorityClassRef to, or changing its kind on, a Workload
+    # holding quota (v1beta2 workload_types.go validation rules); its own integrations update
+    # only one with no class or a WorkloadPriorityClass (jobframework/reconciler.go,
+    # UpdateWorkloadPriority). Anything else keeps the priority it was made with.
+    if wl.priority_ref is None:
+        if wl.is_true("QuotaReserved"):
+            return
+    elif wl.priority_ref.get("kind") != "WorkloadPriorityClass":
         return
     ref = Priority("WorkloadPriorityClass", name, value)
     p.act("patch", "Workload", wl.name, {"metadata": {"resourceVersion": wl.resource_version},

@@ -27,19 +27,23 @@ FINALIZER = "crucible.dev/operator"      # kopf's, as handlers.configure sets it
 
 def stop_deployment(api: client.ApiClient, namespace: str, name: str,
                     timeout_s: float = 120.0, poll_s: float = 1.0) -> bool:
-    """Scale the Deployment to 0 and wait until none of its replicas is left; False if it does
-    not exist (nothing to stop). TimeoutError past `timeout_s`."""
-    apps = client.AppsV1Api(api)
+    """Scale the Deployment to 0 and wait until no pod of it is left, Terminating ones included
+    (the Deployment's status stops counting a pod once it is Terminating, while its process may
+    still act); False if it does not exist (nothing to stop). TimeoutError past `timeout_s`."""
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     try:
         apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": 0}})
     except ApiException as err:
         if err.status == 404:
             return False
         raise
+    selector = apps.read_namespaced_deployment(name, namespace).spec.selector.match_labels or {}
+    labels = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         status = apps.read_namespaced_deployment(name, namespace).status
-        if not (status.replicas or 0):
+        if not (status.replicas or 0) and not core.list_namespaced_pod(
+                namespace, label_selector=labels).items:
             return True
         time.sleep(poll_s)
     raise TimeoutError(f"deployment {namespace}/{name} still has replicas after {timeout_s:.0f}s")

@@ -105,9 +105,13 @@ class Waiter:
     tolerations: tuple[Mapping, ...] = ()
 
     def can_use(self, node: NodeRoom) -> bool:
+        # A taint named after an extended resource the pods ask for (GKE's and AKS's
+        # `nvidia.com/gpu` on GPU nodes) is tolerated by the pods themselves: the
+        # ExtendedResourceToleration admission plugin adds that toleration to them.
         return (node.schedulable
                 and all(node.labels.get(k) == v for k, v in self.node_selector.items())
-                and all(tolerates(self.tolerations, taint) for taint in node.taints))
+                and all(taint[0] in self.per_pod or tolerates(self.tolerations, taint)
+                        for taint in node.taints))
 
 
 def _place(free: dict[str, dict[str, int]], nodes: Mapping[str, NodeRoom], waiter: Waiter
@@ -130,16 +134,27 @@ def _place(free: dict[str, dict[str, int]], nodes: Mapping[str, NodeRoom], waite
     return None
 
 
+def could_fit(waiter: Waiter, nodes: Mapping[str, NodeRoom]) -> bool:
+    """Whether the waiter's gang fits the cluster with nothing else running."""
+    empty = {name: dict(node.allocatable) for name, node in nodes.items()
+             if node.schedulable and node.allocatable}
+    return _place(empty, nodes, waiter) is not None
+
+
 def order(waiters: Iterable[Waiter]) -> list[Waiter]:
     return sorted(waiters, key=lambda w: (-w.priority, w.since, w.key))
 
 
 def grants(waiters: Iterable[Waiter], free: Mapping[str, Mapping[str, int]],
            nodes: Mapping[str, NodeRoom]) -> list[Key]:
-    """The waiters the room holds, in queue order, none jumping one that does not fit."""
+    """The waiters the room holds, in queue order, none jumping one that does not fit. One that
+    would not fit even in an empty cluster (a gang larger than every node it may use, a node
+    selector no node matches) holds nobody up: it is skipped, and retries on its timer."""
     left = {name: dict(amounts) for name, amounts in free.items()}
     out = []
     for waiter in order(waiters):
+        if not could_fit(waiter, nodes):
+            continue
         after = _place(left, nodes, waiter)
         if after is None:
             break

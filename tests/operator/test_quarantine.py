@@ -86,3 +86,21 @@ def test_the_cordon_a_pass_sets_says_until_when():
     ann = patch.body["metadata"]["annotations"]
     assert patch.body["spec"] == {"unschedulable": True}
     assert parse_time(ann[q.UNTIL]) == b.at(81 + 600) and ann[q.COUNT] == "1"
+
+
+def test_a_cordon_an_earlier_version_made_is_the_operators_and_lasts_one_period():
+    """Before the operator named its field manager, its cordons carry the python client's
+    default one and no quarantine-until: they end one period after their failure-time."""
+    old = b.node("gpu-node-2", unschedulable=True, cordoned_by_manager=q.LEGACY_MANAGER,
+                 annotations={q.CORDONED_BY: "team-a/gpt", q.FAILURE_TIME: b.ts(0),
+                              q.FAILURE_REASON: "NodeUnreachable"})
+    assert q.release(old, b.at(HOUR - 1), HOUR) == (None, pytest.approx(1))
+    assert q.release(old, b.at(HOUR), HOUR)[0]["spec"] == {"unschedulable": False}
+
+
+def test_a_count_annotation_anyone_could_write_never_breaks_the_loop():
+    bad = b.node("gpu-node-2", unschedulable=True, cordoned_by_manager=q.FIELD_MANAGER,
+                 annotations={q.CORDONED_BY: "a/b", q.UNTIL: b.ts(HOUR), q.COUNT: "lots"})
+    assert q.release(bad, b.at(2 * HOUR), HOUR)[0]["spec"] == {"unschedulable": False}
+    assert q.cordon_annotations(b.node("n", annotations={q.PROBATION: b.ts(10), q.COUNT: "x"}),
+                                b.at(0), HOUR)[q.COUNT] == "2"

@@ -36,11 +36,30 @@ def test_room_goes_to_the_job_waiting_longest_and_only_as_many_as_fit():
 
 def test_nobody_jumps_a_job_that_does_not_fit_yet():
     """A big gang first in line is not starved by a stream of small jobs behind it."""
-    nodes = {f"n{i}": _node(f"n{i}") for i in range(3)}
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(4)}
     waiters = [_waiter("big", 100, pods=4), _waiter("small", 200, pods=1)]
-    assert w.grants(waiters, _free(nodes), nodes) == []
-    nodes["n3"] = _node("n3")
+    busy = {**_free(nodes), "n3": {GPU: 0}}           # a running job holds one node
+    assert w.grants(waiters, busy, nodes) == []
     assert w.grants(waiters, _free(nodes), nodes) == [("ns", "big")]
+
+
+def test_a_gang_no_cluster_could_hold_holds_nobody_up():
+    """Larger than every node it may use put together (or a selector no node matches): it
+    waits on its timer, and those behind it are served."""
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(3)}
+    waiters = [_waiter("huge", 100, pods=4), _waiter("nowhere", 150, pods=1,
+                                                     node_selector={"pool": "absent"}),
+               _waiter("small", 200, pods=1)]
+    assert not w.could_fit(waiters[0], nodes) and not w.could_fit(waiters[1], nodes)
+    assert w.grants(waiters, _free(nodes), nodes) == [("ns", "small")]
+
+
+def test_a_taint_named_after_the_resource_the_pods_ask_for_is_theirs():
+    """GKE and AKS taint GPU nodes `nvidia.com/gpu`; the ExtendedResourceToleration admission
+    plugin gives pods that ask for GPUs the toleration, so their spec never names it."""
+    taint = {"key": GPU, "value": "present", "effect": "NoSchedule"}
+    nodes = {f"n{i}": _node(f"n{i}", taints=[taint]) for i in range(2)}
+    assert w.grants([_waiter("gpu", 1)], _free(nodes), nodes) == [("ns", "gpu")]
 
 
 def test_higher_priority_first_then_age():
@@ -105,3 +124,33 @@ def test_a_job_that_asks_for_no_extended_resource_is_not_on_the_list():
                     obs) is None
     gpu = w.waiter(("ns", "gpu"), b.spec_doc(), hold, obs)
     assert gpu.per_pod == {GPU: 8} and gpu.pods == 2 and gpu.since == b.at(100)
+
+
+def test_a_granted_job_keeps_its_room_until_its_pods_have_nodes_and_a_suspended_one_leaves():
+    """The handlers' bookkeeping (`handlers._enlist`): a grant reserves the job's place (and so
+    the room it was granted) until nodes.min of its pods are bound, or the same GPUs would be
+    granted to the next job too; a job that stops waiting for any other reason leaves."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from crucible.operator.handlers import _enlist
+
+    memo = SimpleNamespace(waitlist={}, waitlist_version=0, reserved={})
+    key, job = (b.NS, b.JOB), b.job()
+    hold = {"capacityHold": {"since": b.ts(100)}}
+    _enlist(memo, key, job, {"phase": "Waiting", "podGeneration": 1, "tracking": hold},
+            b.observed())
+    assert key in memo.waitlist
+    granted = dataclasses.replace(b.observed(), capacity_granted=True)
+    # The pass that took the grant ends the hold and makes pod 0: phase Pending.
+    _enlist(memo, key, job, {"phase": "Pending", "podGeneration": 1, "tracking": {}}, granted)
+    assert key in memo.waitlist and key in memo.reserved        # its pods have no node yet
+    bound = b.observed([b.pod(1, 0, node="gpu-node-0"), b.pod(1, 1, node="gpu-node-1")])
+    _enlist(memo, key, job, {"phase": "Pending", "podGeneration": 1, "tracking": {}}, bound)
+    assert key not in memo.waitlist and key not in memo.reserved
+    # Suspended while holding: off the list, though the hold is still in its status.
+    _enlist(memo, key, job, {"phase": "Waiting", "podGeneration": 1, "tracking": hold},
+            b.observed())
+    _enlist(memo, key, job, {"phase": "Suspended", "podGeneration": 1, "tracking": hold},
+            b.observed())
+    assert key not in memo.waitlist

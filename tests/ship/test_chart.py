@@ -117,9 +117,11 @@ def test_uninstall_stops_the_operator_then_releases_the_finalizers_with_rights_f
     weights = {d["kind"]: int(d["metadata"]["annotations"]["helm.sh/hook-weight"]) for d in hooks}
     assert max(v for k, v in weights.items() if k != "Job") < weights["Job"]   # rights first
     [role] = by_kind(hooks, "Role")
-    assert all(rule["resourceNames"] == ["crucible-operator"] for rule in role["rules"])
+    assert all(rule["resourceNames"] == ["crucible-operator"] for rule in role["rules"]
+               if rule["apiGroups"] == ["apps"])
     assert {(r, v) for rule in role["rules"] for r in rule["resources"]
-            for v in rule["verbs"]} == {("deployments", "get"), ("deployments/scale", "patch")}
+            for v in rule["verbs"]} == {("deployments", "get"), ("deployments/scale", "patch"),
+                                        ("pods", "list")}
     [cluster_role] = by_kind(hooks, "ClusterRole")
     assert cluster_role["rules"] == [{"apiGroups": ["crucible.dev"], "resources": ["pretrainjobs"],
                                       "verbs": ["get", "list", "patch"]}]
