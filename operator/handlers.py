@@ -350,6 +350,24 @@ def snapshot(key: tuple[str, str], indexes: dict,
 
 
 # --- lifecycle -------------------------------------------------------------------------------
+def init_state(memo) -> None:
+    """The in-memory state passes share, empty. What a pass needs to be right lives in the
+    job's status; this only steers wake-ups, fences, conflicts and metrics."""
+    memo.wakeups, memo.fences, memo.phases, memo.jobs, memo.conflicts = {}, {}, {}, {}, {}
+    memo.unserved = {}
+    # The room the operator sees and the jobs waiting for it (waitlist.py), the nodes ever
+    # seen (one gone from the index since was deleted), each node's last health (a write that
+    # changes neither wakes nobody), the nodes jobs avoid.
+    memo.book, memo.waitlist, memo.waitlist_version = waitlist.RoomBook(), {}, 0
+    memo.grants = (None, frozenset())
+    memo.known_nodes, memo.node_health, memo.avoiding = {}, {}, {}
+    memo.reserved = {}     # job key -> monotonic deadline: granted room, pods not bound yet
+    memo.nodes_index = memo.pods_index = None
+    memo.cordoned = {}     # name -> NodeView of nodes carrying the operator's cordon annotation
+    memo.terminating = {}  # (namespace, pod) -> (job key, PodView) of pods being deleted
+    memo.live = {}         # job key -> the UID of the job a daemon runs for
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **_):
     cfg = OperatorConfig.from_env()
@@ -376,17 +394,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
     memo.kube = Kube(api_client(cfg.workers * FAN_OUT), fan_out=FAN_OUT,
                      cordons_per_minute=cfg.max_cordons_per_minute)
     memo.executor = concurrent.futures.ThreadPoolExecutor(cfg.workers, "crucible-pass")
-    memo.wakeups, memo.fences, memo.phases, memo.jobs, memo.conflicts = {}, {}, {}, {}, {}
-    memo.unserved = {}
-    # In-memory pictures that steer wake-ups, never decisions a restart would need: the room
-    # the operator sees and the jobs waiting for it (waitlist.py), the nodes ever seen (one
-    # gone from the index since was deleted), each node's last health (a write that changes
-    # neither wakes nobody), the nodes jobs avoid.
-    memo.book, memo.waitlist, memo.waitlist_version = waitlist.RoomBook(), {}, 0
-    memo.grants = (None, frozenset())
-    memo.known_nodes, memo.node_health, memo.avoiding = {}, {}, {}
-    memo.reserved = {}     # job key -> monotonic deadline: granted room, pods not bound yet
-    memo.nodes_index = memo.pods_index = None
+    init_state(memo)
     # With leader election on, passes wait until this replica holds the leader Lease, and
     # stop writing the moment it could not renew it (leader.py).
     memo.leadership = None
@@ -397,9 +405,6 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
         memo.leadership.on_leading(lambda: loop.call_soon_threadsafe(memo.became_leader.set))
         leader.start(api_client(1, leader.CALL_TIMEOUT_S, retries=0),
                      cfg.leader_election_namespace, memo.leadership)
-    memo.cordoned = {}     # name -> NodeView of nodes carrying the operator's cordon annotation
-    memo.terminating = {}  # (namespace, pod) -> (job key, PodView) of pods being deleted
-    memo.live = {}         # job key -> the UID of the job a daemon runs for
     memo.housekeeping = asyncio.create_task(_housekeeping(memo, logger))
     memo.metrics_server = None
     if cfg.metrics_port is not None:

@@ -6,21 +6,18 @@ from __future__ import annotations
 import concurrent.futures
 from types import SimpleNamespace
 
-from crucible.operator.handlers import CHILD_KINDS, OperatorConfig
+from crucible.operator.handlers import CHILD_KINDS, OperatorConfig, init_state
 from crucible.operator.kube import Kube
-from crucible.operator.waitlist import RoomBook
 
 
 def pass_memo(api) -> SimpleNamespace:
     """What `handlers.configure` puts in kopf's memo, for one API client; shut its `executor`
     and `kube.events` down after."""
     cfg = OperatorConfig()
-    return SimpleNamespace(config=cfg, cluster_policy=cfg.cluster_policy, kube=Kube(api),
-                           executor=concurrent.futures.ThreadPoolExecutor(2), fences={},
-                           conflicts={}, unserved={}, phases={}, jobs={},
-                           book=RoomBook(), waitlist={}, waitlist_version=0,
-                           grants=(None, frozenset()), known_nodes=set(), avoiding={}, wakeups={},
-                           terminating={}, live={})
+    memo = SimpleNamespace(config=cfg, cluster_policy=cfg.cluster_policy, kube=Kube(api),
+                           executor=concurrent.futures.ThreadPoolExecutor(2))
+    init_state(memo)
+    return memo
 
 
 def empty_indexes(**filled) -> dict:
