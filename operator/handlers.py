@@ -682,6 +682,7 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True,
     obs = snapshot(key, indexes, memo.conflicts.get(job.uid, frozenset()), avoided,
                    queue, memo.unserved.get(job.uid, frozenset()), deleted,
                    _granted(memo, key))
+    obs = _room_for_gang(memo, key, job, obs, queue)
     now = dt.datetime.now(dt.timezone.utc)
     loop = asyncio.get_running_loop()
     try:
@@ -735,6 +736,29 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True,
     _log(logger, applied, result.events)
     metrics.RECONCILES.labels("error" if applied.transient else "ok").inc()
     return next_pass(outcome, applied, cfg.interval_s, failures)
+
+
+def _room_for_gang(memo, key, job: JobView, obs: Observed, queue: str | None) -> Observed:
+    """Whether the pass may create all of the generation's missing pods at once instead of pod
+    0 first (obs.room_for_gang): the book shows room for every one of them, counting the pods
+    other jobs have not got a node for yet and the gangs their passes just claimed. If so, the
+    room is claimed in the book until this job's pods show up in it (the next pass), so jobs
+    starting together do not all see the same room. Kueue's jobs are placed by Kueue."""
+    memo.book.unclaim(key)
+    tracking = job.status.get("tracking") or {}
+    if queue is not None or tracking.get("capacityHold") or job.deleting:
+        return obs
+    gen = int(job.status.get("podGeneration") or 0)
+    have = {pod.index for pod in obs.pods if pod.owner_uid == job.uid
+            and pod.generation == gen}
+    missing = int((job.spec.get("nodes") or {}).get("max") or 0) - len(have)
+    if missing <= 1:
+        return obs
+    gang = waitlist.waiter(key, job.spec, {"since": "1970-01-01T00:00:00Z"}, obs, missing)
+    if gang is None or not memo.book.room_for(gang):
+        return obs
+    memo.book.claim(key, gang.per_pod, missing)
+    return replace(obs, room_for_gang=True)
 
 
 def _enlist(memo, key, job: JobView, status: dict, obs: Observed) -> None:
@@ -866,6 +890,7 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
         if memo.waitlist.pop(key, None) is not None:
             memo.waitlist_version += 1
         memo.book.sync_job(key, ())
+        memo.book.unclaim(key)
 
 
 logging.getLogger("kubernetes.client.rest").setLevel(logging.WARNING)

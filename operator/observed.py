@@ -322,6 +322,9 @@ class Observed:
     # For a job waiting after releasing its pods: whether the operator grants it room now
     # (waitlist.py: oldest first, as many as fit); None: the operator cannot account it.
     capacity_granted: bool | None = None
+    # The operator's book shows room for all of the generation's missing pods at once (and
+    # has claimed it): they are created together, not pod 0 first (waitlist.py).
+    room_for_gang: bool = False
     # Names of the cluster's PriorityClasses (None: not known yet).
     priority_classes: frozenset[str] | None = None
     # Their values, by name (Kueue orders and preempts Workloads by the value, not the name).

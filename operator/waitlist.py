@@ -164,12 +164,16 @@ def grants(waiters: Iterable[Waiter], free: Mapping[str, Mapping[str, int]],
 
 
 class RoomBook:
-    """The operator's picture of the room: nodes (from the node watch) and what its own active,
-    bound pods ask for (from the pod watch). Every change bumps `version`."""
+    """The operator's picture of the room: nodes (from the node watch), what its own active pods
+    ask for (from the pod watch; bound to a node, or not yet), and claims (a pass about to
+    create a gang it found room for; gone once its pods show up). Every change bumps
+    `version`."""
 
     def __init__(self):
         self.nodes: dict[str, NodeRoom] = {}
-        self.pods: dict[str, tuple[Key, str, dict[str, int]]] = {}   # uid -> (job, node, asks)
+        # uid -> (job, node or None while unbound, asks)
+        self.pods: dict[str, tuple[Key, str | None, dict[str, int]]] = {}
+        self.claims: dict[Key, dict[str, int]] = {}
         self.version = 0
 
     def set_node(self, name: str, room: NodeRoom | None) -> bool:
@@ -190,7 +194,7 @@ class RoomBook:
                 active: bool) -> bool:
         """Record one of the operator's pods. True if it just gave room back."""
         had = uid in self.pods
-        if active and node and asks:
+        if active and asks:
             if self.pods.get(uid) != (job, node, asks):
                 self.pods[uid] = (job, node, asks)
                 self.version += 1
@@ -213,6 +217,7 @@ class RoomBook:
         return bool(gone)
 
     def free(self) -> dict[str, dict[str, int]]:
+        """Per node: allocatable less what the operator's pods bound there ask for."""
         free = {name: dict(node.allocatable) for name, node in self.nodes.items()
                 if node.schedulable and node.allocatable}
         for _, node, asks in self.pods.values():
@@ -221,10 +226,38 @@ class RoomBook:
                     free[node][r] = free[node].get(r, 0) - n
         return free
 
+    def room_for(self, gang: Waiter) -> bool:
+        """Whether the gang fits now: placed node by node on what bound pods leave, and in
+        total on what is left once every unbound pod and every other job's claim is counted
+        (they will take room somewhere; where, the scheduler decides)."""
+        free = self.free()
+        if _place(free, self.nodes, gang) is None:
+            return False
+        left: dict[str, int] = {}
+        for amounts in free.values():
+            for r, n in amounts.items():
+                left[r] = left.get(r, 0) + n
+        taken = [asks for job, node, asks in self.pods.values() if node is None]
+        taken += [asks for job, asks in self.claims.items() if job != gang.key]
+        for asks in taken:
+            for r, n in asks.items():
+                left[r] = left.get(r, 0) - n
+        return all(left.get(r, 0) >= n * gang.pods for r, n in gang.per_pod.items())
 
-def waiter(key: Key, spec: Mapping, hold: Mapping, obs) -> Waiter | None:
-    """The job (its raw spec, its `tracking.capacityHold`) as the waitlist holds it; None when it
-    asks for no extended resource (nothing the book can count) or its spec does not parse."""
+    def claim(self, job: Key, per_pod: Mapping[str, int], pods: int) -> None:
+        self.claims[job] = {r: n * pods for r, n in per_pod.items()}
+        self.version += 1
+
+    def unclaim(self, job: Key) -> None:
+        if self.claims.pop(job, None) is not None:
+            self.version += 1
+
+
+def waiter(key: Key, spec: Mapping, hold: Mapping, obs, pods: int | None = None
+           ) -> Waiter | None:
+    """The job (its raw spec, its `tracking.capacityHold`) as the waitlist holds it, a gang of
+    nodes.min pods (or `pods`); None when it asks for no extended resource (nothing the book can
+    count) or its spec does not parse."""
     from pydantic import ValidationError
 
     from crucible.api.progress import parse_time
@@ -240,7 +273,7 @@ def waiter(key: Key, spec: Mapping, hold: Mapping, obs) -> Waiter | None:
         return None
     sched = parsed.scheduling
     name = sched.priority_class_name or obs.default_priority_class
-    return Waiter(key=key, since=since, pods=parsed.nodes.min, per_pod=asks,
+    return Waiter(key=key, since=since, pods=pods or parsed.nodes.min, per_pod=asks,
                   priority=int(obs.priority_values.get(name, 0)) if name else 0,
                   node_selector=dict(sched.node_selector),
                   tolerations=tuple(t.model_dump(by_alias=True, exclude_none=True)

@@ -154,3 +154,34 @@ def test_a_granted_job_keeps_its_room_until_its_pods_have_nodes_and_a_suspended_
     _enlist(memo, key, job, {"phase": "Suspended", "podGeneration": 1, "tracking": hold},
             b.observed())
     assert key not in memo.waitlist
+
+
+def test_room_for_a_gang_counts_unbound_pods_and_other_jobs_claims():
+    book = w.RoomBook()
+    for i in range(2):
+        book.set_node(f"n{i}", _node(f"n{i}"))            # 16 GPUs
+    gang = _waiter("a", 0, pods=2)                       # 2 x 8
+    assert book.room_for(gang)
+    book.claim(("ns", "other"), {GPU: 8}, 1)             # a pass just made a pod of 8
+    assert not book.room_for(gang)
+    book.unclaim(("ns", "other"))
+    book.set_pod("u1", ("ns", "other"), None, {GPU: 8}, active=True)   # created, unbound
+    assert not book.room_for(gang)
+    assert book.room_for(_waiter("b", 0, pods=1))
+    book.claim(("ns", "a"), {GPU: 8}, 2)                 # its own claim is no obstacle
+    book.set_pod("u1", ("ns", "other"), None, {GPU: 8}, active=False)
+    assert book.room_for(gang)
+
+
+def test_a_gang_with_room_is_created_at_once_and_without_it_pod_0_first():
+    import dataclasses
+
+    from crucible.operator.decision import decide
+
+    obs = b.observed(children=None)
+    first = decide(b.job(), obs, b.at(0))
+    assert [a.name for a in first.actions if a.verb == "create" and a.kind == "Pod"] == \
+        ["gpt-0-0"]
+    roomy = decide(b.job(), dataclasses.replace(obs, room_for_gang=True), b.at(0))
+    assert [a.name for a in roomy.actions if a.verb == "create" and a.kind == "Pod"] == \
+        [f"gpt-0-{i}" for i in range(4)]
