@@ -67,6 +67,7 @@ RESERVE_S = 120.0                     # a grant holds its room this long for the
 KNOWN_NODE_TTL_S = 3600.0             # a deleted node is remembered as deleted this long
 CONFLICT_RETRIES = 3                  # passes again after a 409 before backing off
 CONFLICT_WAIT_S = 2.0                 # for the watch to show the newer job, then read it
+FINALIZER_WAIT_S = 2.0                # for kopf's finalizer on a new job before its first pass
 DUE_SLACK_S = 0.05                    # run a due pass just after its time, never just before
 
 
@@ -831,6 +832,13 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
     fenced_since = None
     failures = 0              # passes in a row that met a transient API failure (backoff)
     ended = False             # the loop ended as it should (stopped, or the job gone)
+    # kopf adds its finalizer to a new job as the daemon starts: a first pass begun before
+    # that lands meets a 409 on its status write (the job moved) and runs again. Waiting a
+    # moment for it saves a write and a pass per job, most of all when many start at once.
+    settle = time.monotonic() + FINALIZER_WAIT_S
+    while (FINALIZER not in ((body.get("metadata") or {}).get("finalizers") or ())
+           and time.monotonic() < settle and not stopped):
+        await asyncio.sleep(0.05)
     try:
         while not stopped:
             if not _acting(memo)():
