@@ -353,21 +353,27 @@ def bare_client(b: Bench, count: int, threads: int = 32) -> dict:
     core, ns = b.core, b.ns
     running, lock, done = set(), threading.Lock(), threading.Event()
 
+    def see(event) -> None:
+        pod = event["object"]
+        with lock:
+            if event["type"] != "DELETED" and pod.status.phase == "Running":
+                running.add(pod.metadata.name)
+            else:
+                running.discard(pod.metadata.name)
+            if len(running) == count:
+                done.set()
+
     def follow():
-        w = watch.Watch()
         while not done.is_set():
-            for event in w.stream(core.list_namespaced_pod, ns, label_selector=BARE_LABEL,
-                                  timeout_seconds=5):
-                pod = event["object"]
-                with lock:
-                    if event["type"] != "DELETED" and pod.status.phase == "Running":
-                        running.add(pod.metadata.name)
-                    else:
-                        running.discard(pod.metadata.name)
-                    if len(running) == count:
-                        done.set()
-                if done.is_set():
-                    w.stop()
+            w = watch.Watch()
+            try:
+                for event in w.stream(core.list_namespaced_pod, ns, label_selector=BARE_LABEL,
+                                      timeout_seconds=5):
+                    see(event)
+                    if done.is_set():
+                        w.stop()
+            except b.client.exceptions.ApiException as err:   # 410/504: watch again
+                print(f"watch restarted: HTTP {err.status} {err.reason}")
 
     def body(i: int) -> dict:
         return {"metadata": {"name": f"bare-{i:04d}", "labels": {BARE_LABEL: "1"}},
@@ -419,13 +425,18 @@ def scale_case(args) -> int:
             running_at, pods_running, lock = {}, set(), threading.Lock()
 
             def follow(list_fn, on_event, *fn_args):
-                w = watch.Watch()
                 while not stop.is_set():
-                    for event in w.stream(list_fn, *fn_args, timeout_seconds=5):
-                        with lock:
-                            on_event(event["type"], event["object"])
-                        if stop.is_set():
-                            w.stop()
+                    w = watch.Watch()
+                    try:
+                        for event in w.stream(list_fn, *fn_args, timeout_seconds=5):
+                            with lock:
+                                on_event(event["type"], event["object"])
+                            if stop.is_set():
+                                w.stop()
+                    except b.client.exceptions.ApiException as err:
+                        # A loaded apiserver answers a resumed watch with 410 (expired) or 504
+                        # ("Too large resource version"): list and watch again from scratch.
+                        print(f"watch restarted: HTTP {err.status} {err.reason}")
 
             def on_job(kind, obj):
                 name = obj["metadata"]["name"]
