@@ -184,7 +184,9 @@ def test_sigkill_of_a_worker_restores_from_its_own_memory_without_storage(nodes,
     assert "restore of s3://" not in log  # nothing fetched from S3 (it logs every fetch)
     print(f"SIGKILL -> first step {first['time'] - killed_at:.1f}s, restore "
           f"{restore['seconds']:.2f}s from memory, steps lost {lost}")
-    assert first["time"] - killed_at <= 10 + 20  # target 10 s (measured 9.8); slack for a loaded CI box
+    # How fast is a benchmark's question (bench/checkpoint_bench.py); here only *what* ended the
+    # old group: torchrun's monitor, not the process group's 600 s collective timeout.
+    assert first["time"] - killed_at < 300, "the restart waited on a collective timeout"
 
 
 @pytest.mark.stack
