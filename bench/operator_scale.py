@@ -89,6 +89,11 @@ CAPACITY_FT = {"nodeFailureGraceSeconds": GRACE_S, "capacityTimeoutSeconds": 60,
                "hangTimeoutSeconds": 86400, "startupTimeoutSeconds": 86400}
 
 
+def _operator_workers() -> int:
+    """The operator's API worker threads (CRUCIBLE_OPERATOR_WORKERS, as the operator reads it)."""
+    return int(os.environ.get("CRUCIBLE_OPERATOR_WORKERS", "32"))
+
+
 def stack(args) -> dict[str, str]:
     env = dict(os.environ, CRUCIBLE_STACK_DIR=str(Path.home() / ".cache/crucible/stack-bench"),
                CRUCIBLE_PORT_OFFSET=str(PORT_OFFSET), CRUCIBLE_KWOK_NODES=str(args.nodes),
@@ -406,6 +411,7 @@ def scale_case(args) -> int:
 
     results: dict = {"jobs": args.jobs, "pods_per_job": args.pods, "nodes": args.nodes,
                      "node_lease_s": args.node_lease_s, "cpus": os.cpu_count(),
+                     "operator_workers": _operator_workers(),
                      "load_average_at_start": os.getloadavg()[0]}
     stop = threading.Event()
     with Bench(args, "operator_scale.log") as b:
@@ -734,6 +740,7 @@ def capacity_case(args) -> int:
                      "fault_tolerance": CAPACITY_FT, "settle_s": args.settle_s,
                      "churn_minutes": args.churn_minutes, "sample_s": args.sample_s,
                      "seed": args.seed, "cpus": os.cpu_count(),
+                     "operator_workers": _operator_workers(),
                      "load_average_at_start": os.getloadavg()[0]}
     print(f"capacity case: {args.jobs} jobs x {args.pods} pods x {args.gpus_per_pod} GPUs on "
           f"{args.nodes} nodes x {GPUS_PER_NODE} GPUs: {fits} jobs fit at once")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import time
 import uuid
@@ -282,8 +283,10 @@ def _workload(cluster, job: str) -> dict:
 def test_under_wait_for_pods_ready_a_running_job_is_never_evicted(cluster, kueue, run_operator):
     """The stack's Kueue runs waitForPodsReady (timeout KUEUE_PODS_READY_TIMEOUT_S): the
     operator says PodsReady=True once the admitted pods are Ready, so a job outlives the
-    timeout twice over without an eviction (nobody writing it: evicted after one)."""
+    timeout twice over without an eviction (nobody writing it: evicted after one).
+    CRUCIBLE_KUEUE_SOAK_S runs it longer (a soak: 600 for ten minutes)."""
     timeout_s = KUEUE_PODS_READY_TIMEOUT_S
+    soak_s = float(os.environ.get("CRUCIBLE_KUEUE_SOAK_S", 2 * timeout_s + 10))
     queue = kueue.pool(32)
     with run_operator(cluster.namespace) as runner:
         submit(cluster, "steady", queue, nodes={"min": 2, "max": 2})
@@ -293,7 +296,7 @@ def test_under_wait_for_pods_ready_a_running_job_is_never_evicted(cluster, kueue
                                                    "PodsReady")).get("status") == "True" and c,
                            30, "PodsReady=True on the Workload")
         assert ready["reason"] == "Started"
-        time.sleep(2 * timeout_s + 10)
+        time.sleep(soak_s)
         wl = _workload(cluster, "steady")
         assert wl["metadata"]["uid"] == uid
         assert condition(wl["status"], "Evicted").get("status") != "True", wl["status"]
