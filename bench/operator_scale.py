@@ -59,6 +59,16 @@ by phase at the end of the churn (goal: none Failed), the CapacityReleased/Capac
 reconcile passes and the operator's CPU time and RSS. A table goes to stdout, everything to
 bench/results/operator_scale_capacity.json. Every wait has a deadline; whatever happens the killed
 nodes are given back and the stack is stopped (unless --keep-stack).
+
+By default the jobs never finish: a job that waits can then run only when a running one lets go
+of its room (a node failure it cannot recover from within capacityTimeoutSeconds), so "jobs
+never Running" measures how the churn rotates them, not starvation. With --run-minutes M a job
+finishes once it has been Running M minutes in all (the bench deletes it, as its owner would)
+and a new one is submitted in its place, so the demand stays twice the capacity: a steady
+stream of jobs. Then `starvation` says how long jobs waited for their first Running, how old
+the oldest job that never ran is at the end (under a first-come order it stays near the
+typical wait; a starved job's grows with the run), and how many pairs ran out of their
+submission order.
 """
 
 from __future__ import annotations
@@ -663,7 +673,7 @@ class Phases:
     samples counts in the phase seen at its start."""
 
     def __init__(self, names: list[str]):
-        self.names = names
+        self.names = list(names)
         self.last: dict[str, str] = {}
         self.last_t: float | None = None
         self.time: dict[str, dict[str, float]] = {n: {} for n in names}
@@ -679,7 +689,9 @@ class Phases:
             dt = now - self.last_t
             self.total_s += dt
             for name in self.names:
-                phase = self.last.get(name, "None")
+                if name not in self.last:     # submitted since the last sample
+                    continue
+                phase = self.last[name]
                 self.time[name][phase] = self.time[name].get(phase, 0.0) + dt
             self.running_jobs_s += dt * sum(1 for p in self.last.values() if p == "Running")
         for name, phase in phases.items():
@@ -690,6 +702,14 @@ class Phases:
         waiting = sum(1 for p in phases.values() if p == "Waiting")
         self.series.append([round(now - t0, 1), running, waiting, len(phases) - running - waiting])
         return phases
+
+    def add(self, name: str) -> None:
+        """A job submitted after the start: its shares count from its first sample."""
+        self.names.append(name)
+        self.time[name] = {}
+
+    def running_s(self, name: str) -> float:
+        return self.time[name].get("Running", 0.0)
 
     def share(self, name: str, phase: str) -> float:
         return self.time[name].get(phase, 0.0) / self.total_s if self.total_s else 0.0
@@ -739,7 +759,7 @@ def capacity_case(args) -> int:
                      "jobs_that_fit": fits, "node_lease_s": args.node_lease_s,
                      "fault_tolerance": CAPACITY_FT, "settle_s": args.settle_s,
                      "churn_minutes": args.churn_minutes, "sample_s": args.sample_s,
-                     "seed": args.seed, "cpus": os.cpu_count(),
+                     "run_minutes": args.run_minutes, "seed": args.seed, "cpus": os.cpu_count(),
                      "operator_workers": _operator_workers(),
                      "load_average_at_start": os.getloadavg()[0]}
     print(f"capacity case: {args.jobs} jobs x {args.pods} pods x {args.gpus_per_pod} GPUs on "
@@ -748,8 +768,11 @@ def capacity_case(args) -> int:
         time.sleep(3)  # the operator's watches start
         names = [f"job-{i:03d}" for i in range(args.jobs)]
         start = time.monotonic()
-        b.create_jobs(names, lambda n: b.job_body(n, args.pods, CAPACITY_FT, args.gpus_per_pod))
+        body = lambda n: b.job_body(n, args.pods, CAPACITY_FT, args.gpus_per_pod)  # noqa: E731
+        b.create_jobs(names, body)
         print(f"created {args.jobs} jobs in {time.monotonic() - start:.1f}s")
+        created_at = {name: 0.0 for name in names}
+        finished: dict[str, dict] = {}     # name -> its last status, when the bench deleted it
         churn = Churn(b, args.churn_every_s, args.churn_down_s, random.Random(args.seed))
         whole, window = Phases(names), Phases(names)
         churn_start = start + args.settle_s
@@ -777,9 +800,18 @@ def capacity_case(args) -> int:
                     print(f"  sample failed: {err}", file=sys.stderr)
                 else:
                     now = time.monotonic()
+                    jobs += [{"metadata": {"name": n}, "status": {"phase": "Finished"}}
+                             for n in finished]
                     phases = whole.sample(now, start, jobs)
                     if started:
                         window.sample(now, churn_start, jobs)
+                    if args.run_minutes:
+                        done = [j for j in jobs if j["metadata"]["name"] not in finished
+                                and whole.running_s(j["metadata"]["name"]) >= args.run_minutes * 60]
+                        for name in _finish(b, done, finished, names, body):
+                            created_at[name] = time.monotonic() - start
+                            whole.add(name)
+                            window.add(name)
                     for name, phase in phases.items():
                         if phase == "Running":
                             first_running_at.setdefault(name, now - start)
@@ -795,7 +827,9 @@ def capacity_case(args) -> int:
             if now >= churn_end:
                 break
             time.sleep(max(0.0, min(1.0, next_sample - time.monotonic(), churn_end - now)))
-        end_jobs = jobs
+        end_jobs = [j for j in jobs if j["metadata"]["name"] not in finished]
+        end_jobs += [{"metadata": {"name": n}, "status": status} for n, status in finished.items()]
+        results["jobs_submitted"], results["jobs_finished"] = len(names), len(finished)
         b.killed.update(churn.returning)   # given back but not yet forgotten: close() does it
         results["wall_s"] = round(time.monotonic() - start, 1)
         results["churn"] = churn.report()
@@ -820,11 +854,34 @@ def capacity_case(args) -> int:
             print(f"events: {err}", file=sys.stderr)
             events = {}
     # The stack is down from here; everything needed was read above.
-    summarize(results, names, end_jobs, whole, window, events, first_running_at, fits, args)
+    summarize(results, names, end_jobs, whole, window, events, first_running_at, fits, args,
+              created_at, results["wall_s"])
     write_results(args.out, results)
     print(f"results: {args.out}")
     failed = results["end"]["phases"].get("Failed", 0)
     return 0 if not failed and not results["restarts"]["application"] else 1
+
+
+def _finish(b: Bench, done: list[dict], finished: dict[str, dict], names: list[str], body
+            ) -> list[str]:
+    """The jobs in `done` have run their --run-minutes: deleted, as their owners would once they
+    are done (the operator takes their pods away and frees the room), each replaced by a new job
+    so the demand stays twice the capacity. The names of the new jobs."""
+    crd, new = b.crd, []
+    for job in done:
+        name = job["metadata"]["name"]
+        try:
+            b.objs.delete_namespaced_custom_object(crd.GROUP, crd.VERSION, b.ns, crd.PLURAL, name,
+                                                   _request_timeout=30)
+        except Exception as err:  # noqa: BLE001 - a slow apiserver: tried at the next sample
+            print(f"  finish {name}: {err}", file=sys.stderr)
+            continue
+        finished[name] = {**(job.get("status") or {}), "phase": "Finished"}
+        new.append(f"job-{len(names):03d}")
+        names.append(new[-1])
+    if new:
+        b.create_jobs(new, body)
+    return new
 
 
 def _count(phases: dict[str, str]) -> dict[str, int]:
@@ -843,7 +900,7 @@ def _pcts(values: list[float]) -> dict:
 
 
 def summarize(results, names, end_jobs, whole: Phases, window: Phases, events, first_running_at,
-              fits, args) -> None:
+              fits, args, created_at: dict[str, float], end_s: float) -> None:
     by_name = {j["metadata"]["name"]: j for j in end_jobs}
     released = _per_job(events.get("CapacityReleased", []))
     retried = _per_job(events.get("CapacityRetry", []))
@@ -862,6 +919,7 @@ def summarize(results, names, end_jobs, whole: Phases, window: Phases, events, f
             "running_share_whole_run": round(whole.share(name, "Running"), 3),
             "first_running_s": (round(first_running_at[name], 1) if name in first_running_at
                                 else None),
+            "created_s": round(created_at[name], 1),
             "phase_end": status.get("phase"),
             "restarts": {"application": int(r.get("application", 0)),
                          "infrastructure": int(r.get("infrastructure", 0)),
@@ -898,12 +956,30 @@ def summarize(results, names, end_jobs, whole: Phases, window: Phases, events, f
         "events": {reason: sum(n for _, _, n in items) for reason, items in events.items()},
         "node_failures": node_failure_events(events),
         "jobs_never_running": [n for n in names if n not in first_running_at],
+        "starvation": starvation(names, created_at, first_running_at, end_s),
         "series": whole.series,
         "per_job": per_job,
     })
     results["goals"] = {"no_job_failed": not end_phases.get("Failed") and not whole.failed_seen,
                         "application_restarts_zero": totals["application"] == 0}
     print_table(results)
+
+
+def starvation(names, created_at: dict[str, float], first_running_at: dict[str, float],
+               end_s: float) -> dict:
+    """How long jobs waited for their first Running, and how old the oldest never-running one
+    is at the end: under a first-come order with finishing jobs it stays near the typical wait;
+    a starved job's age grows with the run. `overtaken`: jobs that first ran while one created
+    earlier had not run yet, and that earlier one was still waiting (it ran later, or never)."""
+    waits = [first_running_at[n] - created_at[n] for n in names if n in first_running_at]
+    never = {n: round(end_s - created_at[n], 1) for n in names if n not in first_running_at}
+    start = {n: first_running_at.get(n, float("inf")) for n in names}
+    overtaken = sum(1 for n in names for e in names
+                    if created_at[e] < created_at[n] - 1 and start[e] > start[n] + 1)
+    return {"jobs_that_ran": len(waits), "wait_to_first_running_s": _pcts(waits),
+            "never_running": len(never),
+            "oldest_never_running_age_s": max(never.values()) if never else None,
+            "overtaken_pairs": overtaken}
 
 
 def print_table(results: dict) -> None:
@@ -931,6 +1007,11 @@ def print_table(results: dict) -> None:
          f"{100 * (results['utilization'] or 0):.1f}% of the {results['jobs_that_fit']} that fit"),
         ("phase share (churn window)", ", ".join(f"{k} {100 * v:.1f}%"
                                                  for k, v in results["phase_share"].items())),
+        ("wait for the first Running", "{jobs_that_ran} jobs ran: {wait_to_first_running_s}; "
+         "{never_running} never ran, the oldest {oldest_never_running_age_s}s old at the end; "
+         "{overtaken_pairs} pairs where a later job ran first".format(**results["starvation"])),
+        ("submitted / finished", f"{results['jobs_submitted']} / {results['jobs_finished']} "
+         f"(each runs {results['run_minutes']} min; 0: never finishes)"),
         ("restarts (sum over jobs)", f"total {results['restarts']['total']}, application "
          f"{results['restarts']['application']}, infrastructure "
          f"{results['restarts']['infrastructure']}; "
@@ -988,6 +1069,9 @@ def main() -> int:
                         help="capacity case: a dead node is given back after this long")
     parser.add_argument("--sample-s", type=float, default=5,
                         help="capacity case: how often the jobs' phases are sampled")
+    parser.add_argument("--run-minutes", type=float, default=0,
+                        help="capacity case: a job Running this long in all finishes (the bench "
+                        "deletes it) and a new one is submitted; 0 (default): jobs never finish")
     parser.add_argument("--seed", type=int, default=1, help="capacity case: which nodes die")
     parser.add_argument("--keep-stack", action="store_true")
     parser.add_argument("--out", default=None, help="results file (default: "

@@ -108,6 +108,25 @@ def release_due(p: Pass, current: dict[int, PodView]) -> bool:
     return True
 
 
+def queue_behind(p: Pass) -> bool:
+    """A new job (no pod yet) that jobs on the waitlist are ahead of (`obs.queued_behind`) joins
+    the list's end instead of creating pods: it waits as a released job does, and is granted
+    room in its turn (or tries at its retry time, as they do). True if it waits."""
+    ahead = p.obs.queued_behind
+    if not ahead or p.gen != 0 or p.obs.pods or p.track.get("capacityHold"):
+        return False
+    until = p.now + dt.timedelta(seconds=retry_delay_s(
+        p.spec.fault_tolerance.capacity_retry_seconds, 1, p.job.uid))
+    p.track["capacityHold"] = {"since": format_time(p.now), "until": format_time(until),
+                               "reason": ahead}
+    message = (f"{ahead}: waiting its turn (oldest waiting job first), at the latest until "
+               f"{format_time(until)}")
+    p.event("Normal", "CapacityQueued", message)
+    _waiting(p, message, reason="QueuedForCapacity")
+    p.requeue = True
+    return True
+
+
 def held(p: Pass) -> bool:
     """While the job has released its pods: True (the pass creates nothing) until the operator
     grants it room (`obs.capacity_granted`, waitlist.py: oldest first, as many as fit), or,
@@ -138,11 +157,11 @@ def held(p: Pass) -> bool:
     return True
 
 
-def _waiting(p: Pass, message: str) -> None:
+def _waiting(p: Pass, message: str, reason: str = "CapacityReleased") -> None:
     p.status["phase"] = WAITING
     p.status["pods"] = {"desired": p.spec.nodes.max, "running": 0, "pending": 0, "failed": 0,
                         "lost": 0}
     p.cond(c.PODS_SCHEDULED, False, "InsufficientCapacity", message)
-    p.cond(c.RUNNING, False, "CapacityReleased", message)
-    p.cond(c.RESTARTING, False, "CapacityReleased", message)
+    p.cond(c.RUNNING, False, reason, message)
+    p.cond(c.RESTARTING, False, reason, message)
     p.status["message"] = f"{WAITING}: {message}"

@@ -102,7 +102,7 @@ def _run(p: Pass):
     current = {pod.index: pod for pod in p.obs.pods if pod.generation == p.gen}
     _stale(p)
     policy.recount_peer_loss(p)
-    if _succeeded(p, current) or capacity.held(p):
+    if _succeeded(p, current) or capacity.held(p) or capacity.queue_behind(p):
         return
     if stragglers.act(p, current):
         return

@@ -683,6 +683,7 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True,
     obs = snapshot(key, indexes, memo.conflicts.get(job.uid, frozenset()), avoided,
                    queue, memo.unserved.get(job.uid, frozenset()), deleted,
                    _granted(memo, key))
+    obs = _queued_behind(memo, key, job, obs, queue)
     obs = _room_for_gang(memo, key, job, obs, queue)
     now = dt.datetime.now(dt.timezone.utc)
     loop = asyncio.get_running_loop()
@@ -737,6 +738,28 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True,
     _log(logger, applied, result.events)
     metrics.RECONCILES.labels("error" if applied.transient else "ok").inc()
     return next_pass(outcome, applied, cfg.interval_s, failures)
+
+
+def _queued_behind(memo, key, job: JobView, obs: Observed, queue: str | None) -> Observed:
+    """A new job (generation 0, no pod yet) takes its place at the end of the waitlist when the
+    room left after the jobs already on it (in their order) does not hold its gang: without
+    this a job arriving just as room frees would take it before the jobs that have waited for
+    it, and under a steady stream of new jobs those could wait forever. Kueue's jobs queue in
+    Kueue; a job the book cannot account (no extended resource) is not on the list."""
+    if (queue is not None or not memo.waitlist or key in memo.waitlist or key in memo.reserved
+            or job.deleting or int(job.status.get("podGeneration") or 0) != 0
+            or any(pod.owner_uid == job.uid for pod in obs.pods)
+            or (job.status.get("tracking") or {}).get("capacityHold")):
+        return obs
+    now = dt.datetime.now(dt.timezone.utc)
+    me = waitlist.waiter(key, job.spec, {"since": now.isoformat()}, obs)
+    if me is None or not waitlist.could_fit(me, memo.book.nodes):
+        return obs
+    ahead = list(memo.waitlist.values())
+    if key in waitlist.grants(ahead + [me], memo.book.free(), memo.book.nodes):
+        return obs
+    return replace(obs, queued_behind=(
+        f"{len(ahead)} job(s) that released their pods wait for room ahead of it"))
 
 
 def _room_for_gang(memo, key, job: JobView, obs: Observed, queue: str | None) -> Observed:

@@ -325,6 +325,9 @@ class Observed:
     # The operator's book shows room for all of the generation's missing pods at once (and
     # has claimed it): they are created together, not pod 0 first (waitlist.py).
     room_for_gang: bool = False
+    # For a new job (no pod yet): why it must wait behind jobs on the waitlist (they released
+    # their pods earlier and the room left after them does not hold it), or None (waitlist.py).
+    queued_behind: str | None = None
     # Names of the cluster's PriorityClasses (None: not known yet).
     priority_classes: frozenset[str] | None = None
     # Their values, by name (Kueue orders and preempts Workloads by the value, not the name).

@@ -384,3 +384,23 @@ def test_a_survivors_exit_stays_the_programs_when_the_store_host_lives_on():
     much_later = _later(after, 500, dead)
     assert much_later.status["restarts"]["application"] == 1
     assert much_later.status["restarts"]["byCause"] == {"ApplicationError": 1}
+
+
+def test_a_new_job_with_jobs_waiting_ahead_of_it_waits_its_turn_then_starts_when_granted():
+    ahead = "2 job(s) that released their pods wait for room ahead of it"
+    new = _pass({}, [], 10, queued_behind=ahead)
+    assert not acts(new, "create", "Pod")
+    assert new.status["phase"] == "Waiting" and new.status.get("podGeneration", 0) == 0
+    assert "CapacityQueued" in reasons(new) and ahead in new.status["message"]
+    assert cond(new, "Running")["reason"] == "QueuedForCapacity"
+    assert new.status["tracking"]["capacityHold"]["since"] == b.ts(10)
+    assert (new.status.get("restarts") or {}).get("total", 0) == 0
+    # On the list now: no room granted yet, nothing made; granted, pod 0 first.
+    later = _pass(new.status, [], 200, capacity_granted=False)
+    assert not acts(later, "create", "Pod") and later.status["phase"] == "Waiting"
+    granted = _pass(later.status, [], 210, capacity_granted=True)
+    assert "CapacityRetry" in reasons(granted)
+    assert acts(granted, "create", "Pod") == [("create", "Pod", "gpt-0-0")]
+    # A running job's own restart never queues behind anyone.
+    running = _pass(running_status(), _short(0), 300, queued_behind=ahead)
+    assert "CapacityQueued" not in reasons(running)

@@ -185,3 +185,30 @@ def test_a_gang_with_room_is_created_at_once_and_without_it_pod_0_first():
     roomy = decide(b.job(), dataclasses.replace(obs, room_for_gang=True), b.at(0))
     assert [a.name for a in roomy.actions if a.verb == "create" and a.kind == "Pod"] == \
         [f"gpt-0-{i}" for i in range(4)]
+
+
+def test_a_new_job_waits_behind_the_waitlist_unless_the_room_left_after_it_holds_it():
+    """`handlers._queued_behind`: a job arriving just as room frees must not take it from the
+    jobs that released their pods and wait for it (a steady stream of new jobs would starve
+    them); it joins the list's end unless the room left after them holds it too."""
+    from types import SimpleNamespace
+
+    from crucible.operator.handlers import _queued_behind
+
+    memo = SimpleNamespace(waitlist={}, reserved={}, book=w.RoomBook())
+    for i in range(3):
+        memo.book.set_node(f"n{i}", _node(f"n{i}"))      # 3 whole nodes
+    key, job, obs = (b.NS, b.JOB), b.job(), b.observed()
+    assert _queued_behind(memo, key, job, obs, None).queued_behind is None   # nobody waits
+    memo.waitlist[("ns", "old")] = _waiter("old", 100)   # 2 whole nodes: 1 is left
+    behind = _queued_behind(memo, key, job, obs, None).queued_behind
+    assert behind and "1 job(s)" in behind               # the new job needs 2
+    memo.book.set_node("n3", _node("n3"))                # now the room left holds it too
+    assert _queued_behind(memo, key, job, obs, None).queued_behind is None
+    memo.book.set_node("n3", None)
+    # Never a job Kueue queues, one with pods (a running job's restart), or one on the list.
+    assert _queued_behind(memo, key, job, obs, "team-queue").queued_behind is None
+    assert _queued_behind(memo, key, job, b.observed([b.pod(0, 0, node="n0")]),
+                          None).queued_behind is None
+    memo.reserved[key] = 0.0
+    assert _queued_behind(memo, key, job, obs, None).queued_behind is None
