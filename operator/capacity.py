@@ -27,6 +27,7 @@ from crucible.operator.observed import PodView
 from crucible.operator.outcome import WAITING, Pass
 
 RETRY_CAP_S = 3600       # the longest wait between retries
+QUEUED = "QueuedForCapacity"   # a new job's hold: it never had pods to release
 JITTER = 0.25            # up to +25%, fixed per job: jobs released together retry apart
 
 
@@ -113,16 +114,17 @@ def queue_behind(p: Pass) -> bool:
     the list's end instead of creating pods: it waits as a released job does, and is granted
     room in its turn (or tries at its retry time, as they do). True if it waits."""
     ahead = p.obs.queued_behind
-    if not ahead or p.gen != 0 or p.obs.pods or p.track.get("capacityHold"):
+    if (not ahead or p.gen != 0 or p.obs.pods or "startTime" in p.status
+            or p.track.get("capacityHold")):
         return False
     until = p.now + dt.timedelta(seconds=retry_delay_s(
         p.spec.fault_tolerance.capacity_retry_seconds, 1, p.job.uid))
     p.track["capacityHold"] = {"since": format_time(p.now), "until": format_time(until),
-                               "reason": ahead}
-    message = (f"{ahead}: waiting its turn (oldest waiting job first), at the latest until "
-               f"{format_time(until)}")
+                               "reason": ahead, "queued": True}
+    message = (f"{ahead}: it makes no pod and waits its turn for room (higher priority, then "
+               "longer waiting, first)")
     p.event("Normal", "CapacityQueued", message)
-    _waiting(p, message, reason="QueuedForCapacity")
+    _waiting(p, message, reason=QUEUED)
     p.requeue = True
     return True
 
@@ -151,8 +153,10 @@ def held(p: Pass) -> bool:
         return False
     latest = (since + dt.timedelta(seconds=RETRY_CAP_S) if granted is False and since is not None
               else until)
-    _waiting(p, f"released its pods ({hold.get('reason')}); trying again once there is room "
-             f"for it, at the latest at {format_time(latest)}")
+    what = (f"queued for room ({hold.get('reason')})" if hold.get("queued")
+            else f"released its pods ({hold.get('reason')})")
+    _waiting(p, f"{what}; trying again once there is room for it, at the latest at "
+             f"{format_time(latest)}", reason=QUEUED if hold.get("queued") else "CapacityReleased")
     p.wake(max((latest - p.now).total_seconds(), 1.0))
     return True
 

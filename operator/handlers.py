@@ -746,20 +746,33 @@ def _queued_behind(memo, key, job: JobView, obs: Observed, queue: str | None) ->
     this a job arriving just as room frees would take it before the jobs that have waited for
     it, and under a steady stream of new jobs those could wait forever. Kueue's jobs queue in
     Kueue; a job the book cannot account (no extended resource) is not on the list."""
-    if (queue is not None or not memo.waitlist or key in memo.waitlist or key in memo.reserved
-            or job.deleting or int(job.status.get("podGeneration") or 0) != 0
+    # Never one that has had pods (`startTime`: written by the pass that made the first): a
+    # running job whose pods all vanished, or whose pods the watch has not shown yet, restarts
+    # or goes on; it never queues.
+    if (queue is not None or key in memo.waitlist or key in memo.reserved or job.deleting
+            or "startTime" in job.status or int(job.status.get("podGeneration") or 0) != 0
             or any(pod.owner_uid == job.uid for pod in obs.pods)
             or (job.status.get("tracking") or {}).get("capacityHold")):
         return obs
-    now = dt.datetime.now(dt.timezone.utc)
-    me = waitlist.waiter(key, job.spec, {"since": now.isoformat()}, obs)
-    if me is None or not waitlist.could_fit(me, memo.book.nodes):
-        return obs
-    ahead = list(memo.waitlist.values())
-    if key in waitlist.grants(ahead + [me], memo.book.free(), memo.book.nodes):
+    me = waitlist.waiter(key, job.spec, {"since": "9999-12-31T00:00:00Z"}, obs)
+    if me is None or _fits_behind_waitlist(memo, me):
         return obs
     return replace(obs, queued_behind=(
-        f"{len(ahead)} job(s) that released their pods wait for room ahead of it"))
+        f"{len(memo.waitlist)} job(s) that released their pods wait for room ahead of it"))
+
+
+def _fits_behind_waitlist(memo, gang: waitlist.Waiter) -> bool:
+    """Whether the gang (last in line: `since` later than anyone's) fits in the room left once
+    the waitlist's jobs took theirs, in their order, and the operator's pods on their way and
+    the other claimed gangs theirs. True when nobody waits."""
+    if not memo.waitlist:
+        return True
+    if not waitlist.could_fit(gang, memo.book.nodes):
+        return True    # no cluster of this shape holds it: the API's answer will say so
+    ahead = [w for k, w in memo.waitlist.items() if k != gang.key]
+    return gang.key in waitlist.grants(ahead + [gang],
+                                       memo.book.free_after_pending(exclude=gang.key),
+                                       memo.book.nodes)
 
 
 def _room_for_gang(memo, key, job: JobView, obs: Observed, queue: str | None) -> Observed:
@@ -778,8 +791,13 @@ def _room_for_gang(memo, key, job: JobView, obs: Observed, queue: str | None) ->
     missing = int((job.spec.get("nodes") or {}).get("max") or 0) - len(have)
     if missing <= 1:
         return obs
-    gang = waitlist.waiter(key, job.spec, {"since": "1970-01-01T00:00:00Z"}, obs, missing)
-    if gang is None or not memo.book.room_for(gang):
+    # A new job's gang (last in line): all at once only if the room left after the waitlist's
+    # jobs holds all of them (nodes.max may be more than the nodes.min `_queued_behind` made
+    # room for), else pod 0 first. A running job's restart goes first, as its replacements do.
+    gang = waitlist.waiter(key, job.spec, {"since": "9999-12-31T00:00:00Z"}, obs, missing)
+    if (gang is None or not memo.book.room_for(gang)
+            or ("startTime" not in job.status and key not in memo.waitlist
+                and not _fits_behind_waitlist(memo, gang))):
         return obs
     memo.book.claim(key, gang.per_pod, missing)
     return replace(obs, room_for_gang=True)

@@ -17,7 +17,9 @@ jobs that never run). So the operator keeps a book of room and grants it in orde
   Kueue's StrictFIFO queueing: a job is granted only if, after every job ahead of it took its
   `nodes.min` pods' worth (placed first-fit on nodes, one pod's request per placement), the room
   left holds its own `nodes.min` pods; nobody behind a job that does not fit yet jumps it (a
-  big gang would otherwise wait forever behind a stream of small ones).
+  big gang would otherwise wait forever behind a stream of small ones): what it could use
+  stays for it, and only jobs that need none of that (another pool, another resource) go on.
+  A new job queues at the end too, when the room left after the list does not hold it.
 - A job the book cannot account (it asks for no extended resource) is not on the list: it
   retries on its backoff timer, as before.
 
@@ -147,9 +149,11 @@ def order(waiters: Iterable[Waiter]) -> list[Waiter]:
 
 def grants(waiters: Iterable[Waiter], free: Mapping[str, Mapping[str, int]],
            nodes: Mapping[str, NodeRoom]) -> list[Key]:
-    """The waiters the room holds, in queue order, none jumping one that does not fit. One that
-    would not fit even in an empty cluster (a gang larger than every node it may use, a node
-    selector no node matches) holds nobody up: it is skipped, and retries on its timer."""
+    """The waiters the room holds, in queue order, none jumping one that does not fit: what such
+    a one could use (its resources, on the nodes it may use) stays for it, and only jobs that
+    need none of that (another pool, another resource) go on past it. One that would not fit
+    even in an empty cluster (a gang larger than every node it may use, a node selector no
+    node matches) holds nobody up: it is skipped, and retries on its timer."""
     left = {name: dict(amounts) for name, amounts in free.items()}
     out = []
     for waiter in order(waiters):
@@ -157,7 +161,11 @@ def grants(waiters: Iterable[Waiter], free: Mapping[str, Mapping[str, int]],
             continue
         after = _place(left, nodes, waiter)
         if after is None:
-            break
+            for name, room in left.items():
+                if name in nodes and waiter.can_use(nodes[name]):
+                    for resource in waiter.per_pod:
+                        room[resource] = 0
+            continue
         left = after
         out.append(waiter.key)
     return out
@@ -224,6 +232,23 @@ class RoomBook:
             if node in free:
                 for r, n in asks.items():
                     free[node][r] = free[node].get(r, 0) - n
+        return free
+
+    def free_after_pending(self, exclude: Key | None = None) -> dict[str, dict[str, int]]:
+        """`free`, less what the operator's unbound pods and the claimed gangs (but `exclude`'s)
+        will take: taken from the nodes in name order, resource by resource (where, the
+        scheduler decides; the total is what counts)."""
+        free = self.free()
+        taken = [asks for _, node, asks in self.pods.values() if node is None]
+        taken += [asks for job, asks in self.claims.items() if job != exclude]
+        for asks in taken:
+            for resource, amount in asks.items():
+                for name in sorted(free):
+                    have = free[name].get(resource, 0)
+                    if have > 0 and amount > 0:
+                        use = min(have, amount)
+                        free[name][resource] = have - use
+                        amount -= use
         return free
 
     def room_for(self, gang: Waiter) -> bool:

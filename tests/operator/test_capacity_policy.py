@@ -404,3 +404,17 @@ def test_a_new_job_with_jobs_waiting_ahead_of_it_waits_its_turn_then_starts_when
     # A running job's own restart never queues behind anyone.
     running = _pass(running_status(), _short(0), 300, queued_behind=ahead)
     assert "CapacityQueued" not in reasons(running)
+
+
+def test_a_job_that_ever_had_pods_never_queues_and_a_queued_one_keeps_saying_why():
+    ahead = "1 job(s) that released their pods wait for room ahead of it"
+    # Made its pods (startTime), the watch has not shown them yet: no queueing.
+    first = _pass({}, [], 0)
+    assert acts(first, "create", "Pod") and "startTime" in first.status
+    second = _pass(first.status, [], 1, queued_behind=ahead)
+    assert "CapacityQueued" not in reasons(second) and second.status["phase"] != "Waiting"
+    # Queued: every later pass says it is queued, not that it released pods it never had.
+    new = _pass({}, [], 10, queued_behind=ahead)
+    later = _pass(new.status, [], 20, capacity_granted=False)
+    assert cond(later, "Running")["reason"] == "QueuedForCapacity"
+    assert "queued for room" in later.status["message"]

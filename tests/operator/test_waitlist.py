@@ -212,3 +212,52 @@ def test_a_new_job_waits_behind_the_waitlist_unless_the_room_left_after_it_holds
                           None).queued_behind is None
     memo.reserved[key] = 0.0
     assert _queued_behind(memo, key, job, obs, None).queued_behind is None
+
+
+def test_a_job_stuck_at_the_head_keeps_what_it_could_use_and_jobs_elsewhere_go_past():
+    nodes = {"a0": _node("a0", labels={"pool": "a"}), "b0": _node("b0", labels={"pool": "b"})}
+    free = _free(nodes)
+    free["a0"][GPU] = 0                                   # pool a is full
+    head = _waiter("head", 100, pods=1, node_selector={"pool": "a"})
+    other_pool = _waiter("b", 200, pods=1, node_selector={"pool": "b"})
+    same_pool = _waiter("a", 300, pods=1, node_selector={"pool": "a"})
+    anywhere = _waiter("any", 400, pods=1)
+    assert w.grants([head, other_pool], free, nodes) == [("ns", "b")]
+    assert w.grants([head, same_pool], free, nodes) == []
+    # Pool b's room is open to a job that may use either pool: it takes none of a's.
+    assert w.grants([head, anywhere], free, nodes) == [("ns", "any")]
+    free["a0"][GPU] = 8                                   # a0 frees: the head first
+    assert w.grants([head, same_pool, anywhere], free, nodes) == [("ns", "head"), ("ns", "any")]
+
+
+def test_room_after_pending_takes_unbound_pods_and_other_claims_away():
+    book = w.RoomBook()
+    for i in range(3):
+        book.set_node(f"n{i}", _node(f"n{i}"))           # 24 GPUs
+    book.set_pod("u1", ("ns", "x"), None, {GPU: 8}, active=True)       # created, unbound
+    book.claim(("ns", "y"), {GPU: 8}, 1)
+    book.claim(("ns", "me"), {GPU: 8}, 1)
+    left = book.free_after_pending(exclude=("ns", "me"))
+    assert sum(room[GPU] for room in left.values()) == 8
+
+
+def test_a_burst_of_new_jobs_and_an_elastic_one_do_not_take_the_waiting_jobs_room():
+    from types import SimpleNamespace
+
+    from crucible.operator.handlers import _queued_behind, _room_for_gang
+
+    memo = SimpleNamespace(waitlist={}, reserved={}, book=w.RoomBook())
+    for i in range(5):
+        memo.book.set_node(f"n{i}", _node(f"n{i}"))      # 5 whole nodes
+    memo.waitlist[("ns", "old")] = _waiter("old", 100, pods=3)        # 3 of them
+    first, job = (b.NS, "first"), b.job()                # 2 pods of 8: fits after "old"
+    assert _queued_behind(memo, first, job, b.observed(), None).queued_behind is None
+    memo.book.claim(first, {GPU: 8}, 2)                  # its pass claimed the 2 nodes left
+    assert _queued_behind(memo, (b.NS, "second"), job, b.observed(),
+                          None).queued_behind                          # nothing left for it
+    memo.book.unclaim(first)
+    # nodes.min 2 fits after "old", nodes.max 4 does not: pod 0 first, not all 4 at once.
+    elastic = b.job(nodes={"min": 2, "max": 4})
+    obs = _queued_behind(memo, (b.NS, b.JOB), elastic, b.observed(), None)
+    assert obs.queued_behind is None
+    assert not _room_for_gang(memo, (b.NS, b.JOB), elastic, obs, None).room_for_gang
