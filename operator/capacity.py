@@ -28,6 +28,7 @@ from crucible.operator.outcome import WAITING, Pass
 
 RETRY_CAP_S = 3600       # the longest wait between retries
 QUEUED = "QueuedForCapacity"   # a new job's hold: it never had pods to release
+IN_LINE_SINCE = "capacityQueuedSince"   # tracking: when the job first joined the waitlist
 JITTER = 0.25            # up to +25%, fixed per job: jobs released together retry apart
 
 
@@ -43,7 +44,7 @@ def short_of_capacity(p: Pass, current: dict[int, PodView]) -> str | None:
     bound = sum(1 for pod in current.values() if pod.node and not pod.terminated
                 and not pod.deleting and not p.node_broken(pod.node))
     if bound >= p.spec.nodes.min:
-        for key in ("capacityShort", "capacityWaitSince", "capacityRetries"):
+        for key in ("capacityShort", "capacityWaitSince", "capacityRetries", IN_LINE_SINCE):
             p.track.pop(key, None)
         return None
     now = capacity_shortage(p, current)
@@ -95,13 +96,16 @@ def release_due(p: Pass, current: dict[int, PodView]) -> bool:
     releases += 1
     until = p.now + dt.timedelta(seconds=retry_delay_s(ft.capacity_retry_seconds, releases,
                                                        p.job.uid))
+    # Its place in line is where it first joined it: a grant that lost the race for the room
+    # (to pods the operator does not see, or a replacement it could not foresee) must not
+    # send it to the back, or it can be passed over for ever.
+    since = p.track.setdefault(IN_LINE_SINCE, format_time(p.now))
     held = sum(1 for pod in current.values() if not pod.terminated)
     message = (f"{short} for {waited:.0f}s: released the {held} pod(s) it held; trying again "
                f"once there is room for it (oldest waiting job first), or at {format_time(until)}")
     p.new_generation()  # the old pods are stale now: the next pass deletes them
     p.track["capacityRetries"] = releases
-    p.track["capacityHold"] = {"since": format_time(p.now), "until": format_time(until),
-                               "reason": short}
+    p.track["capacityHold"] = {"since": since, "until": format_time(until), "reason": short}
     p.track.pop("capacityWaitSince", None)
     p.event("Warning", "CapacityReleased", message)
     _waiting(p, message)
@@ -119,6 +123,7 @@ def queue_behind(p: Pass) -> bool:
         return False
     until = p.now + dt.timedelta(seconds=retry_delay_s(
         p.spec.fault_tolerance.capacity_retry_seconds, 1, p.job.uid))
+    p.track[IN_LINE_SINCE] = format_time(p.now)
     p.track["capacityHold"] = {"since": format_time(p.now), "until": format_time(until),
                                "reason": ahead, "queued": True}
     message = (f"{ahead}: it makes no pod and waits its turn for room (higher priority, then "

@@ -213,8 +213,11 @@ def _grant(memo, quiet=None) -> frozenset[tuple[str, str]]:
     own pass asks); cached until the book or the waitlist changes."""
     version = (memo.book.version, memo.waitlist_version)
     if memo.grants[0] != version:
-        memo.grants = (version, frozenset(waitlist.grants(memo.waitlist.values(),
-                                                          memo.book.free(), memo.book.nodes)))
+        # Room that the pods already on their way (a running job's replacements, a gang just
+        # made) will take is not granted again: such a grant would lose the race to them.
+        free = memo.book.free_after_pending(exclude=memo.waitlist)
+        memo.grants = (version, frozenset(waitlist.grants(memo.waitlist.values(), free,
+                                                          memo.book.nodes)))
     for key in memo.grants[1]:
         if key != quiet:
             _wake(memo, key)
@@ -770,9 +773,8 @@ def _fits_behind_waitlist(memo, gang: waitlist.Waiter) -> bool:
     if not waitlist.could_fit(gang, memo.book.nodes):
         return True    # no cluster of this shape holds it: the API's answer will say so
     ahead = [w for k, w in memo.waitlist.items() if k != gang.key]
-    return gang.key in waitlist.grants(ahead + [gang],
-                                       memo.book.free_after_pending(exclude=gang.key),
-                                       memo.book.nodes)
+    free = memo.book.free_after_pending(exclude=[*memo.waitlist, gang.key])
+    return gang.key in waitlist.grants(ahead + [gang], free, memo.book.nodes)
 
 
 def _room_for_gang(memo, key, job: JobView, obs: Observed, queue: str | None) -> Observed:

@@ -234,13 +234,16 @@ class RoomBook:
                     free[node][r] = free[node].get(r, 0) - n
         return free
 
-    def free_after_pending(self, exclude: Key | None = None) -> dict[str, dict[str, int]]:
-        """`free`, less what the operator's unbound pods and the claimed gangs (but `exclude`'s)
-        will take: taken from the nodes in name order, resource by resource (where, the
-        scheduler decides; the total is what counts)."""
+    def free_after_pending(self, exclude: Iterable[Key] = ()) -> dict[str, dict[str, int]]:
+        """`free`, less what the operator's unbound pods and the claimed gangs will take (but
+        those of the jobs in `exclude`: the waiting jobs, whose whole gangs `grants` places):
+        taken from the nodes in name order, resource by resource (where, the scheduler decides;
+        the total is what counts)."""
+        skip = set(exclude)
         free = self.free()
-        taken = [asks for _, node, asks in self.pods.values() if node is None]
-        taken += [asks for job, asks in self.claims.items() if job != exclude]
+        taken = [asks for job, node, asks in self.pods.values() if node is None
+                 and job not in skip]
+        taken += [asks for job, asks in self.claims.items() if job not in skip]
         for asks in taken:
             for resource, amount in asks.items():
                 for name in sorted(free):

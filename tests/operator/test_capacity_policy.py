@@ -107,6 +107,8 @@ def test_a_retry_still_short_releases_after_the_retry_window_and_backs_off_longe
     wait = (parse_time(hold["until"]) - b.at(765)).total_seconds()
     assert 120 <= wait <= 120 * 1.25                  # doubled after a second release
     assert again.status["restarts"]["total"] == 0
+    # A grant that lost the race keeps the job's place in line: where it first joined it.
+    assert hold["since"] == out.status["tracking"]["capacityHold"]["since"] == b.ts(700)
 
 
 def test_running_again_resets_the_wait_and_the_backoff():
@@ -114,7 +116,8 @@ def test_running_again_resets_the_wait_and_the_backoff():
     retry = _pass(out.status, [], 705, capacity_granted=True)
     running = _pass(retry.status, b.running(1, 4, H), 720)
     assert running.status["phase"] == "Running"
-    for key in ("capacityRetries", "capacityWaitSince", "capacityHold", "capacityShort"):
+    for key in ("capacityRetries", "capacityWaitSince", "capacityHold", "capacityShort",
+                capacity.IN_LINE_SINCE):
         assert key not in running.status["tracking"], key
 
 

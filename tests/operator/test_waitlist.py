@@ -237,7 +237,7 @@ def test_room_after_pending_takes_unbound_pods_and_other_claims_away():
     book.set_pod("u1", ("ns", "x"), None, {GPU: 8}, active=True)       # created, unbound
     book.claim(("ns", "y"), {GPU: 8}, 1)
     book.claim(("ns", "me"), {GPU: 8}, 1)
-    left = book.free_after_pending(exclude=("ns", "me"))
+    left = book.free_after_pending(exclude=[("ns", "me")])
     assert sum(room[GPU] for room in left.values()) == 8
 
 
@@ -261,3 +261,24 @@ def test_a_burst_of_new_jobs_and_an_elastic_one_do_not_take_the_waiting_jobs_roo
     obs = _queued_behind(memo, (b.NS, b.JOB), elastic, b.observed(), None)
     assert obs.queued_behind is None
     assert not _room_for_gang(memo, (b.NS, b.JOB), elastic, obs, None).room_for_gang
+
+
+def test_room_a_pod_on_its_way_will_take_is_not_granted_again():
+    """`handlers._grant`: a running job's replacement pod (made, not yet bound) will take its
+    room; granting that room to a waiting job would send it after GPUs it loses the race for
+    (then it releases again). A waiting job's own pods are its gang, placed once."""
+    from types import SimpleNamespace
+
+    from crucible.operator.handlers import _grant
+
+    memo = SimpleNamespace(book=w.RoomBook(), waitlist={}, waitlist_version=0,
+                           grants=(None, frozenset()), wakeups={})
+    for i in range(2):
+        memo.book.set_node(f"n{i}", _node(f"n{i}"))      # 16 GPUs
+    memo.waitlist[("ns", "w")] = _waiter("w", 100, pods=2)
+    assert _grant(memo) == {("ns", "w")}
+    memo.book.set_pod("r", ("ns", "running"), None, {GPU: 8}, active=True)
+    assert _grant(memo) == frozenset()
+    memo.book.set_pod("r", ("ns", "running"), None, {GPU: 8}, active=False)
+    memo.book.set_pod("own", ("ns", "w"), None, {GPU: 8}, active=True)   # its gang, on its way
+    assert _grant(memo) == {("ns", "w")}
