@@ -154,7 +154,9 @@ async def pods_by_job(namespace, labels, body, memo, pods_by_job, **_):
     view = pod_view(body)
     memo.pods_index = pods_by_job       # kopf's live view, for the housekeeping loop
     _wake(memo, key)
-    active = not view.terminated and not view.deleting
+    # A pod being deleted holds its room until it is gone (the scheduler counts it until the
+    # object is removed); granting that room early sends jobs after GPUs not free yet.
+    active = not view.terminated
     if memo.book.set_pod(view.uid, key, view.node, dict(view.asks), active):
         _grant(memo)                     # room given back: the jobs waiting longest take it
     if view.deleting:
@@ -444,7 +446,7 @@ async def _housekeeping(memo, logger) -> None:
 def _forget_gone(memo) -> None:
     """Bound the in-memory maps: deleted nodes leave them (known ones an hour after they went:
     by then no pod of theirs is left, PodGC deletes those), pods gone from the index leave the
-    Terminating list, jobs without a loop leave the room book."""
+    Terminating list, jobs without a loop leave the room book once their pods are gone."""
     nodes, pods = memo.nodes_index, memo.pods_index
     if nodes is not None:
         _forget_deleted_nodes(memo, nodes)
@@ -460,8 +462,14 @@ def _forget_gone(memo) -> None:
         for ref, (key, pod) in list(memo.terminating.items()):
             if not any(view.uid == pod.uid for view in pods.get(key, ())):
                 del memo.terminating[ref]
+    # A deleted job's pods hold their room until they are gone from the index (the scheduler
+    # counts a Terminating pod until then); then it goes to the waiting jobs.
+    gave_back = False
     for key in {owner for owner, _, _ in memo.book.pods.values()} - set(memo.wakeups):
-        memo.book.sync_job(key, ())
+        gave_back |= memo.book.sync_job(key, [view.uid for view in pods.get(key, ())]
+                                        if pods is not None else ())
+    if gave_back:
+        _grant(memo)
 
 
 async def _end_quarantines(memo, logger, now: dt.datetime) -> float:
@@ -940,7 +948,10 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
             del memo.live[key]
         if memo.waitlist.pop(key, None) is not None:
             memo.waitlist_version += 1
-        memo.book.sync_job(key, ())
+        # Its pods keep their room in the book until they are gone (`_forget_gone`).
+        pods = memo.pods_index
+        memo.book.sync_job(key, [view.uid for view in pods.get(key, ())] if pods is not None
+                           else ())
         memo.book.unclaim(key)
 
 

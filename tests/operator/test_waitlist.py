@@ -282,3 +282,36 @@ def test_room_a_pod_on_its_way_will_take_is_not_granted_again():
     memo.book.set_pod("r", ("ns", "running"), None, {GPU: 8}, active=False)
     memo.book.set_pod("own", ("ns", "w"), None, {GPU: 8}, active=True)   # its gang, on its way
     assert _grant(memo) == {("ns", "w")}
+
+
+def test_a_pod_being_deleted_holds_its_room_until_it_is_gone():
+    """The pod index (`handlers.pods_by_job`) and the housekeeping (`handlers._forget_gone`): the
+    scheduler counts a Terminating pod until the object is removed, so its room is granted only
+    then, also for the pods of a deleted job (no loop of its own any more)."""
+    import asyncio
+
+    from crucible.operator.handlers import _forget_gone, pods_by_job
+    from crucible.operator.observed import pod_view
+    from tests.operator.passes import pass_memo
+
+    memo = pass_memo(None)
+    try:
+        memo.book.set_node("gpu-node-0", _node("gpu-node-0"))          # 8 GPUs
+        memo.waitlist[("ns", "w")] = _waiter("w", 100, pods=1)
+        body = b.pod_body(0, 0, deletion=5)
+        body["spec"]["containers"] = [{"name": "trainer",
+                                       "resources": {"limits": {GPU: "8"}}}]
+        key = (b.NS, b.JOB)
+        index: dict = {key: [pod_view(body)]}
+        asyncio.run(pods_by_job(namespace=b.NS, labels=body["metadata"]["labels"], body=body,
+                                memo=memo, pods_by_job=index))
+        assert memo.book.free()["gpu-node-0"][GPU] == 0       # Terminating: still holds it
+        _forget_gone(memo)                                    # its job has no loop; pod still there
+        assert memo.book.free()["gpu-node-0"][GPU] == 0
+        index[key] = []                                       # the pod is gone
+        _forget_gone(memo)
+        assert memo.book.free()["gpu-node-0"][GPU] == 8
+        assert memo.grants[1] == {("ns", "w")}
+    finally:
+        memo.executor.shutdown(wait=False)
+        memo.kube.events.shutdown(wait=False)
