@@ -22,9 +22,9 @@ unrenewable Lease ends the process, and the Deployment restarts it as a follower
 A standby takes the Lease no sooner than `LEASE_SECONDS` after it last saw it change, which is
 after the holder's last successful renewal was sent: the old leader has been gone for
 `LEASE_SECONDS - RENEW_DEADLINE_SECONDS` by then. The stop itself cannot hang: the log line
-that says why is written with a timer armed to end the process regardless. kopf's peering was the other candidate; it
-pauses lower-priority operators but elects no leader (equal priorities all pause), so it does
-not give failover.
+that says why is written with a timer armed to end the process regardless. kopf's peering was
+the other candidate; it pauses lower-priority operators but elects no leader (equal priorities
+all pause), so it does not give failover.
 """
 
 from __future__ import annotations
