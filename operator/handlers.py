@@ -69,6 +69,7 @@ CONFLICT_RETRIES = 3                  # passes again after a 409 before backing 
 CONFLICT_WAIT_S = 2.0                 # for the watch to show the newer job, then read it
 FINALIZER_WAIT_S = 2.0                # for kopf's finalizer on a new job before its first pass
 DUE_SLACK_S = 0.05                    # run a due pass just after its time, never just before
+LAST_IN_LINE = {"since": "9999-12-31T00:00:00Z"}   # a gang placed after every waiting job
 
 
 @dataclass(frozen=True)
@@ -443,6 +444,11 @@ async def _housekeeping(memo, logger) -> None:
         await asyncio.sleep(max(delay, 0.5))
 
 
+def _indexed_uids(pods_by_job, key) -> list[str]:
+    """The UIDs of the job's pods in the pod index (none while the index is not there yet)."""
+    return [view.uid for view in pods_by_job.get(key, ())] if pods_by_job is not None else []
+
+
 def _forget_gone(memo) -> None:
     """Bound the in-memory maps: deleted nodes leave them (known ones an hour after they went:
     by then no pod of theirs is left, PodGC deletes those), pods gone from the index leave the
@@ -466,8 +472,7 @@ def _forget_gone(memo) -> None:
     # counts a Terminating pod until then); then it goes to the waiting jobs.
     gave_back = False
     for key in {owner for owner, _, _ in memo.book.pods.values()} - set(memo.wakeups):
-        gave_back |= memo.book.sync_job(key, [view.uid for view in pods.get(key, ())]
-                                        if pods is not None else ())
+        gave_back |= memo.book.sync_job(key, _indexed_uids(pods, key))
     if gave_back:
         _grant(memo)
 
@@ -679,7 +684,7 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True,
     avoided = tuple(entry["node"] for entry in bad_entries(job.status.get("tracking") or {}))
     nodes = indexes["nodes_by_name"]
     _forget_deleted_nodes(memo, nodes)
-    if memo.book.sync_job(key, [pod.uid for pod in indexes["pods_by_job"].get(key, ())]):
+    if memo.book.sync_job(key, _indexed_uids(indexes["pods_by_job"], key)):
         _grant(memo)
     policy = memo.cluster_policy
     queue = queueing.queue_name(job, policy.kueue and policy.kueue_manage_all,
@@ -765,7 +770,7 @@ def _queued_behind(memo, key, job: JobView, obs: Observed, queue: str | None) ->
             or any(pod.owner_uid == job.uid for pod in obs.pods)
             or (job.status.get("tracking") or {}).get("capacityHold")):
         return obs
-    me = waitlist.waiter(key, job.spec, {"since": "9999-12-31T00:00:00Z"}, obs)
+    me = waitlist.waiter(key, job.spec, LAST_IN_LINE, obs)
     if me is None or _fits_behind_waitlist(memo, me):
         return obs
     return replace(obs, queued_behind=(
@@ -804,7 +809,7 @@ def _room_for_gang(memo, key, job: JobView, obs: Observed, queue: str | None) ->
     # A new job's gang (last in line): all at once only if the room left after the waitlist's
     # jobs holds all of them (nodes.max may be more than the nodes.min `_queued_behind` made
     # room for), else pod 0 first. A running job's restart goes first, as its replacements do.
-    gang = waitlist.waiter(key, job.spec, {"since": "9999-12-31T00:00:00Z"}, obs, missing)
+    gang = waitlist.waiter(key, job.spec, LAST_IN_LINE, obs, missing)
     if (gang is None or not memo.book.room_for(gang)
             or ("startTime" not in job.status and key not in memo.waitlist
                 and not _fits_behind_waitlist(memo, gang))):
@@ -949,9 +954,7 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
         if memo.waitlist.pop(key, None) is not None:
             memo.waitlist_version += 1
         # Its pods keep their room in the book until they are gone (`_forget_gone`).
-        pods = memo.pods_index
-        memo.book.sync_job(key, [view.uid for view in pods.get(key, ())] if pods is not None
-                           else ())
+        memo.book.sync_job(key, _indexed_uids(memo.pods_index, key))
         memo.book.unclaim(key)
 
 
