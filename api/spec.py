@@ -24,6 +24,7 @@ so the CRD that `crucible.operator.crd` generates from these models never drifts
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import typing
@@ -66,8 +67,10 @@ def model_type(annotation) -> type[BaseModel] | None:
     return None
 
 
+@functools.cache   # a pure function of the class, asked for at every pod manifest
 def _operator_only(model: type[BaseModel]) -> dict:
-    """model_dump's `exclude` for every OPERATOR_ONLY field, at any depth."""
+    """model_dump's `exclude` for every OPERATOR_ONLY field, at any depth (shared: callers
+    must not change it)."""
     out: dict = {}
     for name, field in model.model_fields.items():
         if any(isinstance(meta, OperatorOnly) for meta in field.metadata):

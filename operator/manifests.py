@@ -65,8 +65,21 @@ def spec_hash(spec: PretrainJobSpec) -> str:
     fields, and less every value left at its default); a running generation with another hash
     restarts. Defaults stay out so that an operator upgrade, which may add a defaulted field or
     move a default, restarts no running job: its pods pick the new ones up at their next start."""
+    global _last_hashed
+    last = _last_hashed   # one read: another pass's thread may replace it meanwhile
+    if last is not None and last[0] is spec:
+        return last[1]
     doc = json.dumps(_without_empty(pod_facing(spec, exclude_defaults=True)), sort_keys=True)
-    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(doc.encode()).hexdigest()[:16]
+    _last_hashed = (spec, digest)
+    return digest
+
+
+# The spec last hashed and its digest. A pass asks for the same parsed spec's hash once per pod
+# it writes and once more to compare; a dump of the whole spec each time was most of a start-up
+# pass's CPU. Keyed on identity, and the reference held keeps that identity from being reused
+# (a spec is not changed once parsed: the operator never assigns to one).
+_last_hashed: tuple[PretrainJobSpec, str] | None = None
 
 
 def _without_empty(doc: dict) -> dict:

@@ -116,21 +116,25 @@ class Waiter:
                         for taint in node.taints))
 
 
-def _place(free: dict[str, dict[str, int]], nodes: Mapping[str, NodeRoom], waiter: Waiter
-           ) -> dict[str, dict[str, int]] | None:
+def _place(free: Mapping[str, Mapping[str, int]], nodes: Mapping[str, NodeRoom], waiter: Waiter
+           ) -> dict[str, Mapping[str, int]] | None:
     """`free` after placing the waiter's gang first-fit (nodes by name), or None if it does
-    not fit. Several of its pods may share a node, as the scheduler allows."""
-    left = {name: dict(amounts) for name, amounts in free.items()}
+    not fit. Several of its pods may share a node, as the scheduler allows. `free` is left as it
+    was: the answer shares the rooms the gang did not touch with it (a pass asks this of a
+    whole cluster's book; copying every node's room each time was most of the cost)."""
+    left = dict(free)
     placed = 0
     for name in sorted(left):
         node = nodes.get(name)
         if node is None or not waiter.can_use(node):
             continue
         room = left[name]
-        while placed < waiter.pods and all(room.get(r, 0) >= n for r, n in waiter.per_pod.items()):
-            for r, n in waiter.per_pod.items():
-                room[r] -= n
-            placed += 1
+        fits = min(max(0, room.get(r, 0)) // n for r, n in waiter.per_pod.items())
+        take = min(fits, waiter.pods - placed)
+        if take:
+            left[name] = {**room, **{r: room.get(r, 0) - n * take
+                                     for r, n in waiter.per_pod.items()}}
+            placed += take
         if placed >= waiter.pods:
             return left
     return None
@@ -138,7 +142,7 @@ def _place(free: dict[str, dict[str, int]], nodes: Mapping[str, NodeRoom], waite
 
 def could_fit(waiter: Waiter, nodes: Mapping[str, NodeRoom]) -> bool:
     """Whether the waiter's gang fits the cluster with nothing else running."""
-    empty = {name: dict(node.allocatable) for name, node in nodes.items()
+    empty = {name: node.allocatable for name, node in nodes.items()
              if node.schedulable and node.allocatable}
     return _place(empty, nodes, waiter) is not None
 
@@ -183,6 +187,7 @@ class RoomBook:
         self.pods: dict[str, tuple[Key, str | None, dict[str, int]]] = {}
         self.claims: dict[Key, dict[str, int]] = {}
         self.version = 0
+        self._free: tuple[int, dict[str, dict[str, int]]] = (-1, {})   # (version, free)
 
     def set_node(self, name: str, room: NodeRoom | None) -> bool:
         """Record a node (None: deleted). True if it now offers room it did not before."""
@@ -225,13 +230,22 @@ class RoomBook:
         return bool(gone)
 
     def free(self) -> dict[str, dict[str, int]]:
-        """Per node: allocatable less what the operator's pods bound there ask for."""
-        free = {name: dict(node.allocatable) for name, node in self.nodes.items()
-                if node.schedulable and node.allocatable}
-        for _, node, asks in self.pods.values():
-            if node in free:
-                for r, n in asks.items():
-                    free[node][r] = free[node].get(r, 0) - n
+        """Per node: allocatable less what the operator's pods bound there ask for (a copy the
+        caller may change)."""
+        return {name: dict(room) for name, room in self._bound_free().items()}
+
+    def _bound_free(self) -> Mapping[str, Mapping[str, int]]:
+        """`free`, computed once per version of the book and shared: not to be changed. Every
+        pass of a job with a gang to place asks; the book changes far less often."""
+        version, free = self._free
+        if version != self.version:
+            free = {name: dict(node.allocatable) for name, node in self.nodes.items()
+                    if node.schedulable and node.allocatable}
+            for _, node, asks in self.pods.values():
+                if node in free:
+                    for r, n in asks.items():
+                        free[node][r] = free[node].get(r, 0) - n
+            self._free = (self.version, free)
         return free
 
     def free_after_pending(self, exclude: Iterable[Key] = ()) -> dict[str, dict[str, int]]:
@@ -258,7 +272,7 @@ class RoomBook:
         """Whether the gang fits now: placed node by node on what bound pods leave, and in
         total on what is left once every unbound pod and every other job's claim is counted
         (they will take room somewhere; where, the scheduler decides)."""
-        free = self.free()
+        free = self._bound_free()
         if _place(free, self.nodes, gang) is None:
             return False
         left: dict[str, int] = {}
