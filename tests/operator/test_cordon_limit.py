@@ -17,20 +17,13 @@ from crucible.operator import handlers
 from crucible.operator.decision import Action, Outcome
 from crucible.operator.kube import CordonLimit, Kube
 from tests.operator import builders as b
+from tests.support.clock import FakeClock
 from tests.support.operator_run import assert_clean_exit
 from tests.support.services import eventually
 
 
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_the_limit_counts_nodes_cordoned_in_any_60_seconds():
-    clock = Clock()
+    clock = FakeClock()
     limit = CordonLimit(2, clock)
     assert limit.take("a") and limit.take("b") and not limit.take("c")
     assert limit.take("a")                # another job cordoning the same node: no new slot

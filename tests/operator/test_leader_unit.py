@@ -18,6 +18,7 @@ from kubernetes import client
 
 from crucible.operator import leader
 from crucible.operator.apiclient import CONNECTION_ERRORS, TimedApiClient
+from tests.support.clock import FakeClock
 
 
 def _client(port: int, timeout_s=(1.0, 1.0)) -> TimedApiClient:
@@ -95,16 +96,8 @@ def test_the_lease_lock_turns_any_connection_failure_into_a_failed_attempt(port_
     assert time.monotonic() - started < 3 * sum(leader.CALL_TIMEOUT_S) + 3
 
 
-class FakeClock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_leadership_ends_at_the_renew_deadline_counted_from_the_last_renewal_sent():
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     leadership = leader.Leadership(clock, deadline_s=7)
     assert not leadership.acting()          # not leading yet
     leadership.renewed(clock.now)
@@ -123,7 +116,7 @@ def test_a_leader_that_cannot_renew_is_stopped_by_the_watchdog(refused_port):
     """The election loop is stuck failing against a refused port: the watchdog ends the
     process (here: the injected exit) once the last renewal is older than the deadline, and
     passes stop acting first."""
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     leadership = leader.Leadership(clock, deadline_s=7)
     exited = threading.Event()
     acting_at_exit = []
