@@ -31,6 +31,7 @@ from crucible.operator import crd, metrics, queueing
 from crucible.operator.apiclient import API_ERRORS, CONNECTION_ERRORS, describe
 from crucible.api.names import PREFIX
 from crucible.operator.decision import Action, Event, Outcome
+from crucible.operator.expectations import Expectations
 from crucible.operator.observed import JobView
 from crucible.operator.quarantine import FIELD_MANAGER
 
@@ -80,6 +81,11 @@ class CordonLimit:
             return True
 
 
+def is_cordon(action: Action) -> bool:
+    """Whether the action cordons a node (what the cordon limit counts)."""
+    return action.verb == "patch_node" and bool((action.body.get("spec") or {}).get("unschedulable"))
+
+
 def annotate_only(action: Action, per_minute: int) -> Action:
     """A cordon patch turned into a report: the annotations without `spec.unschedulable`."""
     annotations = {k: v for k, v in action.body["metadata"]["annotations"].items()
@@ -110,6 +116,7 @@ class Kube:
         self.api = api
         self.fan_out = fan_out  # concurrent calls per pass
         self.cordons = CordonLimit(cordons_per_minute)
+        self.expected = Expectations()   # creates sent that the watches have not shown yet
         self.events = concurrent.futures.ThreadPoolExecutor(2, "crucible-events")
         self.core = client.CoreV1Api(api)
         self.coordination = client.CoordinationV1Api(api)
@@ -133,11 +140,16 @@ class Kube:
             "NetworkPolicy": self.networking.create_namespaced_network_policy,
             "Workload": self._create_workload,
         }
-        return creators[kind](ns, body)
+        # The created object is not read: the watch brings it. The client would otherwise parse
+        # the answer and build its models from it (a V1Pod is hundreds of Python objects), a
+        # third of what a create cost the operator in a start-up burst. An error still raises
+        # ApiException.
+        answer = creators[kind](ns, body, _preload_content=False)
+        answer.data   # read to the end, which hands the connection back to the pool
 
-    def _create_workload(self, ns: str, body: dict):
+    def _create_workload(self, ns: str, body: dict, **kwargs):
         return self.custom.create_namespaced_custom_object(queueing.GROUP, queueing.VERSION, ns,
-                                                           queueing.PLURAL, body)
+                                                           queueing.PLURAL, body, **kwargs)
 
     def _read_workload(self, name: str, ns: str):
         body = self.custom.get_namespaced_custom_object(queueing.GROUP, queueing.VERSION, ns,
@@ -209,16 +221,22 @@ class Kube:
             metrics.POD_OPERATIONS.labels(verb).inc()
         return True
 
-    def apply(self, job: JobView, outcome: Outcome) -> Applied:
+    def apply(self, job: JobView, outcome: Outcome,
+              in_flight: frozenset[tuple[str, str]] = frozenset()) -> Applied:
         """Carry out the actions, independent ones concurrently, in two waves: first all but
         RoleBindings and pods; then those, because the apiserver's escalation check reads the
         Role a binding names, and pod admission needs the ServiceAccount to exist (a pod waits
-        for its ConfigMap on its own). A large job's start or restart is two round trips."""
+        for its ConfigMap on its own). A large job's start or restart is two round trips.
+        A create of what an earlier pass created and the watch has not shown is not sent again:
+        `in_flight`, the (kind, name)s the job's creates awaited when the pass took its
+        snapshot (`expected.pending`), and any expected since."""
         out = Applied()
         actions = []
+        owner = (job.namespace, job.name)
         for action in outcome.actions:
-            if (action.verb == "patch_node" and (action.body.get("spec") or {}).get("unschedulable")
-                    and not self.cordons.take(action.name)):
+            if action.verb == "create" and (action.kind, action.name) in in_flight:
+                continue
+            if is_cordon(action) and not self.cordons.take(action.name):
                 action = annotate_only(action, self.cordons.per_minute)
                 out.cordons_limited.append(action.name)
             actions.append(action)
@@ -231,11 +249,11 @@ class Kube:
             if not batch:
                 continue
             if len(batch) == 1:
-                results = [self._attempt(job.namespace, batch[0])]
+                results = [self._attempt(owner, batch[0])]
             else:  # this pass's own threads: a shared queue would make it wait for others'
                 workers = min(self.fan_out, len(batch))
                 with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-                    results = list(pool.map(lambda a: self._attempt(job.namespace, a), batch))
+                    results = list(pool.map(lambda a: self._attempt(owner, a), batch))
             for action, (changed, error) in zip(batch, results):
                 if error is not None:
                     kind, detail = error
@@ -245,7 +263,17 @@ class Kube:
                     out.created_pods.append(action.name)
         return out
 
-    def _attempt(self, namespace: str, action: Action) -> tuple[bool, tuple[str, str] | None]:
+    def _attempt(self, owner: tuple[str, str], action: Action
+                 ) -> tuple[bool, tuple[str, str] | None]:
+        creating = action.verb == "create"
+        if creating and not self.expected.expect(owner, action.kind, action.name):
+            return False, None           # sent by an earlier pass; the watch will show it
+        result = self._try(owner[0], action)
+        if creating and result[1] is not None:
+            self.expected.seen(owner, action.kind, action.name)   # nothing will come
+        return result
+
+    def _try(self, namespace: str, action: Action) -> tuple[bool, tuple[str, str] | None]:
         what = f"{action.verb} {action.kind}/{action.name}"
         try:
             return self._do(namespace, action), None

@@ -42,8 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--interval", type=float, default=10.0,
                      help="seconds between resync passes per job, on top of event-driven passes "
                      "(default 10)")
-    run.add_argument("--workers", type=int, default=32, help="threads for API calls: passes "
-                     "that wait on the API at once (default 32)")
+    run.add_argument("--workers", type=int, default=8, help="passes that run at once, each "
+                     "with up to 9 API calls in flight (default 8: more only makes each wait "
+                     "longer on a busy apiserver; docs/operator.md, Scale)")
     run.add_argument("--metrics-port", default="8080",
                      help="Prometheus /metrics port, or 'off' (default 8080)")
     run.add_argument("--liveness", metavar="URL", help="kopf liveness endpoint, e.g. "
