@@ -100,8 +100,11 @@ CAPACITY_FT = {"nodeFailureGraceSeconds": GRACE_S, "capacityTimeoutSeconds": 60,
 
 
 def _operator_workers() -> int:
-    """The operator's API worker threads (CRUCIBLE_OPERATOR_WORKERS, as the operator reads it)."""
-    return int(os.environ.get("CRUCIBLE_OPERATOR_WORKERS", "32"))
+    """The operator's concurrent passes (--workers) for this run: CRUCIBLE_OPERATOR_WORKERS, or
+    the operator's default."""
+    from crucible.operator.handlers import OperatorConfig
+
+    return int(os.environ.get("CRUCIBLE_OPERATOR_WORKERS", OperatorConfig().workers))
 
 
 def stack(args) -> dict[str, str]:
@@ -232,7 +235,7 @@ class Bench:
             op_env = dict(os.environ, KUBECONFIG=kubeconfig)
             self.operator = subprocess.Popen(
                 [sys.executable, "-m", "crucible.operator.main", "run", "-A", "--interval", "10",
-                 "--metrics-port", str(self.metrics_port)],
+                 "--metrics-port", str(self.metrics_port), "--workers", str(_operator_workers())],
                 env=op_env, stdout=log, stderr=subprocess.STDOUT)
         except BaseException:
             self.close()
@@ -358,37 +361,47 @@ def node_ready(body) -> bool:
 BARE_LABEL = "crucible-bench/bare"
 
 
+def follow(b: Bench, stop: threading.Event, list_fn, on_event, *args, **kwargs) -> None:
+    """Call on_event(type, object) for every change the watch of list_fn brings until `stop` is
+    set. Each watch ends after 5 s (so that `stop` is seen) and the next resumes from the last
+    resourceVersion: a watch started afresh first replays every object as ADDED, and doing that
+    every few seconds for 800 pods loaded the apiserver and this process (both sharing the
+    machine with what is measured) more than the operator does."""
+    from kubernetes import watch
+
+    version = None
+    while not stop.is_set():
+        w = watch.Watch()
+        try:
+            for event in w.stream(list_fn, *args, timeout_seconds=5, resource_version=version,
+                                  **kwargs):
+                on_event(event["type"], event["object"])
+                if stop.is_set():
+                    w.stop()
+            version = w.resource_version
+        except b.client.exceptions.ApiException as err:
+            # A loaded apiserver answers a resumed watch with 410 (expired) or 504 ("Too
+            # large resource version"): watch again from scratch (a replay of every object).
+            print(f"watch restarted: HTTP {err.status} {err.reason}")
+            version = None
+
+
 def bare_client(b: Bench, count: int, threads: int = 32) -> dict:
     """The reference in the same run: a plain client creating `count` pods shaped as the
     operator's (one GPU each, restartPolicy Never), `threads` at a time, timed until every one
     is Running (the scheduler and KWOK do the rest, as for the operator's); then deleted and
     waited for, so the operator's run starts from the same empty pool."""
-    from kubernetes import watch
-
     core, ns = b.core, b.ns
     running, lock, done = set(), threading.Lock(), threading.Event()
 
-    def see(event) -> None:
-        pod = event["object"]
+    def see(kind, pod) -> None:
         with lock:
-            if event["type"] != "DELETED" and pod.status.phase == "Running":
+            if kind != "DELETED" and pod.status.phase == "Running":
                 running.add(pod.metadata.name)
             else:
                 running.discard(pod.metadata.name)
             if len(running) == count:
                 done.set()
-
-    def follow():
-        while not done.is_set():
-            w = watch.Watch()
-            try:
-                for event in w.stream(core.list_namespaced_pod, ns, label_selector=BARE_LABEL,
-                                      timeout_seconds=5):
-                    see(event)
-                    if done.is_set():
-                        w.stop()
-            except b.client.exceptions.ApiException as err:   # 410/504: watch again
-                print(f"watch restarted: HTTP {err.status} {err.reason}")
 
     def body(i: int) -> dict:
         return {"metadata": {"name": f"bare-{i:04d}", "labels": {BARE_LABEL: "1"}},
@@ -396,7 +409,8 @@ def bare_client(b: Bench, count: int, threads: int = 32) -> dict:
                     "name": "trainer", "image": "registry.invalid/crucible-trainer:bench",
                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
 
-    watcher = threading.Thread(target=follow, daemon=True)
+    watcher = threading.Thread(target=follow, daemon=True, args=(
+        b, done, core.list_namespaced_pod, see, ns), kwargs={"label_selector": BARE_LABEL})
     watcher.start()
     time.sleep(1)
     start = time.monotonic()
@@ -417,8 +431,6 @@ def bare_client(b: Bench, count: int, threads: int = 32) -> dict:
 
 
 def scale_case(args) -> int:
-    from kubernetes import watch
-
     results: dict = {"jobs": args.jobs, "pods_per_job": args.pods, "nodes": args.nodes,
                      "node_lease_s": args.node_lease_s, "cpus": os.cpu_count(),
                      "operator_workers": _operator_workers(),
@@ -440,26 +452,17 @@ def scale_case(args) -> int:
             # than the operator does, and the figures would measure the benchmark.
             running_at, pods_running, lock = {}, set(), threading.Lock()
 
-            def follow(list_fn, on_event, *fn_args):
-                while not stop.is_set():
-                    w = watch.Watch()
-                    try:
-                        for event in w.stream(list_fn, *fn_args, timeout_seconds=5):
-                            with lock:
-                                on_event(event["type"], event["object"])
-                            if stop.is_set():
-                                w.stop()
-                    except b.client.exceptions.ApiException as err:
-                        # A loaded apiserver answers a resumed watch with 410 (expired) or 504
-                        # ("Too large resource version"): list and watch again from scratch.
-                        print(f"watch restarted: HTTP {err.status} {err.reason}")
-
             def on_job(kind, obj):
                 name = obj["metadata"]["name"]
                 if (obj.get("status") or {}).get("phase") == "Running":
-                    running_at.setdefault(name, time.monotonic())
+                    with lock:
+                        running_at.setdefault(name, time.monotonic())
 
             def on_pod(kind, pod):
+                with lock:
+                    see_pod(kind, pod)
+
+            def see_pod(kind, pod):
                 name = pod.metadata.name
                 seen.add(name)
                 if kind == "DELETED":
@@ -477,10 +480,10 @@ def scale_case(args) -> int:
 
             seen: set[str] = set()
             watchers = [threading.Thread(target=follow, daemon=True, args=(
-                            objs.list_namespaced_custom_object, on_job, crd.GROUP, crd.VERSION,
-                            ns, crd.PLURAL)),
+                            b, stop, objs.list_namespaced_custom_object, on_job, crd.GROUP,
+                            crd.VERSION, ns, crd.PLURAL)),
                         threading.Thread(target=follow, daemon=True, args=(
-                            core.list_namespaced_pod, on_pod, ns))]
+                            b, stop, core.list_namespaced_pod, on_pod, ns))]
             for t in watchers:
                 t.start()
             time.sleep(1)
@@ -493,6 +496,8 @@ def scale_case(args) -> int:
                 with lock:
                     if len(seen) >= want and "pods_created_s" not in results:
                         results["pods_created_s"] = round(time.monotonic() - start, 1)
+                    if len(pods_running) == want and "pods_running_s" not in results:
+                        results["pods_running_s"] = round(time.monotonic() - start, 1)
                     if len(pods_running) == want and len(running_at) == args.jobs:
                         break
                 time.sleep(0.05)
