@@ -269,8 +269,11 @@ class Kube:
         if creating and not self.expected.expect(owner, action.kind, action.name):
             return False, None           # sent by an earlier pass; the watch will show it
         result = self._try(owner[0], action)
-        if creating and result[1] is not None:
-            self.expected.seen(owner, action.kind, action.name)   # nothing will come
+        if creating and result != (True, None):
+            # Only a create the API made leaves an expectation: after an error nothing comes,
+            # and after a 409 the object was there already, perhaps shown by the watch before
+            # this pass expected it (then nothing would end the expectation but its time).
+            self.expected.seen(owner, action.kind, action.name)
         return result
 
     def _try(self, namespace: str, action: Action) -> tuple[bool, tuple[str, str] | None]:

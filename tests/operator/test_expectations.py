@@ -106,12 +106,17 @@ def test_a_pass_before_the_watch_caught_up_does_not_create_its_pods_again(kube, 
         adapter.expected.seen((namespace, b.JOB), "Pod", "gpt-0-1")      # the watch shows it
         late = adapter.apply(job, Outcome(actions=(other,)), in_flight)
         assert late.created_pods == [] and core.creates == 3
-        # A create the API refuses is not waited for: the next pass sends it again.
+        # A create that met a 409 leaves nothing expected (its object may have been shown
+        # before the create was sent); nor does a create the API refuses.
+        adapter.expected.seen((namespace, b.JOB), "Pod", "gpt-0-1")
+        exists = adapter.apply(job, Outcome(actions=(other,)))
+        assert exists.created_pods == [] and core.creates == 4
+        assert ("Pod", "gpt-0-1") not in adapter.expected.pending((namespace, b.JOB))
         bad = Action("create", "Pod", "Bad_Name", _pod(namespace, "Bad_Name"))
         refused = adapter.apply(job, Outcome(actions=(bad,)))
-        assert refused.rejected and core.creates == 4
+        assert refused.rejected and core.creates == 5
         adapter.apply(job, Outcome(actions=(bad,)))
-        assert core.creates == 5
+        assert core.creates == 6
     finally:
         memo.executor.shutdown(wait=False)
         adapter.events.shutdown(wait=False)
