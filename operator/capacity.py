@@ -30,6 +30,9 @@ RETRY_CAP_S = 3600       # the longest wait between retries
 QUEUED = "QueuedForCapacity"   # a new job's hold: it never had pods to release
 IN_LINE_SINCE = "capacityQueuedSince"   # tracking: when the job first joined the waitlist
 JITTER = 0.25            # up to +25%, fixed per job: jobs released together retry apart
+# tracking: the wait for capacity, which ends with the run it was for (`forget`)
+WAIT_KEYS = ("capacityShort", "capacityWaitSince", "capacityRetries", IN_LINE_SINCE,
+             "capacityHold")
 
 
 def short_of_capacity(p: Pass, current: dict[int, PodView]) -> str | None:
@@ -44,8 +47,7 @@ def short_of_capacity(p: Pass, current: dict[int, PodView]) -> str | None:
     bound = sum(1 for pod in current.values() if pod.node and not pod.terminated
                 and not pod.deleting and not p.node_broken(pod.node))
     if bound >= p.spec.nodes.min:
-        for key in ("capacityShort", "capacityWaitSince", "capacityRetries", IN_LINE_SINCE):
-            p.track.pop(key, None)
+        forget(p)
         return None
     now = capacity_shortage(p, current)
     if now:
@@ -57,6 +59,16 @@ def short_of_capacity(p: Pass, current: dict[int, PodView]) -> str | None:
         p.track.pop("capacityShort", None)
         return None
     return remembered.get("reason")
+
+
+def forget(p: Pass) -> None:
+    """The job stops waiting for capacity: it has its pods, or it is suspended. A resumed job
+    that is short again waits its own timeout and joins the line at its end: a place kept from
+    a day ago would put it ahead of jobs that have been waiting since. (A restart does not end
+    the wait: survivors giving up on a rendezvous that cannot complete restart the group, and
+    the wait must go on across those restarts to its release.)"""
+    for key in WAIT_KEYS:
+        p.track.pop(key, None)
 
 
 def capacity_shortage(p: Pass, current: dict[int, PodView]) -> str | None:
@@ -105,7 +117,8 @@ def release_due(p: Pass, current: dict[int, PodView]) -> bool:
                f"once there is room for it (oldest waiting job first), or at {format_time(until)}")
     p.new_generation()  # the old pods are stale now: the next pass deletes them
     p.track["capacityRetries"] = releases
-    p.track["capacityHold"] = {"since": since, "until": format_time(until), "reason": short}
+    p.track["capacityHold"] = {"since": since, "released": format_time(p.now),
+                               "until": format_time(until), "reason": short}
     p.track.pop("capacityWaitSince", None)
     p.event("Warning", "CapacityReleased", message)
     _waiting(p, message)
@@ -124,8 +137,8 @@ def queue_behind(p: Pass) -> bool:
     until = p.now + dt.timedelta(seconds=retry_delay_s(
         p.spec.fault_tolerance.capacity_retry_seconds, 1, p.job.uid))
     p.track[IN_LINE_SINCE] = format_time(p.now)
-    p.track["capacityHold"] = {"since": format_time(p.now), "until": format_time(until),
-                               "reason": ahead, "queued": True}
+    p.track["capacityHold"] = {"since": format_time(p.now), "released": format_time(p.now),
+                               "until": format_time(until), "reason": ahead, "queued": True}
     message = (f"{ahead}: it makes no pod and waits its turn for room (higher priority, then "
                "longer waiting, first)")
     p.event("Normal", "CapacityQueued", message)
@@ -139,11 +152,13 @@ def held(p: Pass) -> bool:
     grants it room (`obs.capacity_granted`, waitlist.py: oldest first, as many as fit), or,
     for a job the operator cannot account, until its retry is due. A job the operator sees no
     room for is not sent after the timer alone (it would gather part of a gang and let go
-    again) unless it has waited RETRY_CAP_S: the operator does not see every pod."""
+    again) unless it has waited RETRY_CAP_S since this release: the operator does not see
+    every pod. (`since`, the place in line, may be older: a job keeps it across releases.)"""
     hold = p.track.get("capacityHold")
     if not hold:
         return False
-    until, since = parse_time(hold.get("until")), parse_time(hold.get("since"))
+    until = parse_time(hold.get("until"))
+    since = parse_time(hold.get("released") or hold.get("since"))
     granted = p.obs.capacity_granted
     due = until is None or p.now >= until
     waited = (p.now - since).total_seconds() if since is not None else float("inf")

@@ -182,6 +182,7 @@ def _ensure_children(p: Pass):
 
 
 def _suspend(p: Pass):
+    capacity.forget(p)
     for pod in p.obs.pods:
         p.delete(pod)
     queueing.withdraw(p, "Suspended")

@@ -421,3 +421,29 @@ def test_a_job_that_ever_had_pods_never_queues_and_a_queued_one_keeps_saying_why
     later = _pass(new.status, [], 20, capacity_granted=False)
     assert cond(later, "Running")["reason"] == "QueuedForCapacity"
     assert "queued for room" in later.status["message"]
+
+
+def test_a_released_job_waits_up_to_the_cap_from_this_release_not_from_its_place_in_line():
+    """A job keeps its place in line across releases, but the hour it may wait without a grant
+    counts from the release: measured from the place, a job in line over an hour in all would
+    go after part of a gang at every timer, the herd the waitlist exists to stop."""
+    out = _released()
+    retry = _pass(out.status, [], 705, capacity_granted=True)
+    t = 705 + capacity.RETRY_CAP_S + 100        # short again, long after it joined the line
+    again = _pass(retry.status, _short(1), t)   # past its retry window: released again
+    hold = again.status["tracking"]["capacityHold"]
+    assert hold["since"] == b.ts(700) and hold["released"] == b.ts(t)
+    due = (parse_time(hold["until"]) - b.at(0)).total_seconds()
+    later = _pass(again.status, [], due + 10, capacity_granted=False)
+    assert not acts(later, "create", "Pod") and later.status["phase"] == "Waiting"
+    capped = _pass(later.status, [], t + capacity.RETRY_CAP_S, capacity_granted=False)
+    assert acts(capped, "create", "Pod") == [("create", "Pod", "gpt-2-0")]
+
+
+def test_suspending_a_waiting_job_ends_its_wait_and_its_place_in_line():
+    out = _released()
+    suspended = decide(b.job(status=out.status, **{**FULL, "suspend": True}), b.observed([]),
+                       b.at(800))
+    assert suspended.status["phase"] == "Suspended"
+    for key in capacity.WAIT_KEYS:
+        assert key not in suspended.status["tracking"], key
