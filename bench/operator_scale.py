@@ -258,6 +258,14 @@ class Bench:
             self.core.delete_namespace(name)
         if extra or old:
             print(f"pruned from earlier runs: {len(extra)} nodes, {len(old)} namespaces")
+        # A namespace of a run just ended is still being emptied (its 800 pods, their children
+        # and events): measured beside that, a run took up to twice as long. Wait for it.
+        deadline = time.monotonic() + 300
+        while any(n.metadata.name.startswith("bench-") for n in self.core.list_namespace().items):
+            if time.monotonic() > deadline:
+                print("earlier runs' namespaces still terminating after 300 s; measuring anyway")
+                break
+            time.sleep(2)
 
     def __exit__(self, *exc) -> None:
         self.close()
