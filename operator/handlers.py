@@ -4,8 +4,8 @@ Owns the event-driven shell around the pure core, following kopf's own advice on
 reconciliation (kopf's docs/reconciliation.rst and examples/16-indexing): children and
 nodes live in `@kopf.index`es fed by one watch per kind (filtered server-side by label), and a
 per-job daemon runs passes: snapshot the indexes and the Lease (in the event loop, so the view is
-consistent) -> `decide` -> apply -> one status patch -> events (in a thread pool, because the
-`kubernetes` client blocks). A pass runs when an indexed pod, Lease or failing node changes
+consistent) -> `decide` -> apply, with one status patch beside it -> events (in a thread pool,
+because the `kubernetes` client blocks). A pass runs when an indexed pod, Lease or failing node changes
 (debounced), when a time-based decision falls due (grace periods, hang timeout), and at least
 every `interval_s` regardless: level-triggered, so a missed event costs latency, never
 correctness.

@@ -1,9 +1,10 @@
 """The one adapter between an `Outcome` and the Kubernetes API (official `kubernetes` client).
 
 Owns how each action is carried out and which API answers mean "already done": creating what exists
-(409) and deleting what is gone (404) succeed, so every action can be replayed after a crash. Then
-the pass's single status patch, and only after it lands, the events (the `statusUpdateOpts`
-discipline of kubernetes-sigs/jobset, pkg/controllers/jobset_controller.go). Failures are
+(409) and deleting what is gone (404) succeed, so every action can be replayed after a crash, and
+which creates are still on their way (`expected`: not sent twice). The pass's single status patch
+(`handlers._execute` sends it beside the actions), and only after it lands, the events (the
+`statusUpdateOpts` discipline of kubernetes-sigs/jobset, pkg/controllers/jobset_controller.go). Failures are
 classified, never swallowed: a refused or invalid request (4xx) is `Rejected` (a spec or RBAC
 problem that retrying will not fix, reported as a Warning event); anything else is `Transient` (the
 caller retries the pass).
