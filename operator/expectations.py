@@ -9,14 +9,17 @@ controllers' `ControllerExpectations`, pkg/controller/controller_utils.go): a cr
 expected from the moment it is sent until the watch shows the object, and a create already
 expected is not sent again.
 
-An expectation also ends if the create fails (nothing will come), and at the latest after
+An expectation also ends if the create fails (nothing will come) or meets a 409 (the object was
+there already, and the watch may have shown it before the create was expected), and at the
+latest after
 `ttl_s`: a watch that restarted and relisted after the object came and went shows it never,
 and the object must then be created again (the same five minutes the Kubernetes controllers
 allow would hold a job's pod back that long; the watch lags by seconds).
 
 Thread-safe: passes record and end expectations from the worker threads, the watch handlers
-from the event loop (a pass reads the job's beside its snapshot of the indexes: `pending`). Holds only names, never a decision: a pass that skips a create it expects
-is in the same place as one whose create met a 409.
+from the event loop (a pass reads the job's beside its snapshot of the indexes: `pending`).
+Holds only names, never a decision: a pass that skips a create it expects is in the same place
+as one whose create met a 409.
 """
 
 from __future__ import annotations

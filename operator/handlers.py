@@ -5,9 +5,9 @@ reconciliation (kopf's docs/reconciliation.rst and examples/16-indexing): childr
 nodes live in `@kopf.index`es fed by one watch per kind (filtered server-side by label), and a
 per-job daemon runs passes: snapshot the indexes and the Lease (in the event loop, so the view is
 consistent) -> `decide` -> apply, with one status patch beside it -> events (in a thread pool,
-because the `kubernetes` client blocks). A pass runs when an indexed pod, Lease or failing node changes
-(debounced), when a time-based decision falls due (grace periods, hang timeout), and at least
-every `interval_s` regardless: level-triggered, so a missed event costs latency, never
+because the `kubernetes` client blocks). A pass runs when an indexed pod, Lease or failing node
+changes (debounced), when a time-based decision falls due (grace periods, hang timeout), and at
+least every `interval_s` regardless: level-triggered, so a missed event costs latency, never
 correctness.
 
 Everything a pass needs to survive a restart is in the job's status. The only memory kept here

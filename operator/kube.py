@@ -4,10 +4,10 @@ Owns how each action is carried out and which API answers mean "already done": c
 (409) and deleting what is gone (404) succeed, so every action can be replayed after a crash, and
 which creates are still on their way (`expected`: not sent twice). The pass's single status patch
 (`handlers._execute` sends it beside the actions), and only after it lands, the events (the
-`statusUpdateOpts` discipline of kubernetes-sigs/jobset, pkg/controllers/jobset_controller.go). Failures are
-classified, never swallowed: a refused or invalid request (4xx) is `Rejected` (a spec or RBAC
-problem that retrying will not fix, reported as a Warning event); anything else is `Transient` (the
-caller retries the pass).
+`statusUpdateOpts` discipline of kubernetes-sigs/jobset, pkg/controllers/jobset_controller.go).
+Failures are classified, never swallowed: a refused or invalid request (4xx) is `Rejected` (a
+spec or RBAC problem that retrying will not fix, reported as a Warning event); anything else is
+`Transient` (the caller retries the pass).
 
 Blocking calls: the handlers run these in a thread pool, never on the event loop.
 """
@@ -84,7 +84,9 @@ class CordonLimit:
 
 def is_cordon(action: Action) -> bool:
     """Whether the action cordons a node (what the cordon limit counts)."""
-    return action.verb == "patch_node" and bool((action.body.get("spec") or {}).get("unschedulable"))
+    if action.verb != "patch_node":
+        return False      # other actions may carry no body
+    return bool((action.body.get("spec") or {}).get("unschedulable"))
 
 
 def annotate_only(action: Action, per_minute: int) -> Action:

@@ -15,7 +15,7 @@ from kubernetes import client, config
 
 from crucible.operator import handlers
 from crucible.operator.decision import Action, Outcome
-from crucible.operator.kube import CordonLimit, Kube
+from crucible.operator.kube import CordonLimit, Kube, is_cordon
 from tests.operator import builders as b
 from tests.support.clock import FakeClock
 from tests.support.operator_run import assert_clean_exit
@@ -40,6 +40,12 @@ def _cordon(node: str) -> Action:
         "metadata": {"annotations": {"crucible.dev/failure-reason": "NodeNotReady",
                                      "crucible.dev/failure-job": "team-a/gpt",
                                      "crucible.dev/cordoned-by": "team-a/gpt"}}}, "Cordon")
+
+
+def test_only_a_node_patch_that_sets_unschedulable_is_a_cordon():
+    assert is_cordon(_cordon("n"))
+    assert not is_cordon(Action("patch_node", "Node", "n", {"metadata": {"annotations": {}}}))
+    assert not is_cordon(Action("delete", "Pod", "p"))          # no body at all
 
 
 @pytest.mark.stack
