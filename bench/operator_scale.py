@@ -165,6 +165,35 @@ def scrape(port: int, since: dict | None = None) -> dict:
             "queue_p99_s": round(quantile(0.99, buckets["queue"]), 4), "passes": int(passes)}
 
 
+WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
+
+
+def apiserver_writes(core) -> dict[str, float]:
+    """The apiserver's own count of write requests so far, by "VERB resource[/subresource]"
+    (apiserver_request_total): what the start-up cost it, whoever sent it."""
+    text = core.api_client.call_api("/metrics", "GET", auth_settings=["BearerToken"],
+                                    _preload_content=False,
+                                    _return_http_data_only=True).data.decode()
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:
+                                                         line.rindex("}")].split(",") if "=" in part)
+        labels = {k: v.strip('"') for k, v in labels.items()}
+        if labels.get("verb") not in WRITE_VERBS:
+            continue
+        sub = labels.get("subresource")
+        key = f'{labels["verb"]} {labels.get("resource", "")}' + (f"/{sub}" if sub else "")
+        counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def writes_between(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    delta = {key: int(after[key] - before.get(key, 0.0)) for key in after}
+    return dict(sorted(((k, v) for k, v in delta.items() if v), key=lambda kv: -kv[1]))
+
+
 def memory_mb(pid: int) -> dict:
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
     kb = lambda key: int(fields[key].split()[0])  # noqa: E731
@@ -421,6 +450,7 @@ def bare_client(b: Bench, count: int, threads: int = 32) -> dict:
         b, done, core.list_namespaced_pod, see, ns), kwargs={"label_selector": BARE_LABEL})
     watcher.start()
     time.sleep(1)
+    writes_before = apiserver_writes(core)
     start = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         list(pool.map(lambda i: core.create_namespaced_pod(ns, body(i)), range(count)))
@@ -428,6 +458,7 @@ def bare_client(b: Bench, count: int, threads: int = 32) -> dict:
     assert done.wait(600), f"only {len(running)} of {count} bare pods Running after 600 s"
     out = {"pods": count, "threads": threads, "pods_created_s": round(created_s, 1),
            "all_running_s": round(time.monotonic() - start, 1)}
+    out["apiserver_writes"] = writes_between(writes_before, apiserver_writes(core))
     core.delete_collection_namespaced_pod(ns, label_selector=BARE_LABEL, grace_period_seconds=0)
     deadline = time.monotonic() + 300
     while core.list_namespaced_pod(ns, label_selector=BARE_LABEL).items:
@@ -495,6 +526,7 @@ def scale_case(args) -> int:
             for t in watchers:
                 t.start()
             time.sleep(1)
+            writes_before = apiserver_writes(core)
             start = time.monotonic()
             created = b.create_jobs(names, body)
             print(f"created {args.jobs} jobs in {time.monotonic() - start:.1f}s")
@@ -518,6 +550,12 @@ def scale_case(args) -> int:
                 "job_to_running_p99_s": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2),
             })
             print(f"all {want} pods Running, all jobs Running: {all_running_s:.1f}s")
+            # Everyone's writes (the bench's job creates, the scheduler's bindings, KWOK's
+            # status updates and node heartbeats too), from the first job create to all Running.
+            writes = writes_between(writes_before, apiserver_writes(core))
+            results["apiserver_writes_during_startup"] = writes
+            print("apiserver writes during the start-up: " + ", ".join(
+                f"{key} {count}" for key, count in list(writes.items())[:12]))
             time.sleep(5)  # a few resync passes at steady state
             results["reconcile_after_startup"] = scrape(metrics_port)
             results["memory_after_startup"] = memory_mb(operator.pid)
