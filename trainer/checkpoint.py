@@ -320,7 +320,9 @@ class AppState(Stateful):
     def load_state_dict(self, state: dict) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
-        torch.set_rng_state(state["rng"])
+        # The generator lives on the host and takes a host tensor only, whatever device the
+        # rest of the state was restored to (on a GPU a restore that moved it there crashed).
+        torch.set_rng_state(state["rng"].to("cpu"))
         for name, part in self.parts.items():
             part.load_state_dict(state[name])
 

@@ -133,17 +133,27 @@ class LocalShard:
     stride: tuple
 
 
-torch.serialization.add_safe_globals([LocalShard, Shard, Replicate, Partial])
+@dataclass
+class HostTensor:
+    """A tensor that was on the host when snapshotted (the RNG state; AdamW's step counts on the
+    CPU): a restore leaves it there instead of moving it to the compute device."""
+
+    tensor: torch.Tensor
+
+
+torch.serialization.add_safe_globals([LocalShard, HostTensor, Shard, Replicate, Partial])
 
 
 def to_host(state):
-    """A copy of `state` on the host: DTensors as their local shards, tensors cloned, the rest
-    deep-copied, so training can go on changing the originals."""
+    """A copy of `state` on the host: DTensors as their local shards, tensors cloned (those on
+    the host already marked so), the rest deep-copied, so training can go on changing the
+    originals."""
     if isinstance(state, DTensor):
         return LocalShard(state.to_local().detach().to("cpu", copy=True), tuple(state.placements),
                           tuple(state.shape), tuple(state.stride()))
     if isinstance(state, torch.Tensor):
-        return state.detach().to("cpu", copy=True)
+        copied = state.detach().to("cpu", copy=True)
+        return HostTensor(copied) if state.device.type == "cpu" else copied
     if isinstance(state, dict):
         return {k: to_host(v) for k, v in state.items()}
     if isinstance(state, (list, tuple)):
@@ -152,10 +162,13 @@ def to_host(state):
 
 
 def from_host(state, mesh, device: torch.device):
-    """Inverse of `to_host` on this rank: local shards become DTensors on `mesh` again."""
+    """Inverse of `to_host` on this rank: local shards become DTensors on `mesh` again, each
+    tensor goes back to where it was taken from (`device`, or the host)."""
     if isinstance(state, LocalShard):
         return DTensor.from_local(state.tensor.to(device), mesh, state.placements, run_check=False,
                                   shape=torch.Size(state.shape), stride=state.stride)
+    if isinstance(state, HostTensor):
+        return state.tensor
     if isinstance(state, torch.Tensor):
         return state.to(device)
     if isinstance(state, dict):

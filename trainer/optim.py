@@ -34,14 +34,15 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: torch.nn.Module, spec: TrainingSpec) -> torch.optim.AdamW:
-    # Fused on CUDA: one kernel, and the step counts stay on the device (no host read). On the
-    # CPU, foreach, the kernel every CPU test ran for long: fused was tried there and dropped
-    # while a rare abort at process exit was chased (it turned out not to be the optimizer's;
-    # see commands/train.py).
-    cuda = any(p.is_cuda for p in model.parameters())
+    # Fused on an accelerator (CUDA; any device but the host): one kernel, and the step counts
+    # stay on the device (no host read). On the CPU, foreach, the kernel every CPU test ran for
+    # long: fused was tried there and dropped while a rare abort at process exit was chased (it
+    # turned out not to be the optimizer's; see commands/train.py).
+    accelerator = any(p.device.type != "cpu" for p in model.parameters())
     return torch.optim.AdamW(param_groups(model, spec.weight_decay), lr=spec.lr,
                              betas=(spec.beta1, spec.beta2), eps=spec.eps,
-                             fused=True if cuda else None, foreach=None if cuda else True)
+                             fused=True if accelerator else None,
+                             foreach=None if accelerator else True)
 
 
 def lr_at(step: int, spec: TrainingSpec, total_steps: int) -> float:

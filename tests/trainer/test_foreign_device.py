@@ -1,0 +1,107 @@
+"""The foreign-device tier: the trainer's state paths with the model on a device that is not the
+host's, as on a GPU, on a machine that has none.
+
+On the CPU the compute device is the host, so a tensor on the wrong side goes unnoticed; on a GPU
+it crashes (the in-memory restore once handed `torch.set_rng_state` a CUDA tensor: every restart
+would have crash-looped). No GPU runs here, so tests/support/foreign_device.py stands in for one
+(a mock: a dispatch mode whose tensors report another device, compute on the CPU and obey CUDA's
+placement rules). The first tests check that stand-in itself; then one process runs each state
+path (a training step, the in-memory snapshot and restore, a storage save, load and rollback,
+eval, the export's full state) with the model on it, and each test reads its path's result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.support.foreign_device import FOREIGN, ForeignTensor, foreign_device, on_host
+from tests.support.repo import REPO
+
+
+# --- the stand-in holds CUDA's rules (else the tier below would prove nothing) ------------------
+def test_the_foreign_device_refuses_what_cuda_refuses():
+    with foreign_device():
+        x = torch.ones(3, device=FOREIGN)
+        assert isinstance(x, ForeignTensor) and x.device == FOREIGN
+        assert torch.equal(on_host(x * 2 + torch.tensor(1.0)), torch.full((3,), 3.0))  # 0-dim mixes
+        with pytest.raises(RuntimeError, match="same device"):
+            x + torch.ones(3)                       # a host tensor of 1+ dimensions does not
+        with pytest.raises(TypeError, match="RNG state must be a torch.ByteTensor"):
+            torch.set_rng_state(torch.get_rng_state().to(FOREIGN))
+        model = torch.nn.Linear(4, 2).to(FOREIGN)
+        with pytest.raises(RuntimeError, match="same device"):
+            model(torch.ones(1, 4))                 # input left on the host
+
+
+def test_the_foreign_device_records_what_would_block_the_host():
+    with foreign_device() as dev:
+        x = torch.arange(6.0).to(FOREIGN)           # pageable host memory -> device
+        assert [s.kind for s in dev.syncs] == ["pageable-copy"]
+        mark = dev.mark()
+        torch.as_tensor(0.5, device=FOREIGN)        # a Python number made into a device tensor
+        pinned = torch.ones(4)
+        if torch.cuda.is_available():               # pinning needs a CUDA driver
+            pinned = pinned.pin_memory()
+        y = (x * 2).sum()                           # device work: no sync
+        y.item()                                    # a read
+        x[x > 2]                                    # size depends on the values
+        x.to("cpu")                                 # device -> host
+        kinds = [s.kind for s in dev.since(mark)]
+        assert kinds == ["pageable-copy", "read", "data-dependent", "read"], kinds
+
+
+# --- the trainer's state paths on it ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def paths(corpus, tmp_path_factory) -> dict[str, dict]:
+    work = tmp_path_factory.mktemp("foreign")
+    run = subprocess.run([sys.executable, "-m", "tests.trainer.foreign_probe", str(work),
+                          str(corpus.val)], capture_output=True, text=True, timeout=600, cwd=REPO,
+                         env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    return {r["path"]: r for r in results}
+
+
+def _ok(result: dict) -> dict:
+    assert result["ok"], f"{result['path']} failed on the foreign device: {result['error']}\n" \
+        f"{result.get('where', '')}"
+    return result
+
+
+def test_a_training_step_keeps_parameters_and_optimizer_state_on_the_device(paths):
+    step = _ok(paths["step"])
+    assert step["fused"], "an accelerator's AdamW is the fused one (step counts on the device)"
+    assert step["placement"] == []
+
+
+def test_the_in_memory_restore_puts_state_back_where_it_was(paths):
+    memory = _ok(paths["memory"])
+    assert memory["restored"] == 1
+    assert memory["values"] and memory["rng"] and memory["train_step"] == 1
+    assert memory["placement"] == [], "restored state on the wrong side of the device"
+
+
+def test_a_storage_restore_and_a_rollback_on_the_device(paths):
+    storage = _ok(paths["storage"])
+    assert (storage["latest"], storage["rollback"]) == (4, 3)
+    assert storage["latest_values"] and storage["rollback_values"] and storage["rng"]
+    assert storage["train_step"] == 3
+    assert storage["placement"] == []
+
+
+def test_eval_on_the_device_scores_as_on_the_host(paths):
+    result = _ok(paths["eval"])
+    assert result["tokens"] > 0
+    assert result["loss"] == pytest.approx(result["cpu_loss"], rel=1e-5)
+
+
+def test_the_export_state_is_on_the_host(paths):
+    export = _ok(paths["export"])
+    assert export["tensors"] > 0 and export["values"]
+    assert export["off_host"] == []
