@@ -174,7 +174,7 @@ class StepNumbers:
 
     loss: float          # mean over ranks and micro-batches
     grad_norm: float     # global, before clipping
-    update_norm: float   # of the update the step would apply
+    update_norm: float | None   # of the update the step would apply; None: not measured
     save: bool           # rank 0 wants a checkpoint after this step
     stop: bool           # some rank got SIGTERM
     local_seconds: list[float] = field(default_factory=list)  # each rank's own work, last step
@@ -204,6 +204,11 @@ def _format_line(m: StepMetrics, total_steps: int) -> str:
             f"lr {m.learning_rate:.2e} | grad {m.grad_norm:.3f} | "
             f"{m.tokens_per_second / 1e3:8.1f}k tok/s | mfu {100 * m.mfu:5.2f}% | "
             f"{1e3 * m.step_seconds:7.1f} ms")
+
+
+def _logs(cfg: TrainJobConfig, step: int, total_steps: int) -> bool:
+    """A logging step: every `training.logEvery`-th, and the last."""
+    return step % cfg.training.log_every == 0 or step == total_steps
 
 
 def _tokenizer_hash(cfg: TrainJobConfig) -> str | None:
@@ -458,10 +463,12 @@ class Run:
             pass
 
     def agree(self, loss_local: torch.Tensor, grad_norm: torch.Tensor, *, save: bool,
-              stop: bool) -> "StepNumbers":
+              stop: bool, measure_update: bool = True) -> "StepNumbers":
         """The step's one collective and its one host read: every number the ranks must agree
-        on, summed in a single all-reduce on the compute device."""
-        update_sq = optim.next_update_sq(self.optimizer)
+        on, summed in a single all-reduce on the compute device. The update norm, a metric, is
+        measured only when `measure_update` (logging steps): it costs a pass over the
+        optimizer state."""
+        update_sq = optim.next_update_sq(self.optimizer) if measure_update else 0.0
         # The grad norm is already global (the same on every rank): rank 0's alone is summed.
         norm = grad_norm if self.env.is_main else 0.0
         # This rank's time for its own work in the last step (0 before the first) rides along,
@@ -476,7 +483,8 @@ class Run:
         # its peer's loss, and the mean stay right). Each shard of the update is held by every
         # replica of HSDP's shard groups: its sum counted it `replicas` times.
         return StepNumbers(loss=loss_sum / self.env.world_size, grad_norm=norm,
-                           update_norm=math.sqrt(update_sq / self.dp.replicas), save=saves > 0,
+                           update_norm=(math.sqrt(update_sq / self.dp.replicas)
+                                        if measure_update else None), save=saves > 0,
                            stop=stops > 0,
                            local_seconds=local_s)
 
@@ -649,7 +657,8 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None,
             run.cadence.before(state.step + 1)
             loss_local, grad_norm, lr = run.forward_backward()
             agreed = run.agree(loss_local, grad_norm, save=run.wants_save(state.step + 1),
-                               stop=stop is not None and stop.is_set())
+                               stop=stop is not None and stop.is_set(),
+                               measure_update=_logs(cfg, state.step + 1, shape.total_steps))
             loss_mean, grad_norm = agreed.loss, agreed.grad_norm
             if run.stragglers is not None:
                 run.judge_stragglers(state.step + 1, agreed.local_seconds)
@@ -701,7 +710,7 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None,
                 bar.update(1)
                 bar.set_postfix(loss=f"{m.train_loss:.3f}",
                                 tok_s=f"{m.tokens_per_second / 1e3:.1f}k")
-            elif state.step % cfg.training.log_every == 0 or state.step == shape.total_steps:
+            elif _logs(cfg, state.step, shape.total_steps):
                 run.log(_format_line(m, shape.total_steps))
             if cfg.training.eval_every and state.step % cfg.training.eval_every == 0 \
                     and state.step < stop_at:

@@ -53,8 +53,11 @@ class StepMetrics:
     learning_rate: float = _metric("Learning rate of the last step", jsonl="lr")
     applied: bool = _metric("1 if the last step's update was applied, 0 if the stability guard "
                             "skipped it")
-    # lr·m̂/(√v̂+ε) from the optimizer state (optim.adam_update_sq), all-reduced.
-    update_norm: float = _metric("L2 norm of the last AdamW update (0 when the guard skipped it)")
+    # lr·m̂/(√v̂+ε) from the optimizer state (optim.next_update_sq), all-reduced.
+    # None (null in the JSONL, the gauge keeps its value) on steps that do not log: measuring
+    # it is a pass over the optimizer state.
+    update_norm: float | None = _metric("L2 norm of the last AdamW update (0 when the guard "
+                                        "skipped it), measured on logging steps")
     tokens_per_second: float = _metric("Training tokens per second of the last step (all ranks)")
     # Model FLOPs per token as arch.flops_per_token counts them; the peak from device_peak_flops.
     mfu: float = _metric("Model FLOPs utilisation (0..1) against the device peak")

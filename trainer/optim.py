@@ -119,32 +119,60 @@ def next_update_sq(optimizer: torch.optim.AdamW) -> torch.Tensor:
     (Molybog et al. 2023) shows up as a large update that no longer follows the gradient.
 
     Computed before the step, not read from the state after it, so it rides in the same
-    all-reduce as the loss and gradient norm that decide whether the step is taken: one host
-    read per optimizer step. Local shards only; one temporary per moment per parameter, as
-    AdamW's own step makes. The step count stays a tensor (fused AdamW keeps it on the device)."""
-    total = None
+    all-reduce as the loss and gradient norm: no host read of its own. Only for logging steps
+    (the loop asks then): it is a metric, and it costs a pass over the optimizer state. Local
+    shards only, with `torch._foreach_*` ops over each parameter group (about a dozen kernel
+    launches a group, not a dozen a parameter). The step counts stay tensors (fused AdamW keeps
+    them on the device)."""
+    parts = []
     for group in optimizer.param_groups:
         beta1, beta2 = group["betas"]
+        grads, ms, vs, steps = [], [], [], []
         for param in group["params"]:
-            grad = param.grad
-            if grad is None:
+            if param.grad is None:
                 continue
             state = optimizer.state.get(param) or {}
-            if hasattr(grad, "to_local"):  # sharded (FSDP2): this rank's slice only
-                grad = grad.to_local()
+            grad = _local(param.grad)
+            grads.append(grad)
             if "exp_avg" in state:
-                m, v, step = state["exp_avg"], state["exp_avg_sq"], state["step"] + 1
-                if hasattr(m, "to_local"):
-                    m, v = m.to_local(), v.to_local()
-                m = torch.lerp(m, grad, 1 - beta1)  # as AdamW: m + (1-β1)(g - m)
-                v = v.mul(beta2).addcmul_(grad, grad, value=1 - beta2)
-            else:  # the first step: AdamW starts both moments at zero
-                m, v, step = grad * (1 - beta1), grad.square().mul_(1 - beta2), 1
-            denom = (v / (1 - beta2**step)).sqrt_().add_(group["eps"])
-            update = (m / (1 - beta1**step)).div_(denom)
-            part = update.square().sum(dtype=torch.float64) * group["lr"] ** 2
-            total = part if total is None else total + part
-    if total is None:
+                ms.append(_local(state["exp_avg"]))
+                vs.append(_local(state["exp_avg_sq"]))
+                steps.append(state["step"])
+            else:  # the first step: AdamW starts both moments, and the count, at zero
+                ms.append(torch.zeros_like(grad))
+                vs.append(torch.zeros_like(grad))
+                steps.append(None)
+        if not grads:
+            continue
+        m = torch._foreach_lerp(ms, grads, 1 - beta1)        # as AdamW: m + (1-β1)(g - m)
+        v = torch._foreach_mul(vs, beta2)
+        torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
+        if all(s is None for s in steps):
+            m_hat = torch._foreach_div(m, 1 - beta1)
+            torch._foreach_div_(v, 1 - beta2)
+        else:
+            known = next(s for s in steps if s is not None)
+            counts = [s + 1 if s is not None else torch.ones_like(known) for s in steps]
+            # 1 - β^t per parameter, on the step counts' device: no host read of the count.
+            bias1 = torch._foreach_pow(beta1, counts)
+            bias2 = torch._foreach_pow(beta2, counts)
+            torch._foreach_neg_(bias1)
+            torch._foreach_add_(bias1, 1)
+            torch._foreach_neg_(bias2)
+            torch._foreach_add_(bias2, 1)
+            m_hat = torch._foreach_div(m, bias1)
+            torch._foreach_div_(v, bias2)
+        torch._foreach_sqrt_(v)
+        torch._foreach_add_(v, group["eps"])
+        torch._foreach_div_(m_hat, v)
+        norms = torch._foreach_norm(m_hat)
+        parts.append(torch.stack(norms).double().square().sum() * group["lr"] ** 2)
+    if not parts:
         param = next(p for group in optimizer.param_groups for p in group["params"])
         return torch.zeros((), dtype=torch.float64, device=param.device)
-    return total
+    return torch.stack(parts).sum()
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's slice of a sharded (FSDP2, DTensor) tensor; a plain tensor as it is."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor

@@ -250,7 +250,11 @@ def all_reduce_sum(values: list[float | torch.Tensor], device: torch.device,
     `slot` = (rank, world size, value) adds a per-rank vector to the same collective: this
     rank's value in its own slot, zeros elsewhere, so every rank learns every rank's value
     without a collective of its own. Returns the sums and that vector (empty without a slot)."""
-    t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device) for v in values])
+    # A Python number becomes a fill on the device (the value rides in the kernel's arguments),
+    # not `as_tensor(v, device=...)`: on CUDA that is a copy from pageable host memory, which
+    # waits for the device, once per flag per step.
+    t = torch.stack([v.to(torch.float64) if isinstance(v, torch.Tensor)
+                     else torch.full((), v, dtype=torch.float64, device=device) for v in values])
     if slot is not None:
         rank, world, value = slot
         vector = torch.zeros(world, dtype=torch.float64, device=device)

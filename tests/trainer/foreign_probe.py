@@ -34,13 +34,15 @@ def _tiny_model():
     return model, cfg
 
 
-def _train_step(model, optimizer, cfg, seed: int) -> None:
+def _train_step(model, optimizer, cfg, seed: int, before_update=None) -> None:
+    from crucible.trainer import optim
+
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, cfg.vocab_size, (2, 2, 32), generator=gen).to(FOREIGN)
     model(tokens[0], tokens[1]).backward()
-    from crucible.trainer import optim
-
     optim.clip_grad_norm(model, 1.0)
+    if before_update is not None:
+        before_update()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -94,7 +96,7 @@ def main(work: Path, val: Path) -> None:
         port = s.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     results = []
-    with foreign_device():
+    with foreign_device() as dev:
         model, cfg = _tiny_model()
         cpu_model = None
         model.to(FOREIGN)
@@ -105,9 +107,18 @@ def main(work: Path, val: Path) -> None:
         app = _app(model, optimizer, train_state)
 
         def step():
+            # The update norm (logging steps) and the step itself: on the device, no host read.
+            syncs = []
+
+            def update_norm():
+                mark = dev.mark()
+                optim.next_update_sq(optimizer)
+                syncs.extend(f"{s.kind} {s.op}" for s in dev.since(mark))
+
             _train_step(model, optimizer, cfg, seed=1)
+            _train_step(model, optimizer, cfg, seed=5, before_update=update_norm)
             train_state.step = 1
-            return {"placement": _placement(model, optimizer),
+            return {"placement": _placement(model, optimizer), "update_norm_syncs": syncs,
                     "fused": bool(optimizer.defaults.get("fused"))}
 
         results.append(_result("step", step))

@@ -78,6 +78,7 @@ def test_a_training_step_keeps_parameters_and_optimizer_state_on_the_device(path
     step = _ok(paths["step"])
     assert step["fused"], "an accelerator's AdamW is the fused one (step counts on the device)"
     assert step["placement"] == []
+    assert step["update_norm_syncs"] == [], "the update norm waited for the device"
 
 
 def test_the_in_memory_restore_puts_state_back_where_it_was(paths):

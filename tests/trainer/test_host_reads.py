@@ -26,10 +26,11 @@ from tests.support.training import job_config, write_config
 PROBE = textwrap.dedent("""
     import json, os, sys
     import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
     from crucible.api.spec import load_train_config
     from crucible.trainer import loop, metrics
 
-    reads = []
+    reads, ops = [], [0]
     for name in ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__"):
         real = getattr(torch.Tensor, name)
         def counting(self, *args, _real=real, _name=name, **kwargs):
@@ -42,18 +43,48 @@ PROBE = textwrap.dedent("""
             return _real(self, *args, **kwargs)
         setattr(torch.Tensor, name, counting)
 
-    per_step, mark = [], [0]
+    aten = torch.ops.aten
+    DATA_DEPENDENT = {aten.nonzero.default, aten.masked_select.default,
+                      aten.unique_consecutive.default, aten._unique2.default}
+
+    class Dispatched(TorchDispatchMode):
+        # Every aten op the step dispatches (kernel launches, on a GPU), and the ops whose
+        # output size depends on the values (the host waits for them on CUDA).
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops[0] += 1
+            if func in DATA_DEPENDENT or (func is aten.index.Tensor and any(
+                    isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                    for i in (args[1] if len(args) > 1 else ()) if i is not None)):
+                reads.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    for name in ("tensor", "as_tensor", "asarray"):
+        real = getattr(torch, name)
+        def made(data, *args, _real=real, _name=name, **kwargs):
+            # A tensor made from Python data straight onto the compute device: on CUDA a copy
+            # from pageable host memory, which waits for the device. (CPU AdamW's own step
+            # count tensors are left out, as its reads are.)
+            caller = sys._getframe(1).f_code
+            if kwargs.get("device") is not None and not isinstance(data, torch.Tensor) \\
+                    and "torch/optim/" not in caller.co_filename:
+                reads.append(f"torch.{_name}(device=...)")
+            return _real(data, *args, **kwargs)
+        setattr(torch, name, made)
+
+    per_step, mark = [], [0, 0]
     real_log_step = metrics.Metrics.log_step
     def log_step(self, step):
-        per_step.append((step.step, reads[mark[0]:]))
-        mark[0] = len(reads)
+        per_step.append((step.step, reads[mark[0]:], ops[0] - mark[1]))
+        mark[0], mark[1] = len(reads), ops[0]
         real_log_step(self, step)
     metrics.Metrics.log_step = log_step
 
-    loop.train(load_train_config(sys.argv[1]), log=lambda *_: None)
+    with Dispatched():
+        loop.train(load_train_config(sys.argv[1]), log=lambda *_: None)
     with open(f"{sys.argv[2]}.{os.environ['RANK']}", "w") as out:
         json.dump(per_step, out)
 """)
+
 
 
 def _probe_run(corpus, tmp_path, gradient_sync: str, log_every: int) -> list[float]:
@@ -71,9 +102,10 @@ def _probe_run(corpus, tmp_path, gradient_sync: str, log_every: int) -> list[flo
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):
         per_step = json.loads((out / f"reads.{rank}").read_text())
-        assert [step for step, _ in per_step] == list(range(1, 13))
+        assert [step for step, _, _ in per_step] == list(range(1, 13))
         # Step 1 includes start-up (resume checks, the first log line); logging steps may read.
-        quiet = {step: calls for step, calls in per_step if step > 1 and step % log_every}
+        quiet = {step: calls for step, calls, _ in per_step if step > 1 and step % log_every}
+        print(gradient_sync, rank, "ops per step:", [n for _, _, n in per_step])
         assert len(quiet) == 9
         assert all(len(calls) <= 1 for calls in quiet.values()), (gradient_sync, rank, quiet)
         # The one read is the packed all-reduce's `tolist`: the loop still agrees every step.
