@@ -244,7 +244,8 @@ class TrainingSpec(Spec):
     seed: int = Field(1337, ge=0, description="Seed of the weight init and the data order.")
     eval_every: int = Field(0, ge=0, description="Steps between held-out evals (0: at the end).")
     eval_tokens: int = Field(1 << 20, ge=1, description="Held-out tokens per eval.")
-    log_every: int = Field(1, ge=1, description="Steps between log lines.")
+    log_every: int = Field(1, ge=1, description="Steps between log lines; the AdamW update norm "
+                           "is measured on those steps only.")
     compile: bool | None = Field(None, description="torch.compile each block and the loss. "
                                  "Unset: on when training on CUDA GPUs, off on CPU (inductor's "
                                  "CPU kernels need a C++ compiler and rarely repay the compile "

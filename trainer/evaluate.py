@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from crucible.trainer.data import DataError, ShardSet
 
@@ -46,10 +45,13 @@ def evaluate(model: torch.nn.Module, val: ShardSet, *, seq_len: int, micro_batch
     for first in range(rank * micro_batch, windows, per_step):
         rows = [val.read(w * seq_len, seq_len + 1) for w in range(first, first + micro_batch)]
         batch = torch.from_numpy(np.stack(rows)).to(device)  # (B, T+1)
-        logits = model(batch[:, :-1])  # (B, T, V)
-        loss_sum += F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten(),
-                                    reduction="sum").double()
-        count += batch[:, 1:].numel()
+        # Through the model's own loss, as training computes it (compiled with the blocks on
+        # CUDA: the fp32 upcast fused into the softmax), not from its logits: an fp32 copy of
+        # them and its log-softmax, 8·B·T·V bytes beside the logits' own 2·B·T·V, are ~84 GB
+        # at a 128K vocabulary and micro-batch 8 x 8,192, more than the training step holds.
+        n = batch[:, 1:].numel()
+        loss_sum += model(batch[:, :-1], batch[:, 1:]).double() * n
+        count += n
     if world_size > 1:
         totals = torch.stack([loss_sum, count])
         dist.all_reduce(totals)

@@ -110,6 +110,11 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
     return norm
 
 
+# Elements of optimizer state one foreach pass of `next_update_sq` takes at a time: its
+# temporaries (two per element) stay near 0.5 GB in fp32 whatever the model's size.
+UPDATE_NORM_CHUNK = 1 << 26
+
+
 @torch.no_grad()
 def next_update_sq(optimizer: torch.optim.AdamW) -> torch.Tensor:
     """This rank's share of ||Δθ||² for the AdamW step about to be taken with the gradients now
@@ -121,56 +126,66 @@ def next_update_sq(optimizer: torch.optim.AdamW) -> torch.Tensor:
     Computed before the step, not read from the state after it, so it rides in the same
     all-reduce as the loss and gradient norm: no host read of its own. Only for logging steps
     (the loop asks then): it is a metric, and it costs a pass over the optimizer state. Local
-    shards only, with `torch._foreach_*` ops over each parameter group (about a dozen kernel
-    launches a group, not a dozen a parameter). The step counts stay tensors (fused AdamW keeps
-    them on the device)."""
+    shards only, with `torch._foreach_*` ops over chunks of each parameter group (a few dozen
+    launches a chunk, not a dozen a parameter), two temporaries per element of a chunk. The step
+    counts stay tensors (fused AdamW keeps them on the device)."""
     parts = []
     for group in optimizer.param_groups:
-        beta1, beta2 = group["betas"]
-        grads, ms, vs, steps = [], [], [], []
+        chunk, size = [], 0
         for param in group["params"]:
             if param.grad is None:
                 continue
-            state = optimizer.state.get(param) or {}
-            grad = _local(param.grad)
-            grads.append(grad)
-            if "exp_avg" in state:
-                ms.append(_local(state["exp_avg"]))
-                vs.append(_local(state["exp_avg_sq"]))
-                steps.append(state["step"])
-            else:  # the first step: AdamW starts both moments, and the count, at zero
-                ms.append(torch.zeros_like(grad))
-                vs.append(torch.zeros_like(grad))
-                steps.append(None)
-        if not grads:
-            continue
-        m = torch._foreach_lerp(ms, grads, 1 - beta1)        # as AdamW: m + (1-β1)(g - m)
-        v = torch._foreach_mul(vs, beta2)
-        torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
-        if all(s is None for s in steps):
-            m_hat = torch._foreach_div(m, 1 - beta1)
-            torch._foreach_div_(v, 1 - beta2)
-        else:
-            known = next(s for s in steps if s is not None)
-            counts = [s + 1 if s is not None else torch.ones_like(known) for s in steps]
-            # 1 - β^t per parameter, on the step counts' device: no host read of the count.
-            bias1 = torch._foreach_pow(beta1, counts)
-            bias2 = torch._foreach_pow(beta2, counts)
-            torch._foreach_neg_(bias1)
-            torch._foreach_add_(bias1, 1)
-            torch._foreach_neg_(bias2)
-            torch._foreach_add_(bias2, 1)
-            m_hat = torch._foreach_div(m, bias1)
-            torch._foreach_div_(v, bias2)
-        torch._foreach_sqrt_(v)
-        torch._foreach_add_(v, group["eps"])
-        torch._foreach_div_(m_hat, v)
-        norms = torch._foreach_norm(m_hat)
-        parts.append(torch.stack(norms).double().square().sum() * group["lr"] ** 2)
+            chunk.append(param)
+            size += param.grad.numel() if not hasattr(param.grad, "to_local") \
+                else param.grad.to_local().numel()
+            if size >= UPDATE_NORM_CHUNK:
+                parts.append(_update_sq(optimizer, group, chunk))
+                chunk, size = [], 0
+        if chunk:
+            parts.append(_update_sq(optimizer, group, chunk))
     if not parts:
         param = next(p for group in optimizer.param_groups for p in group["params"])
         return torch.zeros((), dtype=torch.float64, device=param.device)
     return torch.stack(parts).sum()
+
+
+def _update_sq(optimizer: torch.optim.AdamW, group: dict, params: list) -> torch.Tensor:
+    """||Δθ||² of the next step over `params` (one group's, all with gradients)."""
+    beta1, beta2 = group["betas"]
+    grads = [_local(p.grad) for p in params]
+    states = [optimizer.state.get(p) or {} for p in params]
+    fresh = [i for i, state in enumerate(states) if "exp_avg" not in state]
+    seen = [i for i, state in enumerate(states) if "exp_avg" in state]
+    squares = []
+    if fresh:   # their first step: AdamW starts both moments and the count at zero
+        g = [grads[i] for i in fresh]
+        m = torch._foreach_mul(g, 1.0)    # m̂ = (1-β1)g / (1-β1): g (a copy, overwritten)
+        v = torch._foreach_mul(g, g)      # v̂ = (1-β2)g² / (1-β2)
+        squares.append(_adam_direction_sq(m, v, group["eps"]))
+    if seen:
+        g = [grads[i] for i in seen]
+        m = torch._foreach_lerp([_local(states[i]["exp_avg"]) for i in seen], g, 1 - beta1)
+        v = torch._foreach_mul([_local(states[i]["exp_avg_sq"]) for i in seen], beta2)
+        torch._foreach_addcmul_(v, g, g, value=1 - beta2)
+        counts = torch._foreach_add([states[i]["step"] for i in seen], 1)
+        # 1 - β^t per parameter, on the step counts' device: no host read of the count.
+        for moments, beta in ((m, beta1), (v, beta2)):
+            bias = torch._foreach_pow(beta, counts)
+            torch._foreach_neg_(bias)
+            torch._foreach_add_(bias, 1)
+            torch._foreach_div_(moments, bias)
+        squares.append(_adam_direction_sq(m, v, group["eps"]))
+    return torch.stack(squares).sum() * group["lr"] ** 2
+
+
+def _adam_direction_sq(m_hat: list, v_hat: list, eps: float) -> torch.Tensor:
+    """||m̂/(√v̂+ε)||² summed over the tensors, in float64; `m_hat` and `v_hat` are
+    overwritten."""
+    torch._foreach_sqrt_(v_hat)
+    torch._foreach_add_(v_hat, eps)
+    torch._foreach_div_(m_hat, v_hat)
+    norms = torch._foreach_norm(m_hat, 2, dtype=torch.float32)
+    return torch.stack(norms).double().square().sum()
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -253,7 +253,7 @@ def all_reduce_sum(values: list[float | torch.Tensor], device: torch.device,
     # A Python number becomes a fill on the device (the value rides in the kernel's arguments),
     # not `as_tensor(v, device=...)`: on CUDA that is a copy from pageable host memory, which
     # waits for the device, once per flag per step.
-    t = torch.stack([v.to(torch.float64) if isinstance(v, torch.Tensor)
+    t = torch.stack([v.to(device=device, dtype=torch.float64) if isinstance(v, torch.Tensor)
                      else torch.full((), v, dtype=torch.float64, device=device) for v in values])
     if slot is not None:
         rank, world, value = slot

@@ -146,6 +146,15 @@ class ForeignTensor(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
+    # Read on the host without the dispatcher (torch reads the memory itself): recorded here.
+    def tolist(self):
+        _record_read("tolist")
+        return self.host_copy.tolist()
+
+    def numpy(self, *, force: bool = False):
+        raise TypeError("can't convert foreign:0 device type tensor to numpy. Use Tensor.cpu() "
+                        "to copy the tensor to host memory first.")
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         # Only reached outside a `foreign_device()` block: a foreign tensor that outlived it.
@@ -176,6 +185,14 @@ class ForeignDevice:
             self.syncs.append(Sync(kind, str(func)))
 
 
+_ACTIVE: list[ForeignDevice] = []    # the records of the foreign_device() blocks entered
+
+
+def _record_read(op: str) -> None:
+    if _ACTIVE:
+        _ACTIVE[-1].record("read", op)
+
+
 def _is_foreign_device(device) -> bool:
     return device is not None and torch.device(device).type == FOREIGN.type
 
@@ -194,7 +211,9 @@ class _Mode(TorchDispatchMode):
         to_device = _is_foreign_device(kwargs.get("device"))
         if to_device:
             kwargs["device"] = torch.device("cpu")
-        if foreign_in and func not in _CROSSING and any(t.dim() > 0 for t in host_in):
+        if foreign_in and func not in _CROSSING and host_in and (
+                any(t.dim() > 0 for t in host_in) or not _takes_host_scalars(func)
+                or _writes_host(func, args)):
             raise RuntimeError(
                 f"Expected all tensors to be on the same device, but found at least two "
                 f"devices, {FOREIGN} and cpu! ({func}, as CUDA would refuse it)")
@@ -229,7 +248,7 @@ class _Mode(TorchDispatchMode):
         if func is aten.copy_.default:
             dst, src = args[0], args[1]
             if isinstance(dst, ForeignTensor) and not isinstance(src, ForeignTensor) \
-                    and src.dim() > 0 and not src.is_pinned():
+                    and not src.is_pinned():
                 self.seen.record("pageable-copy", func)
             if not isinstance(dst, ForeignTensor) and isinstance(src, ForeignTensor):
                 self.seen.record("read", func)
@@ -276,6 +295,22 @@ def _aliased_returns(func, args, kwargs, unwrapped, out_foreign: bool):
     return tuple(out) if isinstance(unwrapped, (tuple, list)) else out[0]
 
 
+def _takes_host_scalars(func) -> bool:
+    """CUDA lets a 0-dim host tensor into an elementwise op (as a scalar argument); joining or
+    stacking tensors, foreach and fused kernels need every tensor on the device."""
+    name = func.__name__ if hasattr(func, "__name__") else str(func)
+    return not (name.startswith(("cat", "stack", "_foreach", "_fused", "index_put",
+                                 "_index_put")))
+
+
+def _writes_host(func, args) -> bool:
+    """An in-place op writing a host tensor from device values (CUDA refuses it)."""
+    schema = getattr(func, "_schema", None)
+    return bool(schema is not None and schema.arguments and args
+                and schema.arguments[0].is_write and not isinstance(args[0], ForeignTensor)
+                and isinstance(args[0], torch.Tensor))
+
+
 def _unwrap(x):
     return x.host_copy if isinstance(x, ForeignTensor) else x
 
@@ -284,8 +319,12 @@ def _unwrap(x):
 def foreign_device():
     """Within: `FOREIGN` is a device; yields the `ForeignDevice` record of its syncs."""
     seen = ForeignDevice()
-    with _DataMode(), _Mode(seen):
-        yield seen
+    _ACTIVE.append(seen)
+    try:
+        with _DataMode(), _Mode(seen):
+            yield seen
+    finally:
+        _ACTIVE.remove(seen)
 
 
 def on_host(x) -> torch.Tensor:

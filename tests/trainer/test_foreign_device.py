@@ -37,6 +37,10 @@ def test_the_foreign_device_refuses_what_cuda_refuses():
         model = torch.nn.Linear(4, 2).to(FOREIGN)
         with pytest.raises(RuntimeError, match="same device"):
             model(torch.ones(1, 4))                 # input left on the host
+        with pytest.raises(RuntimeError, match="same device"):
+            torch.stack([x.sum(), torch.tensor(1.0)])   # joining takes no host scalar
+        with pytest.raises(RuntimeError, match="same device"):
+            torch.zeros(()).add_(x.sum())           # a host tensor written from the device
 
 
 def test_the_foreign_device_records_what_would_block_the_host():
@@ -52,8 +56,11 @@ def test_the_foreign_device_records_what_would_block_the_host():
         y.item()                                    # a read
         x[x > 2]                                    # size depends on the values
         x.to("cpu")                                 # device -> host
+        x.tolist()                                  # read without the dispatcher
+        x.new_zeros(()).copy_(torch.tensor(2.0))    # even one number from pageable memory
         kinds = [s.kind for s in dev.since(mark)]
-        assert kinds == ["pageable-copy", "read", "data-dependent", "read"], kinds
+        assert kinds == ["pageable-copy", "read", "data-dependent", "read", "read",
+                         "pageable-copy"], kinds
 
 
 # --- the trainer's state paths on it ----------------------------------------------------------------
