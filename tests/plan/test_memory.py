@@ -92,3 +92,24 @@ def test_flash_attention_stores_what_selective_recompute_stores():
                              recompute="selective")
     plain = mem.estimate(cfg, micro_batch=4, capacity_bytes=80e9, stage=3, dp=8)
     assert flash.activations_bytes == selective.activations_bytes < plain.activations_bytes
+
+
+def test_fsdp_holds_its_gathered_root_and_blocks_and_last_micro_batch_whole_gradients():
+    cfg = arch.preset("llama-8b")
+    block = arch.block_params(cfg)
+    root = arch.param_count(cfg) - cfg.layers * block   # embeddings, final norm, output layer
+    fsdp = mem.estimate(cfg, micro_batch=1, capacity_bytes=141e9, stage=3, dp=8,
+                        recompute="full")
+    # The root gathered in bf16 with its fp32 gradient whole (~6.3 GB at 8B), two blocks
+    # gathered, on top of the 16 B/param shards.
+    assert fsdp.working_bytes == pytest.approx(2 * (root + 2 * block) + 4 * root)
+    assert 6e9 < 6 * root < 6.5e9
+    assert fsdp.total_bytes == pytest.approx(fsdp.states.total_bytes + fsdp.activations_bytes
+                                             + fsdp.logits_bytes + fsdp.working_bytes)
+    zero2 = mem.estimate(cfg, micro_batch=1, capacity_bytes=141e9, stage=2, dp=8,
+                         recompute="full")
+    assert zero2.working_bytes == 0   # unsharded parameters are already counted as states
+    last = mem.estimate(cfg, micro_batch=1, capacity_bytes=141e9, stage=3, dp=8,
+                        recompute="full", accumulate_unsharded=True)
+    assert last.accumulated_grad_bytes == pytest.approx(4 * arch.param_count(cfg))  # ~32 GB
+    assert last.total_bytes == pytest.approx(fsdp.total_bytes + 4 * arch.param_count(cfg))

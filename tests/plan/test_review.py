@@ -207,3 +207,19 @@ def test_nanogpt_seeded_vocab_and_warmup(tmp_path):
     path.write_text(NANOGPT + "vocab_size = 50257\nwarmup_iters = 0\n")
     codes = _codes(rv.review(configs.load(path, gpus=8), rv.Context(accelerator("h100"))))
     assert {"vocab-not-64", "no-warmup"} <= codes
+
+
+def test_last_micro_batch_gradients_can_break_the_fit(tmp_path):
+    """gradientSync: lastMicroBatch keeps the whole model's fp32 gradients on every rank across
+    the micro-batches (32 GB at 8B): a layout that fits with everyMicroBatch may not."""
+    doc = _mutate(model={"preset": "llama-8b"}, nodes={"min": 1, "max": 1}, procsPerNode=4,
+                  resources={"limits": {"nvidia.com/gpu": 4}},
+                  training__microBatch=1, training__activationCheckpointing="full")
+    assert "does-not-fit" not in _codes(_review(tmp_path, doc))
+    doc["spec"]["training"]["gradientSync"] = "lastMicroBatch"
+    findings = _review(tmp_path, doc)
+    fit = [f for f in findings if f.code == "does-not-fit"]
+    assert fit and "lastMicroBatch" in fit[0].message, findings
+    # One micro-batch a step: nothing is held across micro-batches.
+    doc["spec"]["training"]["globalBatchTokens"] = 4 * 8192
+    assert "does-not-fit" not in _codes(_review(tmp_path, doc))

@@ -57,6 +57,7 @@ class Setup:
     pp: int = 1
     zero_stage: int | None = None
     recompute: str | None = None  # none, selective, full
+    gradient_sync: str | None = None  # Crucible's training.gradientSync
     # Fused attention (SDPA/FlashAttention) stores no s×s scores. Crucible's model, nanoGPT
     # (model.py uses F.scaled_dot_product_attention when present) and torchtitan all use it.
     flash_attention: bool = True
@@ -125,7 +126,7 @@ def _common(path: Path, spec, source: str) -> Setup:
         warmup_steps=t.warmup_steps, total_steps=t.total_steps_hint, schedule=t.schedule,
         min_lr_ratio=t.min_lr_ratio, weight_decay=t.weight_decay, beta2=t.beta2,
         grad_clip=t.grad_clip, precision=t.precision, zero_stage=3,
-        recompute=_RECOMPUTE[t.activation_checkpointing_mode],
+        recompute=_RECOMPUTE[t.activation_checkpointing_mode], gradient_sync=t.gradient_sync,
         checkpoint_enabled=ck.uri is not None, checkpoint_uri=ck.uri,
         checkpoint_every_s=ck.every_minutes * 60 if ck.every_minutes else None,
         checkpoint_every_steps=ck.every_steps or None, checkpoint_async=ck.async_,

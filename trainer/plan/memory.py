@@ -25,6 +25,14 @@ Owns byte arithmetic only; which layout to pick is `parallelism`'s job. Sources:
   transposed copy; kv = key/value width, h under MHA, less under GQA), the MLP 2f (GELU: its
   input and output) or 4f (SwiGLU: gate|up, silu(gate), their product). A test holds it against
   the bytes autograd actually saves for every preset's block shape.
+- FSDP's working set beyond the sharded states (ZeRO-3; `fsdp_working_bytes`), as Crucible
+  wraps the model (trainer/parallel.py, torchtitan's layout): the root unit (embeddings, final
+  norm, output layer) stays gathered from its forward to the end of backward, and its gradient
+  exists whole in fp32 (the reduce dtype) before it is reduce-scattered; two blocks are gathered
+  at a time (the one computing and the one prefetched) and one block's whole gradient waits for
+  its reduce-scatter. With `gradientSync: lastMicroBatch` and more than one micro-batch a step,
+  every rank also keeps the whole model's gradients in fp32 across the micro-batches
+  (`accumulated_grad_bytes`): 4 bytes a parameter, 32 GB at 8B.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from crucible.api.arch import GPTConfig, param_count
+from crucible.api.arch import GPTConfig, block_params, param_count
 
 ZeroStage = Literal[0, 1, 2, 3]
 Recompute = Literal["none", "selective", "full"]
@@ -175,6 +183,20 @@ def logits_bytes(seq_len: int, micro_batch: int, vocab: int, tp: int = 1) -> flo
     return 4.0 * seq_len * micro_batch * vocab / tp
 
 
+def fsdp_working_bytes(cfg: GPTConfig, precision: Precision, model_parallel: int = 1) -> float:
+    """ZeRO-3's gathered parameters and whole gradients on top of the shards (module
+    docstring): the root gathered and its fp32 gradient whole, two blocks gathered, one block's
+    fp32 gradient whole."""
+    block = block_params(cfg) / model_parallel
+    root = (param_count(cfg) / model_parallel) - cfg.layers * block
+    return precision.param_bytes * (root + 2 * block) + 4.0 * max(root, block)
+
+
+def accumulated_grad_bytes(params: float, model_parallel: int = 1) -> float:
+    """`gradientSync: lastMicroBatch`: the whole model's fp32 gradients, on every rank."""
+    return 4.0 * params / model_parallel
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
     """What one GPU holds, in bytes, against its capacity."""
@@ -184,10 +206,13 @@ class MemoryEstimate:
     logits_bytes: float
     capacity_bytes: float
     usable_fraction: float
+    working_bytes: float = 0.0       # FSDP's gathered parameters and whole gradients (ZeRO-3)
+    accumulated_grad_bytes: float = 0.0   # gradientSync: lastMicroBatch
 
     @property
     def total_bytes(self) -> float:
-        return self.states.total_bytes + self.activations_bytes + self.logits_bytes
+        return (self.states.total_bytes + self.activations_bytes + self.logits_bytes
+                + self.working_bytes + self.accumulated_grad_bytes)
 
     @property
     def usable_bytes(self) -> float:
@@ -207,8 +232,12 @@ USABLE_FRACTION = 0.90
 def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: int, dp: int,
              tp: int = 1, pp: int = 1, recompute: Recompute = "none",
              precision: Precision = PRECISIONS["bf16"], sequence_parallel: bool = True,
-             params: float | None = None, flash_attention: bool = False) -> MemoryEstimate:
+             params: float | None = None, flash_attention: bool = False,
+             accumulate_unsharded: bool = False) -> MemoryEstimate:
     """Per-GPU memory of `cfg` trained with this layout (first pipeline stage, the fullest).
+
+    `accumulate_unsharded`: gradients are reduced once a step, after the last of several
+    micro-batches (`gradientSync: lastMicroBatch`), so each rank holds them all in fp32.
 
     `flash_attention`: fused attention (FlashAttention, Dao et al. 2022 §3.1, and PyTorch's
     SDPA kernels) does not store the s×s scores and softmax for backward but recomputes them
@@ -224,4 +253,7 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
     if pp == 1:  # the last stage's; the first (counted here) holds more layers' activations
         acts += head_activation_bytes(cfg, cfg.seq_len, micro_batch, precision.activation_bytes)
         logits = logits_bytes(cfg.seq_len, micro_batch, cfg.vocab_size, tp)
-    return MemoryEstimate(states, acts, logits, capacity_bytes, USABLE_FRACTION)
+    working = fsdp_working_bytes(cfg, precision, tp * pp) if stage == 3 else 0.0
+    accumulated = accumulated_grad_bytes(n, tp * pp) if accumulate_unsharded else 0.0
+    return MemoryEstimate(states, acts, logits, capacity_bytes, USABLE_FRACTION, working,
+                          accumulated)

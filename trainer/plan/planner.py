@@ -249,12 +249,20 @@ def _memory_section(plan: Plan, inp: PlanInputs, precision: mem.Precision) -> Se
         s.add(f"activations.{rc}", f"activations, recompute={rc}", acts, "B", formula, src_acts)
     s.add("logits", "fp32 logits", mem.logits_bytes(cfg.seq_len, inp.micro_batch, cfg.vocab_size),
           "B", "4·s·b·V", "Megatron theoretical_memory_usage.py")
+    s.add("fsdp_working", "FSDP gathered root + 2 blocks, whole fp32 root gradient",
+          mem.fsdp_working_bytes(cfg, precision), "B", "p·(root + 2·block) + 4·root (ZeRO-3)",
+          "trainer/parallel.py's wrapping (torchtitan's)")
+    s.add("accumulated_grads", "fp32 gradients kept whole (gradientSync: lastMicroBatch)",
+          mem.accumulated_grad_bytes(plan.params), "B", "4Ψ, only with several micro-batches",
+          "FSDP2 set_requires_gradient_sync(False)")
+    s.notes.append("Activations are counted as eager PyTorch keeps them; compiled blocks (the "
+                   "default on CUDA) keep fewer, so the estimate errs towards not fitting.")
     s.add("capacity", f"{plan.gpu.name} memory (usable {mem.USABLE_FRACTION:.0%})",
           plan.gpu.memory_bytes, "B", "datasheet", "trainer/hardware.py")
     if plan.fsdp is not None:
         s.add("crucible_fsdp", "Crucible FSDP total", plan.fsdp.memory.total_bytes, "B",
               f"ZeRO-3 + activation checkpointing {'on' if plan.fsdp.layout.recompute == 'full' else 'off'}",
-              "states + activations + logits")
+              "states + activations + logits + FSDP working set")
     else:
         s.notes.append("Crucible's FSDP layout does not fit even with activation checkpointing: "
                        "add GPUs, or lower --micro-batch / --seq-len.")

@@ -205,6 +205,16 @@ def _layout(s: Setup, ctx: Context) -> par.Layout:
                       s.recompute if s.recompute in mem.RECOMPUTE_MODES else "none")
 
 
+def _accumulates_unsharded(s: Setup, lay: par.Layout) -> bool:
+    """`gradientSync: lastMicroBatch` with more than one micro-batch a step (unknown batch
+    arithmetic counts as more than one: the estimate errs towards not fitting)."""
+    if s.gradient_sync != "lastMicroBatch":
+        return False
+    if not (s.global_batch_tokens and s.model and s.micro_batch):
+        return True
+    return s.global_batch_tokens / (s.model.seq_len * s.micro_batch * lay.dp) > 1
+
+
 def _memory(s: Setup, ctx: Context) -> list[Finding]:
     if not (s.model and s.micro_batch):
         return []
@@ -212,7 +222,8 @@ def _memory(s: Setup, ctx: Context) -> list[Finding]:
     prec = mem.PRECISIONS["fp32" if s.precision == "fp32" else "bf16"]
     est = mem.estimate(s.model, micro_batch=s.micro_batch, capacity_bytes=ctx.gpu.memory_bytes,
                        stage=lay.stage, dp=lay.dp, tp=lay.tp, pp=lay.pp, recompute=lay.recompute,
-                       precision=prec, flash_attention=s.flash_attention)
+                       precision=prec, flash_attention=s.flash_attention,
+                       accumulate_unsharded=_accumulates_unsharded(s, lay))
     if est.fits:
         return []
     gib = 2**30
@@ -226,7 +237,12 @@ def _memory(s: Setup, ctx: Context) -> list[Finding]:
                 else f"; no layout of {s.gpus} {ctx.gpu.name} GPUs fits at this micro-batch")
     return [_f("error", "memory fit", "does-not-fit", f"{lay.describe()} needs "
                f"{est.total_bytes / gib:.1f} GiB per GPU (states {est.states.total_bytes / gib:.1f}, "
-               f"activations {est.activations_bytes / gib:.1f}, logits {est.logits_bytes / gib:.1f}) "
+               f"activations {est.activations_bytes / gib:.1f}, logits {est.logits_bytes / gib:.1f}"
+               + (f", FSDP's gathered root and blocks {est.working_bytes / gib:.1f}"
+                  if est.working_bytes else "")
+               + (f", fp32 gradients kept whole across micro-batches (gradientSync: "
+                  f"lastMicroBatch) {est.accumulated_grad_bytes / gib:.1f}"
+                  if est.accumulated_grad_bytes else "") + ") "
                f"> {est.usable_bytes / gib:.1f} GiB usable on {ctx.gpu.name}{hint}",
                "the run would stop with CUDA out-of-memory at the first step",
                "Rajbhandari et al. 2020 §3.1 (16 B/param); Korthikanti et al. 2022 Table 2")]
