@@ -40,3 +40,26 @@ def test_without_cuda_it_says_so_and_measures_nothing(tmp_path):
                          capture_output=True, text=True, timeout=120,
                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert run.returncode == 0 and "no CUDA GPU" in run.stdout
+
+
+def test_the_micro_batch_is_the_largest_the_planner_fits_on_the_device():
+    sys.path.insert(0, str(REPO / "bench"))
+    from gpu_mfu import fitting_micro_batch
+
+    from crucible.api import arch
+    from crucible.trainer.plan import memory as mem
+
+    h200 = 141e9
+    for model in ("gpt2-124m", "llama-1b"):
+        cfg = arch.preset(model)
+        b = fitting_micro_batch(cfg, 1, h200)
+
+        def fits(n):
+            return mem.estimate(cfg, micro_batch=n, capacity_bytes=h200, stage=3, dp=1,
+                                flash_attention=True).fits
+
+        assert fits(b) and (b == 64 or not fits(2 * b)), (model, b)
+    # The old fixed default (8 x 8,192 tokens) does not fit llama-1b on one H200 by that count;
+    # GPT-2 small gets a large micro-batch, as MFU wants.
+    assert fitting_micro_batch(arch.preset("llama-1b"), 1, h200) < 8
+    assert fitting_micro_batch(arch.preset("gpt2-124m"), 1, h200) >= 32
