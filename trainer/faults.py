@@ -38,6 +38,12 @@ class Faults:
         """The faults to inject at `step` (the step being computed), each only once."""
         return self.pending.pop(step, set())
 
+    def put_back(self, step: int, faults: set[str]) -> None:
+        """Faults taken for a step that was then dropped before its update (a rollback or a
+        stop decided meanwhile): they fire when the step is computed again."""
+        if faults:
+            self.pending.setdefault(step, set()).update(faults)
+
 
 def slowdown_from_env(rank: int) -> float:
     """This rank's injected slowdown factor (1.0: none), from CRUCIBLE_SLOW_RANK=<rank>:<factor>."""

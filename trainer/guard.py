@@ -49,6 +49,28 @@ class Verdict:
         return self.kind == "ok"
 
 
+LOG_TINY = math.log(1e-12)   # gradient norms are floored here before their log
+
+
+@dataclass(frozen=True)
+class SkipLimits:
+    """A step is skipped when its loss or gradient norm is above these, or either is not
+    finite, or the loss is not positive (`skips`)."""
+
+    loss: float
+    grad_norm: float
+
+
+def skips(loss: float, grad_norm: float, limits: SkipLimits) -> bool:
+    """The skip rule on plain numbers; the loop computes the same on the device."""
+    return (not (math.isfinite(loss) and math.isfinite(grad_norm)) or loss <= 0
+            or loss > limits.loss or grad_norm > limits.grad_norm)
+
+
+def _exp(x: float) -> float:
+    return math.exp(x) if x < 709 else math.inf   # past float64's largest exp: no limit
+
+
 class Baseline:
     """A detrended robust baseline for one signal (log loss or log grad norm) of healthy steps.
 
@@ -81,6 +103,10 @@ class Baseline:
     def z(self, value: float) -> float:
         return (value - self._level - self._typical) / self._scale
 
+    def bound(self, z: float) -> float:
+        """The value whose z-score is `z` (the inverse of `z`)."""
+        return self._level + self._typical + z * self._scale
+
     def append(self, value: float) -> None:
         if len(self.values) >= 4:
             self.residuals.append(value - self._level)
@@ -112,19 +138,32 @@ class Guard:
         return self.loss.z(math.log(loss)), self.grad.z(math.log(max(grad_norm, 1e-12)))
 
     # -- before the update ----------------------------------------------------------------------
+    def skip_limits(self) -> SkipLimits:
+        """The largest loss and gradient norm the next `check_update` accepts, as plain
+        numbers: the training loop hands them to the device, which decides the skip there
+        (`skips`) without the host waiting for the step's numbers."""
+        if not self.ready:
+            return SkipLimits(math.inf, math.inf)
+        z = self.cfg.z_skip
+        return SkipLimits(_exp(self.loss.bound(z)),
+                          # log(max(g, 1e-12)): below 1e-12 every norm reads as 1e-12
+                          _exp(self.grad.bound(z)) if self.grad.bound(z) >= LOG_TINY else -math.inf)
+
     def check_update(self, step: int, loss: float, grad_norm: float) -> Verdict:
-        """ok, or skip (do not apply this update), judged before the optimizer step."""
+        """ok, or skip (do not apply this update), judged before the optimizer step: exactly
+        when `skips(loss, grad_norm, self.skip_limits())` is true."""
         if not math.isfinite(loss):
             return Verdict("skip", step, f"non-finite loss ({loss})")
         if not math.isfinite(grad_norm):
             return Verdict("skip", step, f"non-finite gradient norm ({grad_norm})")
         if loss <= 0:
             return Verdict("skip", step, f"loss {loss} is not positive")
+        limits = self.skip_limits()
         z_loss, z_grad = self.z_scores(loss, grad_norm)
-        if z_loss > self.cfg.z_skip:
+        if loss > limits.loss:
             return Verdict("skip", step, f"loss {loss:.4g} is {z_loss:.1f} MADs above the recent "
                            f"median (skip beyond {self.cfg.z_skip:g})")
-        if z_grad > self.cfg.z_skip:
+        if grad_norm > limits.grad_norm:
             return Verdict("skip", step, f"gradient norm {grad_norm:.4g} is {z_grad:.1f} MADs "
                            f"above the recent median (skip beyond {self.cfg.z_skip:g})")
         return Verdict("ok", step)

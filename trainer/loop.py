@@ -3,18 +3,21 @@
 Reads like torchtitan's `train.py` in outline. `Run.__init__` derives the run's shape (its
 batch arithmetic, printed at start as nanoGPT prints tokens per iteration), builds the sharded
 model, optimizer and data sampler, proves checkpoint storage works and resumes from the newest
-committed checkpoint. One optimizer step (`_loop`, with `Run.forward_backward`, `Run.agree` and
-`Run.apply_update`): LR from the pure schedule, gradient accumulation (FSDP reduce-scatters after
-every micro-batch, or only after the last: `training.gradientSync`), clip, then one small
-all-reduce on the compute device carries what every rank must agree on: the loss, the gradient
-norm, the norm of the update about to be applied, rank 0's "save now" (time-based saving would
-otherwise diverge between ranks) and SIGTERM. Reading it back is the step's only host sync
-outside logging, eval and save steps: the stability guard decides on those numbers, then the
-update is applied or skipped. Micro-batches come from a one-ahead prefetch (`prefetch.py`);
+committed checkpoint. One optimizer step (`_loop`, with `Run.forward_backward`, `Run.launch`,
+`Run.numbers` and `Run.apply_update`): LR from the pure schedule, gradient accumulation (FSDP
+reduce-scatters after every micro-batch, or only after the last: `training.gradientSync`),
+clip, then one small all-reduce on the compute device carries what every rank must agree on:
+the loss, the gradient norm, on logging steps the norm of the update about to be applied, rank
+0's "save now" (time-based saving would otherwise diverge between ranks) and SIGTERM. The
+update is applied at once, skipped or not on the device by the stability guard's limits
+(`optim.skip_flag`); the numbers are read back one step later, while the device runs the next
+step's forward and backward: the step's only host sync outside logging, eval and save steps,
+and it does not drain the device. The guard's verdicts, the metrics, saves and stops act on
+that step then (`_finish`). Micro-batches come from a one-ahead prefetch (`prefetch.py`);
 garbage collection, profiler traces and memory snapshots keep a step schedule (`cadence.py`).
-Each step's numbers are one `StepMetrics` record, built in `_loop`, that the exporter, the JSONL
-file, the log line, the progress bar and the progress Lease all read. Everything a restart needs
-is a `Stateful` part of `AppState` (model, optimizer, LR scale, sampler, `TrainState`, the
+Each step's numbers are one `StepMetrics` record, built in `_finish`, that the exporter, the
+JSONL file, the log line, the progress bar and the progress Lease all read. Everything a restart
+needs is a `Stateful` part of `AppState` (model, optimizer, LR scale, sampler, `TrainState`, the
 stability guard). The guard's actions (skip, rollback) stay here beside the step they act on.
 """
 
@@ -42,12 +45,15 @@ from crucible.trainer.checkpoint import AppState, Checkpointer, Commit, job_hash
 from crucible.trainer.data import DataError, Sampler, ShardSet
 from crucible.trainer.evaluate import EvalResult, evaluate
 from crucible.trainer.faults import Faults, slowdown_from_env
-from crucible.trainer.guard import Guard, Verdict
+from crucible.trainer.guard import Guard, SkipLimits, Verdict, skips
 from crucible.trainer.lease import progress_lease
 from crucible.trainer.memory_checkpoint import MemoryTier
 from crucible.trainer.prefetch import Prefetcher
 from crucible.trainer.straggler import SegmentTimer, StragglerDetector
 from crucible.trainer.metrics import Metrics, StepMetrics, device_peak_flops
+
+
+NOT_ASKED = (0, float("-inf"))
 
 
 class BatchError(ValueError):
@@ -169,8 +175,16 @@ def plan_resume(state: TrainState, *, saved_batch_tokens: int | None, batch_toke
 
 
 @dataclass(frozen=True)
+class InFlight:
+    """A step whose numbers are summed on the device and not read yet (`Run.launch`)."""
+
+    sums: parallel.PendingSums
+    measure_update: bool
+
+
+@dataclass(frozen=True)
 class StepNumbers:
-    """What every rank agrees on after a step's forward/backward (`Run.agree`)."""
+    """What every rank agrees on after a step's forward/backward (`Run.numbers`)."""
 
     loss: float          # mean over ranks and micro-batches
     grad_norm: float     # global, before clipping
@@ -276,6 +290,7 @@ class Run:
             parts["guard"] = self.guard
         self.app = AppState(self.model, self.optimizer, parts)
         self.faults = Faults.from_env()
+        self.taken_faults: tuple[int, set[str]] = (0, set())
         self.slowdown = slowdown_from_env(env.rank)
         straggler_spec = cfg.fault_tolerance.stragglers
         # Every rank times its own work (straggler.SegmentTimer) and shares it in the step's
@@ -286,6 +301,8 @@ class Run:
                                              window=straggler_spec.window_steps,
                                              patience=straggler_spec.patience_steps)
                            if self.timing_shared and env.is_main else None)
+        # The step rank 0 last asked to save after, and when, until it is saved.
+        self.save_asked: tuple[int, float] = NOT_ASKED
         self.hosts = [socket.gethostname()] * env.world_size
         if self.timing_shared:
             torch.distributed.all_gather_object(self.hosts, socket.gethostname())
@@ -423,12 +440,13 @@ class Run:
     def forward_backward(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """Forward/backward over the accumulation micro-steps, then clip (not yet the update).
         Returns (this rank's mean loss, global grad norm before clipping, learning rate); the
-        two numbers stay on the device for the step's one packed all-reduce (`agree`)."""
+        two numbers stay on the device for the step's one packed all-reduce (`launch`)."""
         t, p, env = self.cfg.training, self.shape, self.env
         started = time.thread_time()
         self.local_timer.start_step()
         step = self.state.step
         faults = self.faults.take(step + 1)
+        self.taken_faults = (step + 1, faults)   # given back if the step is dropped
         lr = optim.lr_at(step, t, p.total_steps) * self.lr_scale.at(step)
         if "lr_x100" in faults:
             lr *= 100
@@ -462,43 +480,57 @@ class Run:
         while time.thread_time() < until:
             pass
 
-    def agree(self, loss_local: torch.Tensor, grad_norm: torch.Tensor, *, save: bool,
-              stop: bool, measure_update: bool = True) -> "StepNumbers":
-        """The step's one collective and its one host read: every number the ranks must agree
-        on, summed in a single all-reduce on the compute device. The update norm, a metric, is
-        measured only when `measure_update` (logging steps): it costs a pass over the
-        optimizer state."""
+    def launch(self, loss_local: torch.Tensor, grad_norm: torch.Tensor, *, save: bool,
+               stop: bool, measure_update: bool) -> InFlight:
+        """The step's one collective, queued, not read: every number the ranks must agree on,
+        summed in a single all-reduce on the compute device (`numbers` reads it one step
+        later). The update norm, a metric, is measured only when `measure_update` (logging
+        steps): it costs a pass over the optimizer state."""
         update_sq = optim.next_update_sq(self.optimizer) if measure_update else 0.0
         # The grad norm is already global (the same on every rank): rank 0's alone is summed.
         norm = grad_norm if self.env.is_main else 0.0
-        # This rank's time for its own work in the last step (0 before the first) rides along,
-        # one slot per rank.
+        # This rank's time for its own work in an earlier step (0 before there is one) rides
+        # along, one slot per rank.
         slot = ((self.env.rank, self.env.world_size, self.local_timer.seconds() or 0.0)
                 if self.timing_shared else None)
-        (loss_sum, norm, update_sq, saves, stops), local_s = parallel.all_reduce_sum(
-            [loss_local, norm, update_sq, float(save), float(stop)], self.env.device, slot)
-        self.local_timer.collect()  # after the host read: the GPU events before it are complete
+        pending = parallel.launch_sums([loss_local, norm, update_sq, float(save), float(stop)],
+                                       self.env.device, slot)
+        return InFlight(pending, measure_update)
+
+    def numbers(self, flight: InFlight) -> StepNumbers:
+        """Read a step's sums on the host: the loop's one host sync per step, one step late, so
+        the device is already busy with the next step's forward and backward."""
+        (loss_sum, norm, update_sq, saves, stops), local_s = flight.sums.read()
+        self.local_timer.collect()  # the GPU timings that have completed by now
         # The sums run over every rank. Each rank's loss is its own batch slice's, so the mean is
         # over the world size (a rank outside the data-parallel dimensions would hold a copy of
         # its peer's loss, and the mean stay right). Each shard of the update is held by every
         # replica of HSDP's shard groups: its sum counted it `replicas` times.
         return StepNumbers(loss=loss_sum / self.env.world_size, grad_norm=norm,
                            update_norm=(math.sqrt(update_sq / self.dp.replicas)
-                                        if measure_update else None), save=saves > 0,
-                           stop=stops > 0,
-                           local_seconds=local_s)
+                                        if flight.measure_update else None), save=saves > 0,
+                           stop=stops > 0, local_seconds=local_s)
 
-    def apply_update(self, apply: bool) -> None:
-        """Take the optimizer step, or (a skipped step) drop the gradients: no state changes.
-        The step has no collective: on a GPU its time is the straggler signal."""
-        if apply:
-            self.local_timer.start_optimizer()
-            started = time.thread_time()
-            self.optimizer.step()
-            if self.slowdown > 1:
-                self._slow_down(started)
-            self.local_timer.stop()
+    def apply_update(self, flight: InFlight, limits: SkipLimits | None) -> None:
+        """Take the optimizer step; with the stability guard, as decided on the device from the
+        step's sums and the guard's `limits` (a skipped step changes no state), so the host
+        never waits for the step's numbers to decide. The gradients are dropped after. The step
+        has no collective: on a GPU its time is the straggler signal."""
+        self.optimizer.found_inf = (None if limits is None else optim.skip_flag(
+            flight.sums.sums, self.env.world_size, limits.loss, limits.grad_norm))
+        self.local_timer.start_optimizer()
+        started = time.thread_time()
+        self.optimizer.step()
+        if self.slowdown > 1:
+            self._slow_down(started)
+        self.local_timer.stop()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def drop_update(self) -> None:
+        """The step's gradients are not applied (a rollback or a stop decided meanwhile); the
+        faults it injected fire again when it is computed again."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.faults.put_back(*self.taken_faults)
 
     def judge_stragglers(self, step: int, local_seconds: list[float]) -> None:
         """Rank 0: fold in every rank's own-work time of the previous step; report a rank that
@@ -564,6 +596,7 @@ class Run:
         self.ckpt.discard_after(restored)
         if self.memory is not None:
             self.memory.discard_after(restored)
+        self.save_asked = NOT_ASKED   # a save asked for a step now undone is not made
         skip_steps = (spec.data_skip_steps if spec.data_skip_steps is not None
                       else verdict.onset - restored)
         self.sampler.skip(skip_steps * self.shape.global_batch_seqs)
@@ -582,12 +615,19 @@ class Run:
         rank)."""
         if self.ckpt is None or not self.env.is_main:
             return False
-        spec = self.cfg.checkpoint
-        return should_save(step, last_save_step=self.ckpt.last_save_step,
-                           seconds_since_save=time.monotonic() - self.ckpt.last_save_time,
-                           every_steps=spec.every_steps, every_minutes=spec.every_minutes)
+        spec, now = self.cfg.checkpoint, time.monotonic()
+        # A save asked for and not made yet (the loop saves a step after it has launched the
+        # next one) counts as made: counting from the older one would ask again at once.
+        asked_step, asked_at = self.save_asked
+        wanted = should_save(step, last_save_step=max(self.ckpt.last_save_step, asked_step),
+                             seconds_since_save=now - max(self.ckpt.last_save_time, asked_at),
+                             every_steps=spec.every_steps, every_minutes=spec.every_minutes)
+        if wanted:
+            self.save_asked = (step, now)
+        return wanted
 
     def save(self, wait: bool = False) -> None:
+        self.save_asked = NOT_ASKED
         blocking_s = self.ckpt.save(self.app, self.state.step, self.state.tokens_seen, wait=wait)
         self.metrics.set(checkpoint_blocking_seconds=blocking_s)
         self.log(f"checkpoint of step {self.state.step} started ({blocking_s:.2f}s blocking)")
@@ -638,97 +678,175 @@ def train(cfg: TrainJobConfig, *, progress: bool = False, max_steps: int | None 
         parallel.shutdown()
 
 
+@dataclass
+class _Launched:
+    """A step applied on the device whose numbers the host has not read yet."""
+
+    step: int
+    flight: InFlight
+    lr: float
+    begun: float                   # when its forward was queued (perf_counter)
+    limits: SkipLimits | None = None   # what the device's skip decision used
+
+
+class _Rollback(Exception):
+    """A step's verdict rolled the run back: the step launched since is dropped."""
+
+
 def _loop(run: Run, *, progress: bool, max_steps: int | None,
           stop: threading.Event | None = None) -> RunSummary:
-    cfg, env, shape, state, metrics = run.cfg, run.env, run.shape, run.state, run.metrics
+    """Steps, pipelined one deep: step t's forward, backward and all-reduce are queued, then
+    step t-1's numbers are read (the device is busy with step t meanwhile) and acted on
+    (metrics, the guard's verdicts, save, stop, eval), then step t's update is applied as the
+    device decides from the guard's limits. So a verdict, a save or a stop lands one step later
+    than the numbers it reads, at the same step on every rank."""
+    cfg, env, shape, state = run.cfg, run.env, run.shape, run.state
     bar = None
     if progress and env.is_main:
         from tqdm import tqdm
 
         bar = tqdm(total=shape.total_steps, initial=state.step, unit="step", dynamic_ncols=True)
-    losses: list[float] = []
-    started, tokens_at_start = time.perf_counter(), state.tokens_seen
-    last_eval: EvalResult | None = None
+    out = _Progress(losses=[], last_eval=None, started=time.perf_counter(),
+                    tokens_at_start=state.tokens_seen, bar=bar)
     stop_at = (shape.total_steps if max_steps is None
                else min(shape.total_steps, state.step + max_steps))
+    launched: _Launched | None = None
     try:
-        while state.step < stop_at:
-            step_started = time.perf_counter()
-            run.cadence.before(state.step + 1)
-            loss_local, grad_norm, lr = run.forward_backward()
-            agreed = run.agree(loss_local, grad_norm, save=run.wants_save(state.step + 1),
-                               stop=stop is not None and stop.is_set(),
-                               measure_update=_logs(cfg, state.step + 1, shape.total_steps))
-            loss_mean, grad_norm = agreed.loss, agreed.grad_norm
-            if run.stragglers is not None:
-                run.judge_stragglers(state.step + 1, agreed.local_seconds)
-            # The guard sees only all-reduced numbers, so every rank reaches the same verdicts.
-            pre = (run.guard.check_update(state.step + 1, loss_mean, grad_norm)
-                   if run.guard else None)
-            applied = pre is None or pre.ok
-            run.apply_update(applied)
-            state.step += 1
-            state.tokens_seen += shape.tokens_per_step
-            run.cadence.after(state.step)
-            post = (run.guard.observe(state.step, loss_mean, grad_norm, applied)
-                    if run.guard else None)
-
-            step_s = time.perf_counter() - step_started
-            tps = shape.tokens_per_step / step_s
-            losses.append(loss_mean)
-            last_commit = run.ckpt.last_commit if run.ckpt is not None else None
-            # The step's one record: every sink below reads it, none computes its own numbers.
-            m = StepMetrics(
-                step=state.step, tokens_total=state.tokens_seen, world_size=env.world_size,
-                train_loss=loss_mean, grad_norm=grad_norm, learning_rate=lr, applied=applied,
-                update_norm=agreed.update_norm if applied else 0.0, tokens_per_second=tps,
-                # Per device: every rank's device does the work, data-parallel or not.
-                mfu=tps / env.world_size * shape.flops_per_token / run.peak_flops,
-                step_seconds=step_s, lr_scale=run.lr_scale.at(state.step - 1),
-                checkpoint_age_seconds=(time.time() - last_commit.time
-                                        if last_commit is not None else None))
-            metrics.log_step(m)
-            for verdict in (pre, post):
-                if verdict is not None and not verdict.ok:
-                    run.record(verdict)
-            if post is not None and post.kind == "abort":
-                raise GuardAbort(post.reason)
-            if post is not None and post.kind == "rollback":
-                run.rollback(post)
-                continue
-            if agreed.stop:
-                raise Terminated(f"SIGTERM: stopped after step {state.step}, finishing the "
-                                 "checkpoint in flight")
-            if agreed.save:
-                run.save()
-            if run.memory is not None and state.step % cfg.checkpoint.in_memory_every_steps == 0:
-                run.snapshot()
-            if run.lease is not None:
-                run.lease.update(step=m.step, tokens=m.tokens_total, loss=m.train_loss,
-                                 world_size=m.world_size)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{m.train_loss:.3f}",
-                                tok_s=f"{m.tokens_per_second / 1e3:.1f}k")
-            elif _logs(cfg, state.step, shape.total_steps):
-                run.log(_format_line(m, shape.total_steps))
-            if cfg.training.eval_every and state.step % cfg.training.eval_every == 0 \
-                    and state.step < stop_at:
-                last_eval = run.evaluate()
+        while state.step < stop_at or launched is not None:
+            current = None
+            if state.step < stop_at:
+                begun = time.perf_counter()
+                run.cadence.before(state.step + 1)
+                loss_local, grad_norm, lr = run.forward_backward()
+                flight = run.launch(loss_local, grad_norm, save=run.wants_save(state.step + 1),
+                                    stop=stop is not None and stop.is_set(),
+                                    measure_update=_logs(cfg, state.step + 1, shape.total_steps))
+                current = _Launched(state.step + 1, flight, lr, begun)
+            if launched is not None:
+                acting = time.thread_time()
+                try:
+                    _finish(run, launched, out, stop_at)
+                except _Rollback:
+                    if current is not None:
+                        run.drop_update()    # computed on the state the rollback replaced
+                    launched, out.last_read = None, None
+                    continue
+                except BaseException:
+                    if current is not None:
+                        run.drop_update()
+                    raise
+                finally:
+                    # Not the step's own work (rank 0 alone writes the metrics; a save blocks).
+                    run.local_timer.exclude(time.thread_time() - acting)
+            launched = current
+            if current is not None:
+                current.limits = run.guard.skip_limits() if run.guard else None
+                run.apply_update(current.flight, current.limits)
+                state.step += 1
+                state.tokens_seen += shape.tokens_per_step
+                run.cadence.after(state.step)
         if run.ckpt is not None and run.ckpt.last_save_step < state.step:
             run.save(wait=True)  # the final (or cut-short) state is always committed
         if run.memory is not None and state.step >= shape.total_steps:
             run.memory.clear()  # a finished run has nothing to restart: free the memory
-        last_eval = run.evaluate() or last_eval
+        out.last_eval = run.evaluate() or out.last_eval
     finally:
         if bar is not None:
             bar.close()
-    elapsed = time.perf_counter() - started
-    tps_avg = (state.tokens_seen - tokens_at_start) / max(elapsed, 1e-9)
+    elapsed = time.perf_counter() - out.started
+    tps_avg = (state.tokens_seen - out.tokens_at_start) / max(elapsed, 1e-9)
     last_ckpt = run.ckpt.last_commit.step if run.ckpt and run.ckpt.last_commit else None
     return RunSummary(steps=state.step, tokens=state.tokens_seen,
-                      final_train_loss=losses[-1] if losses else float("nan"), eval=last_eval,
-                      tokens_per_second=tps_avg,
+                      final_train_loss=out.losses[-1] if out.losses else float("nan"),
+                      eval=out.last_eval, tokens_per_second=tps_avg,
                       mfu=tps_avg / env.world_size * shape.flops_per_token / run.peak_flops,
-                      elapsed_s=elapsed, resumed_from=run.resumed_from, last_checkpoint=last_ckpt,
-                      losses=losses)
+                      elapsed_s=elapsed, resumed_from=run.resumed_from,
+                      last_checkpoint=last_ckpt, losses=out.losses)
+
+
+@dataclass
+class _Progress:
+    """What the loop carries from step to step for its summary and its step timing."""
+
+    losses: list[float]
+    last_eval: EvalResult | None
+    started: float
+    tokens_at_start: int
+    bar: object = None
+    last_read: float | None = None   # when the previous step's numbers were read
+    aside_s: float = 0.0             # time since then spent on saves, snapshots and evals
+
+
+def _finish(run: Run, done: _Launched, out: _Progress, stop_at: int) -> None:
+    """Read a launched step's numbers and act on them: metrics, the guard's verdicts (its skip
+    was already decided on the device, by the same rule), then abort, rollback (`_Rollback`),
+    stop, save, snapshot, progress report and eval, all for step `done.step`, which the model
+    and optimizer state are at (the next step is launched, not applied)."""
+    cfg, env, shape, state, metrics = run.cfg, run.env, run.shape, run.state, run.metrics
+    agreed = run.numbers(done.flight)
+    # A step's time runs from the previous step's read to its own (each waits for the device
+    # to finish a step: in steady state the device's step time), less what the loop spent on
+    # saves, snapshots and evals between them. The first after a start or a rollback runs from
+    # the queueing of its forward, so it also holds the next step's queueing (on CPU, its
+    # compute): understated, never inflated.
+    read_at = time.perf_counter()
+    step_s = read_at - (out.last_read if out.last_read is not None else done.begun) - out.aside_s
+    out.last_read, out.aside_s = read_at, 0.0
+    loss_mean, grad_norm = agreed.loss, agreed.grad_norm
+    if run.stragglers is not None:
+        run.judge_stragglers(done.step, agreed.local_seconds)
+    # The guard sees only all-reduced numbers, so every rank reaches the same verdicts; its
+    # skip verdict is the rule the device applied with the same limits (guard.skips).
+    pre = run.guard.check_update(done.step, loss_mean, grad_norm) if run.guard else None
+    # What the device did with the limits it was given (the same rule as `check_update`).
+    applied = done.limits is None or not skips(loss_mean, grad_norm, done.limits)
+    if pre is not None and pre.ok != applied:
+        run.log(f"step {done.step}: the guard's verdict ({pre.kind}) and the device's skip "
+                f"decision ({'applied' if applied else 'skipped'}) differ; recording the latter")
+        pre = Verdict("ok", done.step) if applied else Verdict(
+            "skip", done.step, f"at the skip limits {done.limits}")
+    post = run.guard.observe(done.step, loss_mean, grad_norm, applied) if run.guard else None
+    tps = shape.tokens_per_step / step_s
+    out.losses.append(loss_mean)
+    last_commit = run.ckpt.last_commit if run.ckpt is not None else None
+    # The step's one record: every sink below reads it, none computes its own numbers.
+    m = StepMetrics(
+        step=done.step, tokens_total=state.tokens_seen, world_size=env.world_size,
+        train_loss=loss_mean, grad_norm=grad_norm, learning_rate=done.lr, applied=applied,
+        update_norm=agreed.update_norm if applied else 0.0, tokens_per_second=tps,
+        # Per device: every rank's device does the work, data-parallel or not.
+        mfu=tps / env.world_size * shape.flops_per_token / run.peak_flops,
+        step_seconds=step_s, lr_scale=run.lr_scale.at(done.step - 1),
+        checkpoint_age_seconds=(time.time() - last_commit.time
+                                if last_commit is not None else None))
+    metrics.log_step(m)
+    for verdict in (pre, post):
+        if verdict is not None and not verdict.ok:
+            run.record(verdict)
+    if post is not None and post.kind == "abort":
+        raise GuardAbort(post.reason)
+    if post is not None and post.kind == "rollback":
+        run.rollback(post)
+        raise _Rollback()
+    if agreed.stop:
+        raise Terminated(f"SIGTERM: stopped after step {state.step}, finishing the "
+                         "checkpoint in flight")
+    aside = time.perf_counter()
+    if agreed.save:
+        run.save()
+    if run.memory is not None and state.step % cfg.checkpoint.in_memory_every_steps == 0:
+        run.snapshot()
+    out.aside_s += time.perf_counter() - aside
+    if run.lease is not None:
+        run.lease.update(step=m.step, tokens=m.tokens_total, loss=m.train_loss,
+                         world_size=m.world_size)
+    if out.bar is not None:
+        out.bar.update(1)
+        out.bar.set_postfix(loss=f"{m.train_loss:.3f}", tok_s=f"{m.tokens_per_second / 1e3:.1f}k")
+    elif _logs(cfg, state.step, shape.total_steps):
+        run.log(_format_line(m, shape.total_steps))
+    if cfg.training.eval_every and state.step % cfg.training.eval_every == 0 \
+            and state.step < stop_at:
+        aside = time.perf_counter()
+        out.last_eval = run.evaluate()
+        out.aside_s += time.perf_counter() - aside

@@ -34,15 +34,29 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: torch.nn.Module, spec: TrainingSpec) -> torch.optim.AdamW:
-    # Fused on an accelerator (CUDA; any device but the host): one kernel, and the step counts
-    # stay on the device (no host read). On the CPU, foreach, the kernel every CPU test ran for
-    # long: fused was tried there and dropped while a rare abort at process exit was chased (it
-    # turned out not to be the optimizer's; see commands/train.py).
-    accelerator = any(p.device.type != "cpu" for p in model.parameters())
+    # Fused, on every device: one kernel a step, the step counts stay where the parameters
+    # are (no host read), and it takes `found_inf`, so the stability guard's skip is decided on
+    # the device (`skip_flag`) without the host waiting for the step's numbers. (The CPU ran
+    # foreach for a while, while a rare abort at process exit was chased; it was not the
+    # optimizer's: see commands/train.py.)
     return torch.optim.AdamW(param_groups(model, spec.weight_decay), lr=spec.lr,
-                             betas=(spec.beta1, spec.beta2), eps=spec.eps,
-                             fused=True if accelerator else None,
-                             foreach=None if accelerator else True)
+                             betas=(spec.beta1, spec.beta2), eps=spec.eps, fused=True)
+
+
+def skip_flag(sums: torch.Tensor, world_size: int, loss_limit: float,
+              grad_limit: float) -> torch.Tensor:
+    """1.0 (skip the update) or 0.0, on the device, from the step's all-reduced sums (the loss
+    summed over ranks, then the global gradient norm): the guard's rule (`guard.skips`) in
+    float64 on the same numbers the host later reads, so both always agree. Given to fused
+    AdamW as `found_inf`: a skipped step changes no parameter, moment or step count."""
+    # Divided by a tensor: true division, as the host's. (By a Python number CUDA multiplies by
+    # its reciprocal, which can differ in the last bit, and a loss at the limit would be
+    # skipped on one side only.)
+    loss = sums[0] / torch.full((), world_size, dtype=sums.dtype, device=sums.device)
+    grad_norm = sums[1]
+    bad = (~(torch.isfinite(loss) & torch.isfinite(grad_norm)) | (loss <= 0)
+           | (loss > loss_limit) | (grad_norm > grad_limit))
+    return bad.to(torch.float32)
 
 
 def lr_at(step: int, spec: TrainingSpec, total_steps: int) -> float:

@@ -241,15 +241,35 @@ def build_sharded_model(cfg, env: DistEnv, mesh: DeviceMesh, *, precision: str, 
     return materialize(model, env.device, seed)
 
 
-def all_reduce_sum(values: list[float | torch.Tensor], device: torch.device,
-                   slot: tuple[int, int, float] | None = None) -> tuple[list[float], list[float]]:
+@dataclass
+class PendingSums:
+    """A packed all-reduce in flight (`launch_sums`): `sums` is the result on the device, for
+    device-side decisions; `read` brings it to the host, waiting for it and nothing after it."""
+
+    sums: torch.Tensor
+    count: int                         # how many summed values lead the vector (then the slots)
+    _host: torch.Tensor
+    _copied: object = None             # a CUDA event after the copy to the host; None elsewhere
+
+    def read(self) -> tuple[list[float], list[float]]:
+        """The sums and the per-rank slot vector (empty without a slot), on the host. On CUDA it
+        waits for the copy made right after the all-reduce, not for the work queued since (the
+        next step's forward and backward): the device stays busy while the host reads."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        out = self._host.tolist()
+        return out[:self.count], out[self.count:]
+
+
+def launch_sums(values: list[float | torch.Tensor], device: torch.device,
+                slot: tuple[int, int, float] | None = None) -> PendingSums:
     """Sum a few numbers over all ranks in one collective on `device` (the loss, flags every
-    rank must agree on such as "save now", and the stability guard's signals), read back with
-    one host sync. A value may be a 0-dim tensor still on the device: it is not read first.
+    rank must agree on such as "save now", and the stability guard's signals), without reading
+    them back yet. A value may be a 0-dim tensor still on the device.
 
     `slot` = (rank, world size, value) adds a per-rank vector to the same collective: this
     rank's value in its own slot, zeros elsewhere, so every rank learns every rank's value
-    without a collective of its own. Returns the sums and that vector (empty without a slot)."""
+    without a collective of its own."""
     # A Python number becomes a fill on the device (the value rides in the kernel's arguments),
     # not `as_tensor(v, device=...)`: on CUDA that is a copy from pageable host memory, which
     # waits for the device, once per flag per step.
@@ -261,8 +281,14 @@ def all_reduce_sum(values: list[float | torch.Tensor], device: torch.device,
         vector[rank] = value
         t = torch.cat([t, vector])
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    out = t.tolist()
-    return out[:len(values)], out[len(values):]
+    if device.type != "cuda":
+        return PendingSums(t, len(values), t)
+    # Pinned, so the copy is asynchronous; the event marks where `read` has to wait until.
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return PendingSums(t, len(values), host, copied)
 
 
 def shutdown() -> None:

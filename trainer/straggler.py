@@ -10,7 +10,7 @@ compute-kernel times in the same spirit, and replaces their machines.
 on the rank's own shards: elementwise, no collective) by CUDA events read after the next step's
 one host sync; on CPU the thread's CPU time over the whole step, which a thread waiting in a
 collective does not use. Each rank puts its last time into its slot of a vector that rides in the
-step's one all-reduce (`parallel.all_reduce_sum`), so every rank holds every rank's time with no
+step's one all-reduce (`parallel.launch_sums`), so every rank holds every rank's time with no
 collective added. `StragglerDetector` (pure; fed by rank 0) divides each rank's time by the
 median of the other ranks', takes the median of that ratio over a window of steps (one noisy step
 decides nothing), and reports a rank whose windowed ratio stays above `factor` for `patience`
@@ -89,40 +89,48 @@ def _median_of_others(values: np.ndarray) -> np.ndarray:
 
 class SegmentTimer:
     """This rank's own work per step. On a GPU: the optimizer step, by two CUDA events, read by
-    `collect` right after a step's host sync (when they are complete), so no sync of their own.
-    On CPU: the thread's CPU time from the start of forward/backward to the end of the optimizer
-    step. A thread blocked in a gloo collective, or descheduled on a shared CPU, uses no CPU
-    time, so what remains is the rank's own compute, a longer and steadier stretch than the
-    optimizer step alone (whose wall time on a shared CPU is mostly the scheduler's noise).
-    `seconds` is the last complete time (None before one)."""
+    `collect` after a later host sync once they have completed (`query`: no sync of their
+    own; the loop reads a step's numbers while the next step runs, so the newest pair may not
+    have completed yet). On CPU: the thread's CPU time from the start of forward/backward to
+    the end of the optimizer step. A thread blocked in a gloo collective, or descheduled on a
+    shared CPU, uses no CPU time, so what remains is the rank's own compute, a longer and
+    steadier stretch than the optimizer step alone (whose wall time on a shared CPU is mostly
+    the scheduler's noise). `seconds` is the last complete time (None before one)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self._events = None
+        self._events: list[tuple] = []     # (start, end) pairs recorded, oldest first
         self._started = 0.0
+        self._excluded = 0.0
         self._last: float | None = None
 
     def start_step(self) -> None:
         if not self.cuda:
             self._started = time.thread_time()
+            self._excluded = 0.0
+
+    def exclude(self, seconds: float) -> None:
+        """CPU time inside the step that is not its own work (the loop acting on the previous
+        step's numbers: rank 0 alone writes the metrics, a save blocks): left out."""
+        self._excluded += seconds
 
     def start_optimizer(self) -> None:
         if self.cuda:
-            self._events = (torch.cuda.Event(enable_timing=True),
-                            torch.cuda.Event(enable_timing=True))
-            self._events[0].record()
+            pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            pair[0].record()
+            self._events.append(pair)
 
     def stop(self) -> None:
         if self.cuda:
-            self._events[1].record()
+            self._events[-1][1].record()
         else:
-            self._last = time.thread_time() - self._started
+            self._last = time.thread_time() - self._started - self._excluded
 
     def collect(self) -> None:
-        """Read the GPU events of the last optimizer step; call only after a host sync past it."""
-        if self.cuda and self._events is not None:
-            self._last = self._events[0].elapsed_time(self._events[1]) / 1000
-            self._events = None
+        """Read the GPU events of the optimizer steps that have completed (never waits)."""
+        while self._events and self._events[0][1].query():
+            start, end = self._events.pop(0)
+            self._last = start.elapsed_time(end) / 1000
 
     def seconds(self) -> float | None:
         return self._last

@@ -147,3 +147,24 @@ def test_state_round_trips_exactly():
     h.load_state_dict(g.state_dict())
     assert h.state_dict() == g.state_dict()
     assert h.check_update(301, 3.0, 0.5) == g.check_update(301, 3.0, 0.5)
+
+
+def test_the_skip_limits_decide_exactly_as_check_update():
+    """The loop hands `skip_limits` to the device, which skips a step without the host reading
+    its numbers first: the same rule, whatever the history and the numbers."""
+    from crucible.trainer.guard import skips
+
+    rng = np.random.default_rng(3)
+    g = Guard(CFG)
+    assert g.skip_limits().loss == math.inf              # no history yet: only bad numbers skip
+    for r in healthy(400, seed=3):
+        limits = g.skip_limits()
+        for loss, grad in [(r["loss"], r["grad_norm"]), (limits.loss, limits.grad_norm),
+                           (limits.loss * (1 + 1e-12), r["grad_norm"]),
+                           (r["loss"], limits.grad_norm * (1 + 1e-12)),
+                           (float(rng.uniform(0, 20)), float(rng.uniform(0, 20))),
+                           (float("nan"), 1.0), (3.0, float("inf")), (0.0, 1.0)]:
+            want = g.check_update(r["step"], loss, grad).kind == "skip"
+            assert skips(loss, grad, limits) == want, (r["step"], loss, grad, limits)
+        g.observe(r["step"], r["loss"], r["grad_norm"], applied=True)
+    assert g.ready and math.isfinite(g.skip_limits().loss)

@@ -105,3 +105,39 @@ def test_update_norm_reads_nothing_back_to_the_host(monkeypatch):
     monkeypatch.undo()
     assert reads == [] and isinstance(total, torch.Tensor) and total.ndim == 0
     assert float(total) > 0
+
+
+@pytest.mark.parametrize("loss_sum, grad_norm, skipped", [
+    (6.0, 1.0, False),                  # loss 3.0 per rank, within the limits
+    (6.0, 2.5, True),                   # gradient norm above its limit
+    (9.0, 1.0, True),                   # loss 4.5 above its limit
+    (float("nan"), 1.0, True), (6.0, float("inf"), True), (0.0, 1.0, True),
+])
+def test_the_skip_is_decided_on_the_device_and_a_skipped_step_changes_nothing(
+        loss_sum, grad_norm, skipped):
+    """The loop never reads a step's numbers before its update: the device compares them with
+    the guard's limits (`skip_flag`) and fused AdamW takes the flag as `found_inf`."""
+    import torch
+
+    from crucible.trainer.guard import SkipLimits, skips
+    from crucible.trainer.optim import skip_flag
+
+    limits = SkipLimits(loss=4.0, grad_norm=2.0)
+    sums = torch.tensor([loss_sum, grad_norm], dtype=torch.float64)
+    flag = skip_flag(sums, 2, limits.loss, limits.grad_norm)
+    assert flag.dtype == torch.float32 and flag.dim() == 0
+    assert bool(flag) == skipped == skips(loss_sum / 2, grad_norm, limits)
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    before = {k: v.clone() for k, v in opt.state[model.weight].items()}
+    weight = model.weight.detach().clone()
+    model(torch.ones(2, 4)).sum().backward()
+    opt.found_inf = flag
+    opt.step()
+    after = opt.state[model.weight]
+    unchanged = torch.equal(weight, model.weight) and all(
+        torch.equal(before[k], after[k]) for k in before)
+    assert unchanged == skipped
