@@ -3,7 +3,7 @@
 Reads like torchtitan's `train.py` in outline. `Run.__init__` derives the run's shape (its
 batch arithmetic, printed at start as nanoGPT prints tokens per iteration), builds the sharded
 model, optimizer and data sampler, proves checkpoint storage works and resumes from the newest
-committed checkpoint. One optimizer step (`_loop`, with `Run.forward_backward`, `Run.launch`,
+state there is (memory or storage: `restore.py`, which also holds the guard's rollback). One optimizer step (`_loop`, with `Run.forward_backward`, `Run.launch`,
 `Run.numbers` and `Run.apply_update`): LR from the pure schedule, gradient accumulation (FSDP
 reduce-scatters after every micro-batch, or only after the last: `training.gradientSync`),
 clip, then one small all-reduce on the compute device carries what every rank must agree on:
@@ -23,7 +23,6 @@ stability guard). The guard's actions (skip, rollback) stay here beside the step
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
 import os
@@ -31,24 +30,25 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from crucible.api import arch, sharding
-from crucible.api.progress import RestoreRef, Straggler
+from crucible.api.progress import Straggler
 from crucible.api.spec import TrainJobConfig
-from crucible.trainer import optim, parallel
+from crucible.trainer import optim, parallel, restore
 from crucible.trainer.cadence import Cadence
 from crucible.trainer.checkpoint import AppState, Checkpointer, Commit, job_hashes, should_save
-from crucible.trainer.data import DataError, Sampler, ShardSet
+from crucible.trainer.data import Sampler, ShardSet
 from crucible.trainer.evaluate import EvalResult, evaluate
 from crucible.trainer.faults import Faults, slowdown_from_env
 from crucible.trainer.guard import Guard, SkipLimits, Verdict, skips
 from crucible.trainer.lease import progress_lease
 from crucible.trainer.memory_checkpoint import MemoryTier
 from crucible.trainer.prefetch import Prefetcher
+from crucible.trainer.restore import GuardAbort, TrainState
 from crucible.trainer.straggler import SegmentTimer, StragglerDetector
 from crucible.trainer.metrics import Metrics, StepMetrics, device_peak_flops
 
@@ -58,10 +58,6 @@ NOT_ASKED = (0, float("-inf"))
 
 class BatchError(ValueError):
     """The batch arithmetic does not work out for this world size."""
-
-
-class GuardAbort(RuntimeError):
-    """The stability guard gave up: rolling back did not get the run past a spike."""
 
 
 class Terminated(RuntimeError):
@@ -105,73 +101,6 @@ def run_shape(cfg: TrainJobConfig, dp_size: int) -> RunShape:
                     total_steps=max(1, math.ceil(t.tokens / t.global_batch_tokens)),
                     flops_per_token=arch.flops_per_token(model_cfg),
                     params=arch.param_count(model_cfg))
-
-
-@dataclass
-class TrainState:
-    """The loop's own counters (torchtitan's `train_state`)."""
-
-    step: int = 0
-    tokens_seen: int = 0
-
-    def state_dict(self) -> dict:
-        return {"step": self.step, "tokens_seen": self.tokens_seen}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
-
-
-@dataclass(frozen=True)
-class Resume:
-    """How a run continues from a loaded checkpoint: a refusal (`problem`), or the sampler offset
-    and total step count to continue with, and what changed (`notes`, for the log)."""
-
-    problem: str | None = None
-    sample_offset: int = 0
-    total_steps: int = 0
-    notes: tuple[str, ...] = ()
-
-
-def plan_resume(state: TrainState, *, saved_batch_tokens: int | None, batch_tokens: int,
-                seq_len: int, saved_data_tokens: int | None, data_tokens: int,
-                sample_offset: int, total_tokens: float, accept_batch: bool,
-                accept_data: bool) -> Resume:
-    """Continue from `state` (just loaded) with this run's batch and shards. Pure.
-
-    Step s reads samples `s x batch + offset` (data.Sampler). With the batch the checkpoint was
-    trained with, nothing changes. With another one, accepted, the offset moves so that the next
-    step reads the first sample not yet trained on: S x B_old + offset = S x B_new + offset'
-    at the step S resumed from; and the steps left are the tokens left over the new batch.
-    Another shard set, accepted, is a new data order: it starts from its beginning (the
-    samples read so far were indices into another permutation). Unaccepted, either is refused,
-    naming both values: it would skip, repeat or reshuffle samples."""
-    step, seqs = state.step, batch_tokens // seq_len
-    saved = saved_batch_tokens or (state.tokens_seen // step if step else None)
-    total = max(1, math.ceil(total_tokens / batch_tokens))
-    offset, notes = sample_offset, []
-    if step and saved != batch_tokens:
-        if not accept_batch:
-            return Resume(problem=(
-                f"training.globalBatchTokens is {batch_tokens} but the checkpoint was trained "
-                f"with {saved} ({state.tokens_seen} tokens in {step} steps): resuming would skip "
-                "or repeat samples; restore globalBatchTokens, set checkpoint.acceptChangedBatch "
-                "to continue at the next unseen sample, or start a new checkpoint.uri"))
-        offset += step * (saved // seq_len - seqs)
-        notes.append(f"global batch {saved} -> {batch_tokens} tokens (accepted): continuing at "
-                     f"sample {step * seqs + offset}")
-    if step:
-        total = step + max(0, math.ceil((total_tokens - state.tokens_seen) / batch_tokens))
-    if saved_data_tokens is not None and saved_data_tokens != data_tokens:
-        if not accept_data:
-            return Resume(problem=(
-                f"the training shards hold {data_tokens:,} tokens but the checkpoint was trained "
-                f"on a shard set of {saved_data_tokens:,}: resuming would reshuffle the data "
-                "order; point data.train at the same shards, set checkpoint.acceptChangedData to "
-                "start the new shards' order from its beginning, or start a new checkpoint.uri"))
-        offset = -step * seqs
-        notes.append(f"training shards of {saved_data_tokens:,} -> {data_tokens:,} tokens "
-                     "(accepted): their order starts from its beginning")
-    return Resume(sample_offset=offset, total_steps=total, notes=tuple(notes))
 
 
 @dataclass(frozen=True)
@@ -326,41 +255,10 @@ class Run:
         log(f"MFU peak: {self.peak_flops / 1e12:.2f} TFLOP/s per device ({peak_source})")
 
         self.memory = self._memory_tier()
-        self.resumed_from = None
-        restored = self._restore_from_memory() if self.memory is not None else None
-        if restored is None and self.ckpt is not None:
-            started = time.perf_counter()
-            restored = self.ckpt.load(self.app)  # a commit manifest (not a `Commit`), or None
-            if restored is not None:
-                self._continue_from(restored, self.ckpt.last_commit.uri)
-                log(f"resumed from {self.ckpt.last_commit.uri} (step {restored['step']}, saved by "
-                    f"{restored['world_size']} ranks, now {env.world_size})")
-                self._on_commit(self.ckpt.last_commit, None)
-                self._report_restore(self._storage_source, restored["step"],
-                                     time.perf_counter() - started)
-        if restored is not None:
-            self.resumed_from = restored["step"]
+        self.resumed_from = restore.resume(self)
         if self.lease is not None and self.timing_shared:
             # A new start has judged no one yet: clear what an earlier start reported.
             self.lease.update(step=self.state.step, tokens=self.state.tokens_seen, stragglers=())
-
-    def _continue_from(self, restored: dict, where: str) -> None:
-        """Check (and, where the job accepts a change, adjust) the state just loaded."""
-        spec, p = self.cfg.checkpoint, self.shape
-        plan = plan_resume(self.state, saved_batch_tokens=restored.get("global_batch_tokens"),
-                           batch_tokens=p.tokens_per_step, seq_len=p.seq_len,
-                           saved_data_tokens=self.sampler.restored_num_tokens,
-                           data_tokens=self.train_shards.num_tokens,
-                           sample_offset=self.sampler.sample_offset,
-                           total_tokens=self.cfg.training.tokens,
-                           accept_batch=spec.accept_changed_batch,
-                           accept_data=spec.accept_changed_data)
-        if plan.problem:
-            raise DataError(f"cannot resume from {where}: {plan.problem}")
-        for note in plan.notes:
-            self.log(f"resume: {note}")
-        self.sampler.sample_offset = plan.sample_offset
-        self.shape = replace(p, total_steps=plan.total_steps)
 
     def _checkpointer(self) -> Checkpointer | None:
         spec = self.cfg.checkpoint
@@ -371,7 +269,7 @@ class Run:
         return Checkpointer(spec, job=self.cfg.name, rank=self.env.rank,
                             world_size=self.env.world_size, local_rank=self.env.local_rank,
                             model_hash=model_hash, config_hash=config_hash,
-                            on_commit=self._on_commit,
+                            on_commit=self.on_commit,
                             batch_tokens=self.shape.tokens_per_step)
 
     def _memory_tier(self) -> MemoryTier | None:
@@ -384,40 +282,6 @@ class Run:
                           local_world_size=self.env.local_world_size, model_hash=model_hash,
                           mesh_shape=self.mesh_shape.dims, keep=spec.in_memory_keep)
 
-    def _restore_from_memory(self, max_step: int | None = None) -> dict | None:
-        """Restore the newest in-memory snapshot (at or below `max_step`) unless storage holds a
-        newer commit; what was restored (step and the snapshot's notes), or None."""
-        # Only a listing: no checkpoint bytes are read from storage on this path.
-        floor = self.ckpt.newest_committed(max_step) if self.ckpt is not None else 0
-        report = self.memory.restore(self.app, self.mesh, self.env.device, max_step=max_step,
-                                     min_step=floor)
-        if report is None:
-            return None
-        restored = {"step": report.step, **report.notes}
-        if max_step is None:  # a start: check the batch and data as any resume does
-            self._continue_from(restored, f"the in-memory snapshot of step {report.step}")
-        if self.ckpt is not None:
-            self.ckpt.last_save_step = report.step  # the next save keeps its schedule
-        self.log(f"restored step {report.step} from {report.source} in {report.seconds:.2f}s: "
-                 f"{report.local_bytes} bytes from the nodes' own memory, {report.peer_bytes} "
-                 f"from peers, 0 from storage")
-        self._report_restore(report.source, report.step, report.seconds)
-        return restored
-
-    @property
-    def _storage_source(self) -> str:
-        """Where a restore from the checkpointer came from, as status and the JSONL name it."""
-        return "s3" if self.ckpt.remote else "disk"
-
-    def _report_restore(self, source: str, step: int, seconds: float) -> None:
-        self.metrics.set(restore_seconds=seconds)
-        self.metrics.write({"kind": "restore", "source": source, "step": step,
-                            "seconds": seconds})
-        if self.lease is not None:
-            self.lease.update(step=step, tokens=self.state.tokens_seen,
-                              restore=RestoreRef(source, step, seconds,
-                                                 dt.datetime.now(dt.timezone.utc)))
-
     def snapshot(self) -> None:
         """An in-memory snapshot of this step (every rank, at the same steps)."""
         blocking_s = self.memory.snapshot(self.app, self.state.step,
@@ -425,7 +289,7 @@ class Run:
                                                  "tokens": self.state.tokens_seen})
         self.metrics.set(memory_snapshot_blocking_seconds=blocking_s)
 
-    def _on_commit(self, commit: Commit, upload_s: float | None) -> None:
+    def on_commit(self, commit: Commit, upload_s: float | None) -> None:
         """Rank 0, from the checkpoint thread (or at resume): publish the newest commit."""
         self.metrics.set(last_checkpoint_step=commit.step, checkpoint_bytes=commit.bytes,
                          checkpoint_upload_seconds=upload_s)
@@ -563,52 +427,6 @@ class Run:
         self.metrics.write({"kind": "guard", "step": verdict.step, "verdict": verdict.kind,
                             "onset": verdict.onset, "reason": verdict.reason})
         self.log(f"stability guard at step {verdict.step}: {verdict.kind}: {verdict.reason}")
-
-    def rollback(self, verdict: Verdict) -> None:
-        """Reload a commit from before the spike, skip the data since, lower the LR for a while."""
-        spec = self.cfg.fault_tolerance.spike_guard
-        if self.ckpt is None:
-            raise GuardAbort(f"{verdict.reason}; a rollback needs checkpoint.uri")
-        self.ckpt.wait()
-        guard_state = self.guard.state_dict()  # the guard remembers across the rollback
-        target = verdict.onset - spec.rollback_margin_steps
-        # An in-memory snapshot if one is old enough and no commit is newer, else a commit
-        # manifest (a dict, not a `Commit`), or None when no commit is old enough.
-        commit = (self._restore_from_memory(max_step=target) if self.memory is not None
-                  else None)
-        if commit is None:
-            started = time.perf_counter()
-            commit = self.ckpt.load(self.app, max_step=target)
-            if commit is None:
-                commit = self.ckpt.load(self.app, max_step=verdict.onset - 1)
-                if commit is not None:
-                    self.log(f"no commit {spec.rollback_margin_steps} steps before the spike at "
-                             f"step {verdict.onset}; rolling back to step {commit['step']} (keep "
-                             "more: checkpoint.keepEvery)")
-            if commit is None:
-                raise GuardAbort(f"{verdict.reason}; no committed checkpoint before step "
-                                 f"{verdict.onset} to roll back to")
-            self._report_restore(self._storage_source, commit["step"],
-                                 time.perf_counter() - started)
-        self.guard.load_state_dict(guard_state)
-        self.guard.rolled_back(verdict)
-        restored = commit["step"]
-        self.ckpt.discard_after(restored)
-        if self.memory is not None:
-            self.memory.discard_after(restored)
-        self.save_asked = NOT_ASKED   # a save asked for a step now undone is not made
-        skip_steps = (spec.data_skip_steps if spec.data_skip_steps is not None
-                      else verdict.onset - restored)
-        self.sampler.skip(skip_steps * self.shape.global_batch_seqs)
-        self.lr_scale.lower(spec.lr_factor, until_step=restored + spec.cooldown_steps)
-        self.metrics.count("rollbacks")
-        self.metrics.set(lr_scale=spec.lr_factor)
-        self.metrics.write({"kind": "rollback", "step": verdict.step, "to_step": restored,
-                            "skipped_batches": skip_steps,
-                            "sample_offset": self.sampler.sample_offset,
-                            "lr_scale": spec.lr_factor})
-        self.log(f"rolled back to step {restored}, skipping {skip_steps} batches of data, LR x"
-                 f"{spec.lr_factor:g} until step {restored + spec.cooldown_steps}")
 
     def wants_save(self, step: int) -> bool:
         """Rank 0's opinion on saving after `step` (time-based saving must not be decided per
@@ -826,7 +644,8 @@ def _finish(run: Run, done: _Launched, out: _Progress, stop_at: int) -> None:
     if post is not None and post.kind == "abort":
         raise GuardAbort(post.reason)
     if post is not None and post.kind == "rollback":
-        run.rollback(post)
+        restore.rollback(run, post)
+        run.save_asked = NOT_ASKED   # a save asked for a step now undone is not made
         raise _Rollback()
     if agreed.stop:
         raise Terminated(f"SIGTERM: stopped after step {state.step}, finishing the "

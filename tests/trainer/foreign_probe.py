@@ -87,7 +87,7 @@ def main(work: Path, val: Path) -> None:
     from crucible.trainer.checkpoint import Checkpointer
     from crucible.trainer.data import ShardSet
     from crucible.trainer.evaluate import evaluate
-    from crucible.trainer.loop import TrainState
+    from crucible.trainer.restore import TrainState
     from crucible.trainer.memory_checkpoint import MemoryTier
     from crucible.trainer.weights import full_state
 

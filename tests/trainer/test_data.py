@@ -113,7 +113,7 @@ def test_sampler_state_round_trips_and_skip_moves_past_data(tmp_path):
 
 
 def test_resume_refuses_another_shard_set_naming_both_sizes(tmp_path):
-    from crucible.trainer.loop import TrainState, plan_resume
+    from crucible.trainer.restore import TrainState, plan_resume
 
     saved = _sampler(tmp_path / "a").state_dict()
     other = _sampler(tmp_path / "b")
@@ -138,7 +138,7 @@ def test_resume_refuses_another_shard_set_naming_both_sizes(tmp_path):
 
 def test_resume_with_another_global_batch_is_refused_or_continues_at_the_next_unseen_sample(
         tmp_path):
-    from crucible.trainer.loop import TrainState, plan_resume
+    from crucible.trainer.restore import TrainState, plan_resume
 
     args = dict(seq_len=16, saved_data_tokens=None, data_tokens=20_000, total_tokens=20 * 64,
                 accept_data=False)
