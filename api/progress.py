@@ -25,6 +25,7 @@ Kubernetes API writes its own times. Pure: no clock, no I/O.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass, fields
 from typing import Mapping, NamedTuple
 
@@ -46,9 +47,11 @@ def parse_time(value) -> dt.datetime | None:
         return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
     try:
         parsed = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
+        parsed = parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+        parsed.astimezone(dt.timezone.utc)   # one `format_time` can write back (year 1..9999)
+    except (ValueError, OverflowError):
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+    return parsed
 
 
 def _int(value) -> int | None:
@@ -59,10 +62,13 @@ def _int(value) -> int | None:
 
 
 def _float(value) -> float | None:
+    """A finite number, or None: NaN and infinity (a diverged loss, or anything the Lease's
+    writer put there) have no JSON form, and the job's status must stay writable."""
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         return None
+    return number if math.isfinite(number) else None
 
 
 def _loss_text(loss: float) -> str:

@@ -105,3 +105,19 @@ def test_missing_and_unreadable_values_read_as_none():
 def test_format_time_refuses_a_naive_time():
     with pytest.raises(ValueError, match="aware"):
         format_time(dt.datetime(2026, 1, 1))
+
+
+@pytest.mark.parametrize("annotations", [
+    {PREFIX + "loss": "nan"}, {PREFIX + "loss": "inf"}, {PREFIX + "restore-seconds": "-inf"},
+    {PREFIX + "step-time": "0001-01-01T00:00:00+01:00"},
+    {PREFIX + "checkpoint-time": "9999-12-31T23:59:59-01:00"},
+])
+def test_what_the_status_cannot_hold_reads_as_absent(annotations):
+    """Whatever the Lease's writer (the tenant's trainer) puts there, the report must be
+    writable back as annotations and as JSON status: a diverged loss or a time outside years
+    1..9999 in UTC reads as absent instead of wedging the job's reconcile loop."""
+    import json
+
+    report = ProgressReport.from_annotations(annotations)
+    assert report == ProgressReport()
+    json.dumps(report.to_annotations(), allow_nan=False)
