@@ -145,9 +145,11 @@ class Guard:
         if not self.ready:
             return SkipLimits(math.inf, math.inf)
         z = self.cfg.z_skip
+        grad_bound = self.grad.bound(z)
+        # log(max(g, 1e-12)): below 1e-12 every norm reads as 1e-12, so a bound under that
+        # log skips every norm.
         return SkipLimits(_exp(self.loss.bound(z)),
-                          # log(max(g, 1e-12)): below 1e-12 every norm reads as 1e-12
-                          _exp(self.grad.bound(z)) if self.grad.bound(z) >= LOG_TINY else -math.inf)
+                          _exp(grad_bound) if grad_bound >= LOG_TINY else -math.inf)
 
     def check_update(self, step: int, loss: float, grad_norm: float) -> Verdict:
         """ok, or skip (do not apply this update), judged before the optimizer step: exactly

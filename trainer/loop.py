@@ -44,7 +44,7 @@ from crucible.trainer.checkpoint import AppState, Checkpointer, Commit, job_hash
 from crucible.trainer.data import Sampler, ShardSet
 from crucible.trainer.evaluate import EvalResult, evaluate
 from crucible.trainer.faults import Faults, slowdown_from_env
-from crucible.trainer.guard import Guard, SkipLimits, Verdict, skips
+from crucible.trainer.guard import Guard, SkipLimits, Verdict
 from crucible.trainer.lease import progress_lease
 from crucible.trainer.memory_checkpoint import MemoryTier
 from crucible.trainer.prefetch import Prefetcher
@@ -504,7 +504,6 @@ class _Launched:
     flight: InFlight
     lr: float
     begun: float                   # when its forward was queued (perf_counter)
-    limits: SkipLimits | None = None   # what the device's skip decision used
 
 
 class _Rollback(Exception):
@@ -558,8 +557,8 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None,
                     run.local_timer.exclude(time.thread_time() - acting)
             launched = current
             if current is not None:
-                current.limits = run.guard.skip_limits() if run.guard else None
-                run.apply_update(current.flight, current.limits)
+                run.apply_update(current.flight,
+                                 run.guard.skip_limits() if run.guard else None)
                 state.step += 1
                 state.tokens_seen += shape.tokens_per_step
                 run.cadence.after(state.step)
@@ -616,13 +615,7 @@ def _finish(run: Run, done: _Launched, out: _Progress, stop_at: int) -> None:
     # The guard sees only all-reduced numbers, so every rank reaches the same verdicts; its
     # skip verdict is the rule the device applied with the same limits (guard.skips).
     pre = run.guard.check_update(done.step, loss_mean, grad_norm) if run.guard else None
-    # What the device did with the limits it was given (the same rule as `check_update`).
-    applied = done.limits is None or not skips(loss_mean, grad_norm, done.limits)
-    if pre is not None and pre.ok != applied:
-        run.log(f"step {done.step}: the guard's verdict ({pre.kind}) and the device's skip "
-                f"decision ({'applied' if applied else 'skipped'}) differ; recording the latter")
-        pre = Verdict("ok", done.step) if applied else Verdict(
-            "skip", done.step, f"at the skip limits {done.limits}")
+    applied = pre is None or pre.ok
     post = run.guard.observe(done.step, loss_mean, grad_norm, applied) if run.guard else None
     tps = shape.tokens_per_step / step_s
     out.losses.append(loss_mean)

@@ -150,8 +150,7 @@ def next_update_sq(optimizer: torch.optim.AdamW) -> torch.Tensor:
             if param.grad is None:
                 continue
             chunk.append(param)
-            size += param.grad.numel() if not hasattr(param.grad, "to_local") \
-                else param.grad.to_local().numel()
+            size += _local(param.grad).numel()
             if size >= UPDATE_NORM_CHUNK:
                 parts.append(_update_sq(optimizer, group, chunk))
                 chunk, size = [], 0
@@ -166,22 +165,20 @@ def next_update_sq(optimizer: torch.optim.AdamW) -> torch.Tensor:
 def _update_sq(optimizer: torch.optim.AdamW, group: dict, params: list) -> torch.Tensor:
     """||Δθ||² of the next step over `params` (one group's, all with gradients)."""
     beta1, beta2 = group["betas"]
-    grads = [_local(p.grad) for p in params]
     states = [optimizer.state.get(p) or {} for p in params]
-    fresh = [i for i, state in enumerate(states) if "exp_avg" not in state]
-    seen = [i for i, state in enumerate(states) if "exp_avg" in state]
+    fresh = [_local(p.grad) for p, state in zip(params, states) if "exp_avg" not in state]
+    seen = [(_local(p.grad), state) for p, state in zip(params, states) if "exp_avg" in state]
     squares = []
     if fresh:   # their first step: AdamW starts both moments and the count at zero
-        g = [grads[i] for i in fresh]
-        m = torch._foreach_mul(g, 1.0)    # m̂ = (1-β1)g / (1-β1): g (a copy, overwritten)
-        v = torch._foreach_mul(g, g)      # v̂ = (1-β2)g² / (1-β2)
+        m = torch._foreach_mul(fresh, 1.0)    # m̂ = (1-β1)g / (1-β1): g (a copy, overwritten)
+        v = torch._foreach_mul(fresh, fresh)  # v̂ = (1-β2)g² / (1-β2)
         squares.append(_adam_direction_sq(m, v, group["eps"]))
     if seen:
-        g = [grads[i] for i in seen]
-        m = torch._foreach_lerp([_local(states[i]["exp_avg"]) for i in seen], g, 1 - beta1)
-        v = torch._foreach_mul([_local(states[i]["exp_avg_sq"]) for i in seen], beta2)
+        g = [grad for grad, _ in seen]
+        m = torch._foreach_lerp([_local(state["exp_avg"]) for _, state in seen], g, 1 - beta1)
+        v = torch._foreach_mul([_local(state["exp_avg_sq"]) for _, state in seen], beta2)
         torch._foreach_addcmul_(v, g, g, value=1 - beta2)
-        counts = torch._foreach_add([states[i]["step"] for i in seen], 1)
+        counts = torch._foreach_add([state["step"] for _, state in seen], 1)
         # 1 - β^t per parameter, on the step counts' device: no host read of the count.
         for moments, beta in ((m, beta1), (v, beta2)):
             bias = torch._foreach_pow(beta, counts)

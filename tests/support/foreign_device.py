@@ -224,7 +224,7 @@ class _Mode(TorchDispatchMode):
         if func is aten.index.Tensor and foreign_in and any(
                 isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in flat[1:]):
             self.seen.record("data-dependent", func)
-        out_foreign = self._output_on_device(func, args, kwargs, foreign_in, host_in, to_device)
+        out_foreign = self._output_on_device(func, args, kwargs, foreign_in, to_device)
         unwrapped = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
         if isinstance(func, torch._ops.OpOverload) and func._schema.is_mutable:
             return _aliased_returns(func, args, kwargs, unwrapped, out_foreign)
@@ -233,7 +233,7 @@ class _Mode(TorchDispatchMode):
         return tree_map(lambda x: ForeignTensor(x) if isinstance(x, torch.Tensor) else x,
                         unwrapped)
 
-    def _output_on_device(self, func, args, kwargs, foreign_in, host_in, to_device) -> bool:
+    def _output_on_device(self, func, args, kwargs, foreign_in, to_device) -> bool:
         if func is aten._to_copy.default:
             source = args[0]
             target = kwargs.get("device")
