@@ -86,6 +86,7 @@ def test_a_read_error_in_the_thread_surfaces_at_the_batch_that_needed_it(tmp_pat
 
     try:
         batches.get(0, 0)  # (0, 1) is read ahead with the working sampler
+        batches._pending[1].result()  # ... and has been read before the shards break
         sampler.shards.read = broken  # the shards every copy of the sampler reads from
         batches.get(0, 1)  # (0, 1) was read already; (1, 0) is read ahead and fails
         with pytest.raises(DataError, match="shard went away"):
