@@ -327,10 +327,12 @@ class Run:
                 # Reduce-scatter once per step, after the last micro-batch: until then each
                 # rank holds full unsharded fp32 gradients.
                 self.model.set_requires_gradient_sync(micro == p.accum_steps - 1)
+            self.local_timer.start_segment()
             loss = self.model(inputs, targets)
             if "nan" in faults:
                 loss = loss * float("nan")
             (loss / p.accum_steps).backward()
+            self.local_timer.end_segment()
             loss_sum += loss.detach()
         grad_norm = optim.clip_grad_norm(self.model, t.grad_clip)
         if self.slowdown > 1:
@@ -379,14 +381,15 @@ class Run:
         """Take the optimizer step; with the stability guard, as decided on the device from the
         step's sums and the guard's `limits` (a skipped step changes no state), so the host
         never waits for the step's numbers to decide. The gradients are dropped after. The step
-        has no collective: on a GPU its time is the straggler signal."""
+        has no collective: it is the last segment of the rank's own work."""
         self.optimizer.found_inf = (None if limits is None else optim.skip_flag(
             flight.sums.sums, self.env.world_size, limits.loss, limits.grad_norm))
-        self.local_timer.start_optimizer()
+        self.local_timer.start_segment()
         started = time.thread_time()
         self.optimizer.step()
         if self.slowdown > 1:
             self._slow_down(started)
+        self.local_timer.end_segment()
         self.local_timer.stop()
         self.optimizer.zero_grad(set_to_none=True)
 

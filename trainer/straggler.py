@@ -6,10 +6,10 @@ for it in the collectives), so step times say nothing about who is slow. The tim
 on its own work does. MegaScale (Jiang et al., NSDI'24) finds stragglers from per-rank
 compute-kernel times in the same spirit, and replaces their machines.
 
-`SegmentTimer` measures that work without a sync of its own: on a GPU the optimizer step (AdamW
-on the rank's own shards: elementwise, no collective) by CUDA events read after the next step's
-one host sync; on CPU the thread's CPU time over the whole step, which a thread waiting in a
-collective does not use. Each rank puts its last time into its slot of a vector that rides in the
+`SegmentTimer` measures that work without a sync of its own: on a GPU each micro-batch's forward
+and backward and the optimizer step, by CUDA events on the compute stream (where a throttled
+GPU's matmuls run) read after a later step's one host sync; on CPU the thread's CPU time over the
+whole step, which a thread waiting in a collective does not use. Each rank puts its last time into its slot of a vector that rides in the
 step's one all-reduce (`parallel.launch_sums`), so every rank holds every rank's time with no
 collective added. `StragglerDetector` (pure; fed by rank 0) divides each rank's time by the
 median of the other ranks', takes the median of that ratio over a window of steps (one noisy step
@@ -88,24 +88,34 @@ def _median_of_others(values: np.ndarray) -> np.ndarray:
 
 
 class SegmentTimer:
-    """This rank's own work per step. On a GPU: the optimizer step, by two CUDA events, read by
-    `collect` after a later host sync once they have completed (`query`: no sync of their
-    own; the loop reads a step's numbers while the next step runs, so the newest pair may not
-    have completed yet). On CPU: the thread's CPU time from the start of forward/backward to
-    the end of the optimizer step. A thread blocked in a gloo collective, or descheduled on a
-    shared CPU, uses no CPU time, so what remains is the rank's own compute, a longer and
-    steadier stretch than the optimizer step alone (whose wall time on a shared CPU is mostly
-    the scheduler's noise). `seconds` is the last complete time (None before one)."""
+    """This rank's own work per step. On a GPU: the step's segments (each micro-batch's forward
+    and backward, then the optimizer step), each by two CUDA events recorded on the compute
+    stream, summed per step and read by `collect` once the step's last event has completed
+    (`query`: no sync of its own; the loop reads a step's numbers while the next step runs, so
+    the newest step may not have completed yet). FSDP's collectives run on side streams; the
+    compute stream waits for an all-gather only when its prefetch is late, so the segments are
+    mostly the rank's own kernels, which a throttled GPU slows. On CPU: the thread's CPU time
+    from the start of forward/backward to the end of the optimizer step. A thread blocked in a
+    gloo collective, or descheduled on a shared CPU, uses no CPU time, so what remains is the
+    rank's own compute. `seconds` is the last complete time (None before one).
 
-    def __init__(self, device: torch.device):
+    `event` makes the timing events (CUDA's by default; a test gives its own)."""
+
+    def __init__(self, device: torch.device, event=None):
         self.cuda = device.type == "cuda"
-        self._events: list[tuple] = []     # (start, end) pairs recorded, oldest first
+        self._event = event or (lambda: torch.cuda.Event(enable_timing=True))
+        self._steps: deque[list[tuple]] = deque()  # finished steps' (start, end) event pairs
+        self._open: list[tuple] | None = None      # the step being recorded
         self._started = 0.0
         self._excluded = 0.0
         self._last: float | None = None
 
     def start_step(self) -> None:
-        if not self.cuda:
+        """A step begins; one that began before and never stopped (its update was dropped)
+        is forgotten."""
+        if self.cuda:
+            self._open = []
+        else:
             self._started = time.thread_time()
             self._excluded = 0.0
 
@@ -114,23 +124,31 @@ class SegmentTimer:
         step's numbers: rank 0 alone writes the metrics, a save blocks): left out."""
         self._excluded += seconds
 
-    def start_optimizer(self) -> None:
-        if self.cuda:
-            pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+    def start_segment(self) -> None:
+        """Own work begins on the compute stream (a micro-batch, the optimizer step)."""
+        if self.cuda and self._open is not None:
+            pair = (self._event(), self._event())
             pair[0].record()
-            self._events.append(pair)
+            self._open.append(pair)
+
+    def end_segment(self) -> None:
+        if self.cuda and self._open:
+            self._open[-1][1].record()
 
     def stop(self) -> None:
-        if self.cuda:
-            self._events[-1][1].record()
-        else:
+        """The step's own work is all queued (CUDA) or done (CPU)."""
+        if not self.cuda:
             self._last = time.thread_time() - self._started - self._excluded
+        elif self._open:
+            self._steps.append(self._open)
+            self._open = None
 
     def collect(self) -> None:
-        """Read the GPU events of the optimizer steps that have completed (never waits)."""
-        while self._events and self._events[0][1].query():
-            start, end = self._events.pop(0)
-            self._last = start.elapsed_time(end) / 1000
+        """Sum the segments of the steps whose work has completed on the GPU (never waits;
+        events complete in stream order, so the step's last end event is the one to ask)."""
+        while self._steps and self._steps[0][-1][1].query():
+            pairs = self._steps.popleft()
+            self._last = sum(start.elapsed_time(end) for start, end in pairs) / 1000
 
     def seconds(self) -> float | None:
         return self._last

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from crucible.api.progress import ProgressReport, Straggler
-from crucible.trainer.straggler import StragglerDetector, _median_of_others
+from crucible.trainer.straggler import SegmentTimer, StragglerDetector, _median_of_others
 from tests.trainer.chaos import TrainProcess, config
 
 
@@ -89,3 +91,79 @@ def test_a_slowed_rank_is_reported_within_50_steps_and_a_healthy_run_reports_non
                                   every=1000), tmp_path / "healthy.log")
     assert healthy.finish() == 0, healthy.text()[-3000:]
     assert _stragglers(tmp_path, "healthy") == []
+
+
+class _FakeEvent:
+    """Stands in for a CUDA timing event (no GPU here): `record` stamps the fake stream's
+    clock, `query` says whether the fake GPU has run that far."""
+
+    def __init__(self, gpu):
+        self.gpu, self.at = gpu, None
+
+    def record(self):
+        self.at = self.gpu["queued"]
+
+    def query(self):
+        return self.at is not None and self.at <= self.gpu["done"]
+
+    def elapsed_time(self, end):  # milliseconds, like CUDA's
+        assert self.query() and end.query(), "elapsed_time on an incomplete event syncs"
+        return end.at - self.at
+
+
+def _gpu_timer():
+    gpu = {"queued": 0.0, "done": 0.0}
+    timer = SegmentTimer(torch.device("cuda"), event=lambda: _FakeEvent(gpu))
+    return gpu, timer
+
+
+def _gpu_step(gpu, timer, micro_ms, between_ms=0.0, optimizer_ms=1.0, finish=True):
+    """One step on the fake GPU: micro-batch segments with work that is not the rank's own
+    (a collective wait) in between, then the optimizer step."""
+    timer.start_step()
+    for ms in micro_ms:
+        timer.start_segment()
+        gpu["queued"] += ms
+        timer.end_segment()
+        gpu["queued"] += between_ms
+    if finish:
+        timer.start_segment()
+        gpu["queued"] += optimizer_ms
+        timer.end_segment()
+        timer.stop()
+
+
+def test_gpu_time_is_every_micro_batch_and_the_optimizer_not_the_waits_between():
+    gpu, timer = _gpu_timer()
+    _gpu_step(gpu, timer, [30.0, 30.0, 30.0], between_ms=500.0, optimizer_ms=10.0)
+    timer.collect()
+    assert timer.seconds() is None  # queued, not run: nothing read, and nothing waited for
+    gpu["done"] = gpu["queued"]
+    timer.collect()
+    assert timer.seconds() == pytest.approx(0.1)  # 3 x 30 ms + 10 ms; the 1.5 s of waits left out
+
+
+def test_a_dropped_step_is_forgotten_and_steps_are_read_in_order_as_they_complete():
+    gpu, timer = _gpu_timer()
+    _gpu_step(gpu, timer, [20.0], finish=False)  # its update was dropped: never stopped
+    _gpu_step(gpu, timer, [40.0], optimizer_ms=2.0)
+    first_done = gpu["queued"]
+    _gpu_step(gpu, timer, [80.0], optimizer_ms=2.0)
+    gpu["done"] = first_done
+    timer.collect()
+    assert timer.seconds() == pytest.approx(0.042)  # the dropped 20 ms counted nowhere
+    gpu["done"] = gpu["queued"]
+    timer.collect()
+    assert timer.seconds() == pytest.approx(0.082)
+
+
+def test_cpu_time_ignores_the_segments():
+    timer = SegmentTimer(torch.device("cpu"))
+    timer.start_step()
+    timer.start_segment()
+    until = time.thread_time() + 0.02
+    while time.thread_time() < until:
+        pass
+    timer.end_segment()
+    timer.stop()
+    assert 0.02 <= timer.seconds() < 1.0
