@@ -31,19 +31,18 @@ rank learns it, and what, and the commit is quarantined and the previous one tri
 reshards on load, so a run restarted by torchrun on a different world size resumes from the same
 checkpoint (each rank's file set follows its new slice).
 
-Retention (`retention_plan`, pure) keeps the newest `keep` commits and every `keepEvery`-th step
-(what a spike rollback needs); it never deletes the newest commit.
+What a commit is (manifest, checksums, signatures) is checkpoint_manifest.py; the commits under
+the URI as rank 0 reads and tends them (ownership, listing, quarantine, retention) are
+checkpoint_store.py. This module is the collective part: saving and loading across the ranks.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import hmac
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -64,33 +63,16 @@ from crucible.trainer import storage
 from crucible.trainer.checkpoint_fetch import (METADATA, SafeReader, SplitWriter, UnsafeCheckpoint,
                                                files_needed, load_planner, local_load_plan,
                                                read_metadata)
+from crucible.trainer.checkpoint_manifest import (FORMAT_VERSION, MANIFEST, SIGNING_KEY_ENV,
+                                                  describe_problems, file_digest, key_id, sign,
+                                                  signature_problem, signing_key_from_env,
+                                                  step_name, verify)
+from crucible.trainer.checkpoint_store import CommitStore
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
-QUARANTINE = "quarantine.json"   # written beside a commit that cannot be loaded: never used again
-INCARNATION = "incarnation.json"  # the run that owns the checkpoints under the URI (newest start)
-FORMAT_VERSION = 1
-# The only file names a commit manifest may list: DCP's shards and its metadata. Anything else
-# (a path, `..`) is refused before it is joined onto a folder.
-SHARD_FILE = re.compile(r"^(__\d+_\d+\.distcp|\.metadata)$")
-_MANIFEST_FIELDS = {"step": int, "tokens": int, "world_size": int, "time": (int, float),
-                    "files": dict, "model_hash": str, "config_hash": str}
-# The HMAC key that signs manifests (and rank markers) and that a load demands a valid signature
-# from: set by the operator from a Secret the job names. Never logged; its key id is.
-SIGNING_KEY_ENV = "CRUCIBLE_CHECKPOINT_SIGNING_KEY"
-SIGNATURE_ALG = "hmac-sha256"
-# What is signed is prefixed with what it is, so a rank marker's signature is never a manifest's.
-_SIGNING_CONTEXT = {"manifest": b"crucible checkpoint manifest v1\n",
-                    "marker": b"crucible checkpoint rank marker v1\n"}
-
-
 class CheckpointError(RuntimeError):
     """Checkpoint storage cannot be used, or a checkpoint cannot be loaded into this model."""
-
-
-class StaleIncarnation(RuntimeError):
-    """A newer start of the job owns the checkpoints: this one may neither commit nor prune."""
 
 
 class InjectedFailure(RuntimeError):
@@ -117,25 +99,6 @@ def failpoint(name: str, rank: int | None = None) -> None:
             time.sleep(float(arg or 0))
 
 
-# --- pure pieces -------------------------------------------------------------------------------
-def step_name(step: int) -> str:
-    return f"step_{step}"
-
-
-def parse_step(name: str) -> int | None:
-    prefix, _, number = name.partition("_")
-    return int(number) if prefix == "step" and number.isdigit() else None
-
-
-def retention_plan(committed: list[int], keep: int, keep_every: int) -> list[int]:
-    """Committed steps to delete: all but the newest `keep` and the multiples of `keep_every`."""
-    newest = set(sorted(committed)[-keep:]) if keep > 0 else set()
-    if committed:
-        newest.add(max(committed))  # never the newest commit, whatever keep says
-    kept_forever = {s for s in committed if keep_every and s % keep_every == 0}
-    return sorted(s for s in committed if s not in newest | kept_forever)
-
-
 def should_save(step: int, *, last_save_step: int, seconds_since_save: float,
                 every_steps: int, every_minutes: float) -> bool:
     if step <= last_save_step:
@@ -155,127 +118,6 @@ def job_hashes(cfg) -> tuple[str, str]:
     architecture; other training settings may differ (a warning says so)."""
     settings = cfg.model_dump(mode="json", include={"model", "data", "training"})
     return stable_hash(cfg.model.to_arch().fingerprint()), stable_hash(settings)
-
-
-def file_digest(path: Path) -> dict:
-    import xxhash
-
-    h, size = xxhash.xxh3_128(), 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-            size += len(chunk)
-    return {"size": size, "xxh3": h.hexdigest()}
-
-
-def manifest_problem(manifest, step: int) -> str | None:
-    """What makes a parsed commit manifest unusable, or None (pure: no storage is read)."""
-    if not isinstance(manifest, dict):
-        return f"the manifest is a {type(manifest).__name__}, not an object"
-    for key, kind in _MANIFEST_FIELDS.items():
-        if not isinstance(manifest.get(key), kind):
-            return f"the manifest's {key!r} is missing or malformed"
-    if manifest["step"] != step:
-        return f"the manifest says step {manifest['step']}"
-    if not manifest["files"]:
-        return "the manifest lists no files"
-    for name, entry in manifest["files"].items():
-        if not SHARD_FILE.match(name):
-            return f"the manifest lists {name!r}, which is not a checkpoint file name"
-        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int)
-                and isinstance(entry.get("xxh3"), str)):
-            return f"the manifest's entry for {name} is malformed"
-    if METADATA not in manifest["files"]:
-        return f"the manifest does not list DCP's {METADATA}"
-    return None
-
-
-def signing_key_from_env(environ=os.environ) -> bytes | None:
-    """The signing key (UTF-8 bytes of the variable, surrounding whitespace such as a Secret
-    file's trailing newline dropped), or None when unset or empty."""
-    key = environ.get(SIGNING_KEY_ENV, "").strip()
-    return key.encode() if key else None
-
-
-def key_id(key: bytes) -> str:
-    """Names a key without revealing it: the first 8 hex digits of its SHA-256, so the log can say
-    which key signed a commit and which key a run holds (a rotated key is recognisable)."""
-    return hashlib.sha256(key).hexdigest()[:8]
-
-
-def signed_bytes(doc: dict, kind: str = "manifest") -> bytes:
-    """The canonical encoding a signature covers: every field of `doc` but `signature` (so step,
-    tokens, world size, hashes, batch, and every file's name, size and checksum, `.metadata`'s
-    included), as JSON with sorted keys, no whitespace and ASCII only, after a context prefix."""
-    body = {k: v for k, v in doc.items() if k != "signature"}
-    return _SIGNING_CONTEXT[kind] + json.dumps(body, sort_keys=True, separators=(",", ":"),
-                                               ensure_ascii=True, allow_nan=False).encode()
-
-
-def _mac(doc: dict, key: bytes, kind: str) -> str:
-    return hmac.new(key, signed_bytes(doc, kind), hashlib.sha256).hexdigest()
-
-
-def sign(doc: dict, key: bytes, kind: str = "manifest") -> dict:
-    """`doc` with a `signature` field: {"alg": "hmac-sha256", "key_id": ..., "value": hex}."""
-    return {**doc, "signature": {"alg": SIGNATURE_ALG, "key_id": key_id(key),
-                                 "value": _mac(doc, key, kind)}}
-
-
-def signature_problem(doc: dict, key: bytes, kind: str = "manifest") -> str | None:
-    """Why `doc` is not validly signed with `key` (a sentence saying what to do), or None (pure).
-    An unsigned document, a signature by another key and a wrong value are all refused."""
-    mine = key_id(key)
-    sig = doc.get("signature")
-    if sig is None:
-        return (f"the {kind} is not signed, and this run holds signing key id {mine} "
-                f"({SIGNING_KEY_ENV}): it was written without the key (before signing was enabled, "
-                "or by someone who does not hold it); only a run without the key loads it")
-    if not (isinstance(sig, dict) and isinstance(sig.get("value"), str)
-            and isinstance(sig.get("key_id"), str)):
-        return f"the {kind}'s signature is malformed (this run holds key id {mine})"
-    if sig.get("alg") != SIGNATURE_ALG:
-        return (f"the {kind} is signed with {sig.get('alg')!r}, not {SIGNATURE_ALG} (this run "
-                f"holds key id {mine})")
-    if sig["key_id"] != mine:
-        return (f"the {kind} is signed with key id {sig['key_id']!r}, this run holds key id "
-                f"{mine}: give the job the key it was written with ({SIGNING_KEY_ENV}), or the "
-                "commit was not written by this job")
-    try:
-        expected = _mac(doc, key, kind)
-    except (ValueError, TypeError, RecursionError) as err:  # NaN, say: nothing signs that
-        return f"the {kind} cannot be encoded to check its signature ({err})"
-    if not hmac.compare_digest(sig["value"].encode(), expected.encode()):
-        return (f"the {kind}'s signature (key id {mine}) does not match its contents: it was "
-                "changed after it was signed")
-    return None
-
-
-def describe_problems(problems: list[str | None]) -> str:
-    """One line saying what each rank (list index) found wrong with a commit: for the log and the
-    quarantine marker, which rank 0 writes though another rank may be the one that saw it (each
-    rank fetches only its own files). A problem every rank shares, such as the manifest's, which
-    rank 0 reads for all, is named once, without ranks."""
-    seen: dict[str, list[int]] = {}
-    for rank, problem in enumerate(problems):
-        if problem:
-            seen.setdefault(problem, []).append(rank)
-    return "; ".join(
-        problem if len(ranks) == len(problems)
-        else f"{problem} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
-        for problem, ranks in seen.items()) or "no rank said what was wrong"
-
-
-def verify(folder: Path, files: dict[str, dict]) -> str | None:
-    """None if every file matches its recorded size and checksum, else what is wrong."""
-    for name, want in sorted(files.items()):
-        path = folder / name
-        if not path.exists():
-            return f"{name} is missing"
-        got = file_digest(path)
-        if got != want:
-            return f"{name}: size/checksum {got} != manifest {want}"
-    return None
 
 
 def with_retries(action: Callable[[], None], what: str, attempts: int = 6, base_delay_s: float = 1.0,
@@ -374,8 +216,7 @@ class Checkpointer:
         # so they never interleave with the training group's collectives.
         self.group = dist.new_group(backend="gloo")
         self._inflight: threading.Thread | None = None
-        # Set by claim(); None for a reader (`crucible eval`), which fences no one.
-        self.incarnation: str | None = None
+        self.store = CommitStore(self.uri, key)
         self.last_commit: Commit | None = None
         self.last_save_step = 0
         self.last_save_time = time.monotonic()
@@ -384,7 +225,6 @@ class Checkpointer:
         # by rank; the commit's total is last_commit.bytes.
         self.last_load_bytes: list[int] = []
         self._key = key
-        self._unchecked_noted = False  # "signature not checked" is logged once per process
         if self._key is not None and self.rank == 0:
             log.info("checkpoint manifests are signed and verified with key id %s (%s)",
                      key_id(self._key), SIGNING_KEY_ENV)
@@ -411,105 +251,30 @@ class Checkpointer:
         if box[0]:
             raise CheckpointError(f"checkpoint storage is not usable: {box[0]}")
 
-    # -- fencing ------------------------------------------------------------------------------
+    # -- fencing and listing --------------------------------------------------------------------
     def claim(self) -> None:
-        """Make this start the owner of the checkpoints under the URI (rank 0 writes a fresh
-        token, every rank learns it). An older incarnation still running (a pod terminating
-        after its replacement started) then finds another token and neither commits nor prunes:
-        checked before every commit and every deletion, which narrows the race to the time
-        between that read and the write."""
+        """Make this start the owner of the checkpoints under the URI (CommitStore.claim): rank
+        0 draws a fresh token and records it, every rank learns it."""
         box = [os.urandom(8).hex() if self.rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
-        self.incarnation = box[0]
-        if self.rank == 0:
-            storage.write_bytes(storage.join(self.uri, INCARNATION), json.dumps(
-                {"token": self.incarnation, "time": time.time()}).encode())
-
-    def _check_owner(self, what: str) -> None:
-        """Raise StaleIncarnation unless this start still owns the URI (fails closed: an
-        unreadable token means not owned, and the save or deletion waits for the next try)."""
-        if self.incarnation is None:
-            return
-        try:
-            owner = json.loads(storage.read_bytes(storage.join(self.uri, INCARNATION)))["token"]
-        except Exception as err:  # noqa: BLE001 - the reason goes into the refusal
-            raise StaleIncarnation(f"cannot {what}: the owner token under {self.uri} cannot be "
-                                   f"read ({storage.explain(err, self.uri)})") from None
-        if owner != self.incarnation:
-            raise StaleIncarnation(f"cannot {what}: a newer start of this job owns {self.uri} "
-                                   f"(token {owner}, ours {self.incarnation})")
-
-    # -- listing ------------------------------------------------------------------------------
-    def committed_steps(self) -> list[int]:
-        """Steps with a commit manifest and no quarantine marker, oldest first."""
-        steps = [parse_step(name) for name in storage.list_dirs(self.uri)]
-        return sorted(s for s in steps if s is not None
-                      and storage.exists(storage.join(self.uri, step_name(s), MANIFEST))
-                      and not storage.exists(storage.join(self.uri, step_name(s), QUARANTINE)))
+        self.store.claim(box[0], write=self.rank == 0)
 
     def newest_committed(self, max_step: int | None = None) -> int:
         """The newest committed step (at or below `max_step`), 0 if none: rank 0 lists, every
         rank learns it. Reads no checkpoint bytes."""
         box = [None]
         if self.rank == 0:
-            box[0] = max((s for s in self.committed_steps() if max_step is None or s <= max_step),
-                         default=0)
+            box[0] = max((s for s in self.store.committed_steps()
+                          if max_step is None or s <= max_step), default=0)
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def _read_commit(self, step: int) -> tuple[dict | None, str | None, bool]:
-        """(manifest, None, False), or (None, why the commit cannot be read, whether only the key
-        is in question: unsigned, or signed with another key than this run holds)."""
-        try:
-            manifest = json.loads(storage.read_bytes(storage.join(self.uri, step_name(step),
-                                                                  MANIFEST)))
-        except ValueError as err:
-            return None, f"the manifest is not valid JSON ({err})", False
-        except Exception as err:  # noqa: BLE001 - any storage error: the reason is kept
-            return None, f"the manifest cannot be read ({storage.explain(err, self.uri)})", False
-        problem = manifest_problem(manifest, step)
-        if problem:
-            return None, problem, False
-        problem = self._signature_problem(manifest, step)
-        if problem:
-            sig = manifest.get("signature")
-            return None, problem, (sig is None or (isinstance(sig, dict) and sig.get("key_id")
-                                                   != key_id(self._key)))
-        return manifest, None, False
-
-    def _signature_problem(self, manifest: dict, step: int) -> str | None:
-        """With a key: why the manifest is not validly signed with it (the commit is then refused
-        like a corrupt one), or None. Without: None, saying once that a signature went unchecked.
-        The manifest's checksums cover every file a load reads (`.metadata` before it is
-        unpickled), so a valid signature covers their contents too."""
-        if self._key is None:
-            if manifest.get("signature") is not None and not self._unchecked_noted:
-                self._unchecked_noted = True
-                sig = manifest["signature"]
-                kid = sig.get("key_id") if isinstance(sig, dict) else None
-                log.warning("%s/%s is signed (key id %r), but %s is not set: its signature is not "
-                            "checked", self.uri, step_name(step), kid, SIGNING_KEY_ENV)
-            return None
-        problem = signature_problem(manifest, self._key)
-        if problem is None:
-            log.info("%s/%s: manifest signature verified (key id %s)", self.uri, step_name(step),
-                     key_id(self._key))
-            return None
-        return problem
-
     def _quarantine(self, step: int, problem: str) -> None:
-        """Mark a commit that cannot be loaded so no later resume, and no retention count, takes
-        it for a checkpoint (rank 0; the files stay for inspection until retention sweeps them)."""
+        """Every rank logs it; rank 0 marks the commit (CommitStore.quarantine)."""
         log.error("checkpoint %s/%s is corrupt: %s; quarantined, falling back to the previous "
                   "commit", self.uri, step_name(step), problem)
-        if self.rank != 0:
-            return
-        marker = json.dumps({"step": step, "reason": problem, "time": time.time()}).encode()
-        try:
-            storage.write_bytes(storage.join(self.uri, step_name(step), QUARANTINE), marker)
-        except Exception as err:  # noqa: BLE001 - the fallback goes on; the log says why
-            log.warning("could not mark %s/%s as quarantined: %s", self.uri, step_name(step),
-                        storage.explain(err, self.uri))
+        if self.rank == 0:
+            self.store.quarantine(step, problem)
 
     def _everyone_ok(self, ok: bool) -> bool:
         return everyone_ok(ok, self.group)
@@ -526,11 +291,12 @@ class Checkpointer:
         self.wait()  # a save in flight uses the checkpoint group too, and may yet commit
         box = [None]
         if self.rank == 0:
-            box[0] = [s for s in self.committed_steps() if max_step is None or s <= max_step]
+            box[0] = [s for s in self.store.committed_steps()
+                      if max_step is None or s <= max_step]
         dist.broadcast_object_list(box, src=0)
         other_key = []   # (step, why): commits this run's key cannot vouch for, left as they are
         for step in reversed(box[0]):
-            read_box = [self._read_commit(step) if self.rank == 0 else None]
+            read_box = [self.store.read_commit(step) if self.rank == 0 else None]
             dist.broadcast_object_list(read_box, src=0)
             manifest, problem, key_in_question = read_box[0]
             if key_in_question:
@@ -601,14 +367,7 @@ class Checkpointer:
         abandoned timeline, and a later resume must not pick them up."""
         self.wait()
         if self.rank == 0:
-            try:
-                self._check_owner(f"discard the checkpoints after step {step}")
-                for name in storage.list_dirs(self.uri):
-                    s = parse_step(name)
-                    if s is not None and s > step:
-                        storage.delete_tree(storage.join(self.uri, name))
-            except StaleIncarnation as err:
-                log.error("%s", err)
+            self.store.discard_after(step)
         dist.barrier()
 
     def _restore_folder(self) -> Path:
@@ -722,7 +481,7 @@ class Checkpointer:
                 for path in mine:
                     with_retries(lambda p=path: storage.upload_file(p, storage.join(step_uri, p.name)),
                                  f"upload of {path.name}", self.upload_attempts)
-            marker = {"rank": self.rank, "step": step, "incarnation": self.incarnation,
+            marker = {"rank": self.rank, "step": step, "incarnation": self.store.incarnation,
                       "files": files}
             if self._key is not None:  # rank 0 signs only checksums their own ranks vouched for
                 marker = sign(marker, self._key, "marker")
@@ -760,7 +519,7 @@ class Checkpointer:
                                if self._key is not None else None)
                     if problem is None and self._key is not None and (
                             markers[r].get("rank"), markers[r].get("step"),
-                            markers[r].get("incarnation")) != (r, step, self.incarnation):
+                            markers[r].get("incarnation")) != (r, step, self.store.incarnation):
                         problem = "the marker was written for another rank, step or start"
                     if problem is not None:
                         raise CheckpointError(f"rank_{r}.json: {problem}")
@@ -771,11 +530,12 @@ class Checkpointer:
                 time.sleep(0.2)
         files = {name: entry for m in markers.values() for name, entry in m["files"].items()}
         failpoint("before_manifest")
-        self._check_owner(f"commit step {step}")
+        self.store.check_owner(f"commit step {step}")
         manifest = {"format": FORMAT_VERSION, "step": step, "tokens": tokens,
                     "world_size": self.world_size, "time": time.time(), "files": files,
                     "model_hash": self.model_hash, "config_hash": self.config_hash,
-                    "incarnation": self.incarnation, "global_batch_tokens": self.batch_tokens}
+                    "incarnation": self.store.incarnation,
+                    "global_batch_tokens": self.batch_tokens}
         if self._key is not None:
             manifest = sign(manifest, self._key)
         storage.write_bytes(storage.join(step_uri, MANIFEST), json.dumps(manifest, indent=1).encode())
@@ -784,19 +544,4 @@ class Checkpointer:
         log.info("checkpoint step %d committed: %s (%.1f MB)", step, step_uri, commit.bytes / 1e6)
         if self.on_commit is not None:
             self.on_commit(commit, time.perf_counter() - started)
-        self._apply_retention(step)
-
-    def _apply_retention(self, newest: int) -> None:
-        try:
-            self._check_owner("prune old checkpoints")
-            committed = self.committed_steps()
-            for step in retention_plan(committed, self.spec.keep, self.spec.keep_every):
-                storage.delete_tree(storage.join(self.uri, step_name(step)))
-            # Folders of saves that died before their manifest, older than the newest commit.
-            for name in storage.list_dirs(self.uri):
-                s = parse_step(name)
-                if s is not None and s < newest and s not in committed:
-                    storage.delete_tree(storage.join(self.uri, name))
-        except Exception as err:  # noqa: BLE001 - retention is housekeeping: log and go on
-            log.warning("checkpoint retention failed (will retry after the next commit): %s",
-                        storage.explain(err, self.uri))
+        self.store.prune(step, self.spec.keep, self.spec.keep_every)

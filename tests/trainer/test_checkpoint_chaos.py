@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.trainer.checkpoint import file_digest
+from crucible.trainer.checkpoint_manifest import file_digest
 from tests.support.private_s3 import PrivateS3
 from tests.support.services import eventually
 from tests.support.training import job_config, run_crucible, write_config

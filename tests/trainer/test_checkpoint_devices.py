@@ -40,7 +40,8 @@ PROBE = textwrap.dedent("""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
     from crucible.api.spec import CheckpointSpec
-    from crucible.trainer.checkpoint import AppState, Checkpointer, MANIFEST
+    from crucible.trainer.checkpoint import AppState, Checkpointer
+    from crucible.trainer.checkpoint_manifest import MANIFEST
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.AdamW(model.parameters())
     model(torch.ones(2, 4)).sum().backward(); opt.step()
@@ -60,7 +61,7 @@ PROBE = textwrap.dedent("""
     tier.snapshot(app, 12)
     report = tier.restore(app, None, torch.device("cpu"))
     tier.discard_after(11)
-    print(json.dumps({"restored": restored["step"], "committed": ckpt.committed_steps(),
+    print(json.dumps({"restored": restored["step"], "committed": ckpt.store.committed_steps(),
                       "memory": report.step, "calls": calls}))
     dist.destroy_process_group()
 """)

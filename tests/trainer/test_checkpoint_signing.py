@@ -20,9 +20,11 @@ from types import SimpleNamespace
 import pytest
 
 from crucible.trainer import storage
-from crucible.trainer.checkpoint import (SIGNING_KEY_ENV, Checkpointer, CheckpointError,
-                                         file_digest, key_id, manifest_problem, sign,
-                                         signature_problem, signed_bytes, signing_key_from_env)
+from crucible.trainer.checkpoint import Checkpointer, CheckpointError
+from crucible.trainer.checkpoint_manifest import (SIGNING_KEY_ENV, file_digest, key_id,
+                                                  manifest_problem, sign, signature_problem,
+                                                  signed_bytes, signing_key_from_env)
+from crucible.trainer.checkpoint_store import CommitStore
 from tests.trainer.chaos import TrainProcess, config, objects
 from tests.trainer.chaos import ckpt  # noqa: F401 - a fixture: pytest finds it by its name here
 from tests.trainer.test_checkpoint_chaos import SENTINEL, _plant_code_in_the_index
@@ -100,7 +102,9 @@ def _committer(tmp_path, key: bytes) -> Checkpointer:
     """Rank 0's commit step alone, on a local URI (no process group: `_commit` needs none)."""
     ck = Checkpointer.__new__(Checkpointer)
     ck.uri, ck.world_size, ck.marker_timeout_s, ck._key = str(tmp_path), 2, 1.0, key
-    ck.incarnation, ck.model_hash, ck.config_hash, ck.batch_tokens = "ab12", "m", "c", 4096
+    ck.store = CommitStore(str(tmp_path), key)
+    ck.store.incarnation = "ab12"
+    ck.model_hash, ck.config_hash, ck.batch_tokens = "m", "c", 4096
     ck.on_commit, ck.spec = None, SimpleNamespace(keep=3, keep_every=0)
     storage.write_bytes(str(tmp_path / "incarnation.json"), b'{"token": "ab12"}')
     return ck

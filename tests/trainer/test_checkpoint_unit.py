@@ -8,9 +8,10 @@ import json
 import pytest
 
 from crucible.trainer import storage
-from crucible.trainer.checkpoint import (describe_problems, file_digest, manifest_problem,
-                                         parse_step, retention_plan, should_save, step_name,
-                                         verify, with_retries)
+from crucible.trainer.checkpoint import should_save, with_retries
+from crucible.trainer.checkpoint_manifest import (describe_problems, file_digest,
+                                                  manifest_problem, parse_step, step_name, verify)
+from crucible.trainer.checkpoint_store import retention_plan
 
 
 @pytest.mark.parametrize("committed, keep, keep_every, deleted", [
