@@ -450,8 +450,9 @@ class StragglerSpec(TrainerStragglerSpec):
 
     replace_after_minutes: Annotated[int, OPERATOR_ONLY] = Field(
         0, ge=0, le=10080, description="A rank still reported slow after this long has its "
-        "node quarantined like a failed node (cordonFailedNodes applies) and its pod replaced "
-        "elsewhere; 0: report only (status, event, metric).")
+        "pod replaced elsewhere and its node avoided by the job; the node is cordoned too "
+        "(cordonFailedNodes applies) only where the operator's --straggler-cordon-selector "
+        "allows; 0: report only (status, event, metric).")
 
 
 # The kubelet's own node conditions: the operator already reads Ready (NotReady, unreachable),

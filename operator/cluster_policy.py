@@ -9,12 +9,19 @@ the adapter (kube.CordonLimit), across jobs. Who may scrape a job's metrics port
 NetworkPolicy (`--metrics-scrapers`) is the administrator's too: they know where Prometheus
 runs. Whether jobs may queue through Kueue (`--no-kueue` turns it off where Kueue is not
 installed, or not for this operator) is the administrator's too, and so is how long the
-operator's cordons last (`--quarantine-minutes`, quarantine.py). Pure.
+operator's cordons last (`--quarantine-minutes`, quarantine.py).
+
+A straggler report is different in kind: the trainer writes it, and the trainer image and its
+ServiceAccount are the tenant's, so a forged report could name any node its pod was scheduled
+on (a hostname nodeSelector picks the node). Such a report never cordons or annotates a node
+unless the administrator names the nodes it may (`--straggler-cordon-selector`, labels the node
+must carry); otherwise the job only avoids the node and replaces its pod. Pure.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from crucible.operator.manifests import ANY_NAMESPACE
@@ -32,18 +39,51 @@ class ClusterPolicy:
     quarantine_s: float = 3600.0                        # how long its cordons last; 0: forever
     kueue_manage_all: bool = False                      # unlabelled jobs queue too (Kueue's
     #                                                     manageJobsWithoutQueueName)
+    # Labels a node must carry for a straggler report (the tenant's code) to cordon it; None:
+    # straggler reports never touch a node.
+    straggler_cordon: tuple[tuple[str, str], ...] | None = None
+
+    def straggler_may_cordon(self, node) -> bool:
+        """Whether a straggler report may quarantine `node` (a NodeView) like a failed node."""
+        return (self.straggler_cordon is not None and node is not None
+                and node.has_labels(self.straggler_cordon))
 
     @classmethod
     def from_settings(cls, conditions: str, max_cordons_per_minute: int,
                       metrics_scrapers: str = "", kueue: bool = True,
                       quarantine_minutes: float = 60.0,
-                      kueue_manage_all: bool = False) -> "ClusterPolicy":
+                      kueue_manage_all: bool = False,
+                      straggler_cordon_selector: str = "") -> "ClusterPolicy":
         """`conditions`: comma-separated condition types, or "*" for any. `metrics_scrapers`:
-        a JSON list of NetworkPolicy peers; empty: any namespace."""
+        a JSON list of NetworkPolicy peers; empty: any namespace. `straggler_cordon_selector`:
+        `key=value,...`; empty: straggler reports never cordon."""
         names = frozenset(c.strip() for c in conditions.split(",") if c.strip())
         return cls(None if "*" in names else names, max_cordons_per_minute > 0,
                    parse_peers(metrics_scrapers) if metrics_scrapers.strip() else ANY_NAMESPACE,
-                   kueue, quarantine_minutes * 60.0, kueue_manage_all)
+                   kueue, quarantine_minutes * 60.0, kueue_manage_all,
+                   parse_label_selector(straggler_cordon_selector)
+                   if straggler_cordon_selector.strip() else None)
+
+
+# A label key: an optional DNS-subdomain prefix and a name (Kubernetes' own rule); a value:
+# up to 63 of the same characters, possibly empty.
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+
+
+def parse_label_selector(text: str) -> tuple[tuple[str, str], ...]:
+    """`key=value,...` (matchLabels, as `kubectl get -l` writes equality) as sorted pairs.
+    ValueError says what is wrong: a selector that matched nothing by a typo would silently
+    turn the feature off, one that matched too much would not be noticed either."""
+    pairs = {}
+    for item in text.split(","):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
+            raise ValueError(f"--straggler-cordon-selector: {item.strip()!r} is not key=value "
+                             "(e.g. crucible.dev/straggler-cordon=allowed,pool=gpu)")
+        pairs[key] = value
+    return tuple(sorted(pairs.items()))
 
 
 def parse_peers(text: str) -> tuple[dict, ...]:

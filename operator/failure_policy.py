@@ -257,12 +257,17 @@ def _node_failures(p: Pass, current: dict[int, PodView]) -> bool:
     return False
 
 
-def quarantine(p: Pass, broken: f.NodeFailure, node, event_reason: str = "NodeFailure"):
-    """Cordon and annotate a failed node once; remember it for this job's anti-affinity."""
+def avoid(p: Pass, broken: f.NodeFailure, node) -> None:
+    """Remember a node for this job's anti-affinity; nothing on the node changes."""
     if broken.node not in [entry["node"] for entry in bad_entries(p.track)]:
         bad = bad_entries(p.track) + [{"node": broken.node, "since": format_time(p.now),
                                   "cordoned": bool(node and node.unschedulable)}]
         p.track["badNodes"] = bad[-MAX_BAD_NODES:]
+
+
+def quarantine(p: Pass, broken: f.NodeFailure, node, event_reason: str = "NodeFailure"):
+    """Cordon and annotate a failed node once; remember it for this job's anti-affinity."""
+    avoid(p, broken, node)
     if node is None:
         return
     this_job = f"{p.job.namespace}/{p.job.name}"

@@ -86,6 +86,7 @@ class OperatorConfig:
     kueue: bool = True                             # watch Kueue's objects (queueing.py)
     quarantine_minutes: float = 60.0               # how long its cordons last; 0: forever
     kueue_manage_all: bool = False                 # unlabelled jobs queue in LocalQueue default
+    straggler_cordon_selector: str = ""            # nodes straggler reports may cordon; "": none
 
     @classmethod
     def from_env(cls) -> "OperatorConfig":
@@ -104,14 +105,16 @@ class OperatorConfig:
                    kueue=kueue_enabled(),
                    quarantine_minutes=float(env.get("CRUCIBLE_OPERATOR_QUARANTINE_MINUTES",
                                                     "60")),
-                   kueue_manage_all=env.get("CRUCIBLE_OPERATOR_KUEUE_MANAGE_ALL") == "on")
+                   kueue_manage_all=env.get("CRUCIBLE_OPERATOR_KUEUE_MANAGE_ALL") == "on",
+                   straggler_cordon_selector=env.get(
+                       "CRUCIBLE_OPERATOR_STRAGGLER_CORDON_SELECTOR", ""))
 
     @property
     def cluster_policy(self) -> ClusterPolicy:
         return ClusterPolicy.from_settings(self.node_failure_conditions,
                                            self.max_cordons_per_minute, self.metrics_scrapers,
                                            self.kueue, self.quarantine_minutes,
-                                           self.kueue_manage_all)
+                                           self.kueue_manage_all, self.straggler_cordon_selector)
 
 
 def kueue_enabled() -> bool:

@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="node condition types a job's faultTolerance.nodeFailureConditions may "
                      "name, comma-separated (e.g. GPUUnhealthy,KernelDeadlock); others are "
                      "ignored. '*': any but the kubelet's own, which the CRD refuses (default)")
+    run.add_argument("--straggler-cordon-selector", default="", metavar="KEY=VALUE,...",
+                     help="node labels under which a straggler report (written by the job's own "
+                     "trainer code, so a tenant could forge one) may cordon its node like a "
+                     "failed node, e.g. crucible.dev/straggler-cordon=allowed. Elsewhere, and "
+                     "by default everywhere, the job only avoids the node and replaces its pod")
     run.add_argument("--metrics-scrapers", default="", metavar="JSON",
                      help="who may reach a job's metrics port through its NetworkPolicy: a JSON "
                      "list of NetworkPolicy peers, e.g. '[{\"namespaceSelector\": {\"matchLabels\": "
@@ -112,14 +117,16 @@ def run(args: argparse.Namespace) -> int:
         print("crucible-operator run: --manage-jobs-without-queue-name needs Kueue (drop "
               "--no-kueue)", file=sys.stderr)
         return 2
-    if args.metrics_scrapers.strip():
-        from crucible.operator.cluster_policy import parse_peers
+    from crucible.operator.cluster_policy import parse_label_selector, parse_peers
 
-        try:
+    try:
+        if args.metrics_scrapers.strip():
             parse_peers(args.metrics_scrapers)
-        except ValueError as err:
-            print(f"crucible-operator run: {err}", file=sys.stderr)
-            return 2
+        if args.straggler_cordon_selector.strip():
+            parse_label_selector(args.straggler_cordon_selector)
+    except ValueError as err:
+        print(f"crucible-operator run: {err}", file=sys.stderr)
+        return 2
     os.environ["CRUCIBLE_OPERATOR_INTERVAL"] = str(args.interval)
     os.environ["CRUCIBLE_OPERATOR_WORKERS"] = str(args.workers)
     os.environ["CRUCIBLE_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
@@ -127,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["CRUCIBLE_OPERATOR_MAX_CORDONS_PER_MINUTE"] = str(args.max_cordons_per_minute)
     os.environ["CRUCIBLE_OPERATOR_NODE_FAILURE_CONDITIONS"] = args.node_failure_conditions
     os.environ["CRUCIBLE_OPERATOR_METRICS_SCRAPERS"] = args.metrics_scrapers
+    os.environ["CRUCIBLE_OPERATOR_STRAGGLER_CORDON_SELECTOR"] = args.straggler_cordon_selector
     os.environ["CRUCIBLE_OPERATOR_KUEUE"] = "off" if args.no_kueue else "on"
     os.environ["CRUCIBLE_OPERATOR_QUARANTINE_MINUTES"] = str(args.quarantine_minutes)
     os.environ["CRUCIBLE_OPERATOR_KUEUE_MANAGE_ALL"] = ("on" if args.manage_jobs_without_queue_name

@@ -149,6 +149,7 @@ class NodeView:
     conditions: tuple[NodeCondition, ...] = ()
     taints: tuple[tuple[str, str, dt.datetime | None], ...] = ()   # (key, effect, timeAdded)
     annotations: tuple[tuple[str, str], ...] = ()                  # crucible.dev/* only
+    labels: tuple[tuple[str, str], ...] = ()   # for the administrator's node selectors
     # The field manager that last set spec.unschedulable (managedFields): whose cordon it is.
     cordon_manager: str | None = None
     resource_version: str | None = None
@@ -158,6 +159,10 @@ class NodeView:
 
     def annotation(self, key: str) -> str | None:
         return dict(self.annotations).get(key)
+
+    def has_labels(self, wanted: tuple[tuple[str, str], ...]) -> bool:
+        """Carries every (key, value) of `wanted` (a matchLabels selector)."""
+        return set(wanted) <= set(self.labels)
 
 
 def node_view(body: Mapping) -> NodeView:
@@ -173,6 +178,7 @@ def node_view(body: Mapping) -> NodeView:
                      for t in spec.get("taints") or []),
         annotations=tuple(sorted((k, v) for k, v in (meta.get("annotations") or {}).items()
                                  if k.startswith(PREFIX))),
+        labels=tuple(sorted((meta.get("labels") or {}).items())),
         cordon_manager=unschedulable_manager(meta) if spec.get("unschedulable") else None,
         resource_version=meta.get("resourceVersion"),
     )

@@ -4,9 +4,11 @@ The trainer finds a rank persistently slower than the others (trainer/straggler.
 on the progress Lease as rank, host (the pod's name, its hostname) and ratio. Here, pure:
 `status.stragglers` shows each with its pod and node; a Warning event `Straggler` marks each one
 that appears; with `faultTolerance.stragglers.replaceAfterMinutes` set, one still reported after
-that long has its node quarantined as a failed node is (cordon, annotate, anti-affinity;
-failure_policy.py) and its pod force-deleted to be recreated elsewhere, or, for pod 0 (the c10d
-store host), the group restarted. MegaScale replaces a straggler's machine the same way. It
+that long has its pod force-deleted to be recreated elsewhere (for pod 0, the c10d store host,
+the group restarted) and its node avoided by the job (anti-affinity). The node itself is
+quarantined like a failed node (cordon, annotate; failure_policy.py) only when the operator's
+administrator lets straggler reports cordon it (cluster_policy.py): the report comes from the
+tenant's own code, which could name any node its pod was placed on. MegaScale replaces a straggler's machine the same way. It
 counts as an infrastructure restart: a slow machine is not the program's fault.
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from crucible.api.progress import format_time, parse_time
 from crucible.operator import failures as f
-from crucible.operator.failure_policy import quarantine, replaced
+from crucible.operator.failure_policy import avoid, quarantine, replaced
 from crucible.operator.observed import PodView
 from crucible.operator.outcome import Pass
 
@@ -67,8 +69,17 @@ def act(p: Pass, current: dict[int, PodView]) -> bool:
             continue
         message = (f"rank {entry['rank']} on node {pod.node} took {entry['ratio']:g}x the other "
                    f"ranks' median for over {limit_s / 60:g} min (stragglers.replaceAfterMinutes)")
-        quarantine(p, f.NodeFailure(pod.node, REASON, message, since),
-                   p.obs.nodes.get(pod.node), event_reason=REASON)
+        node = p.obs.nodes.get(pod.node)
+        slow_node = f.NodeFailure(pod.node, REASON, message, since)
+        if p.cluster_policy.straggler_may_cordon(node):
+            quarantine(p, slow_node, node, event_reason=REASON)
+        else:
+            # The report is the tenant's code speaking (cluster_policy.py): the job keeps off
+            # the node, the node itself is not touched.
+            avoid(p, slow_node, node)
+            p.event("Warning", REASON, f"{message}: the job avoids node {pod.node} from now on "
+                    "(a straggler report cordons only nodes the operator's "
+                    "--straggler-cordon-selector names)")
         p.mark_handled(pod.uid)
         failure = f.Failure(REASON, f.INFRASTRUCTURE, f"{message}, under pod {pod.name}",
                             pod.node)

@@ -4,8 +4,13 @@ quarantined and the pod replaced once it stayed slow that long (pod 0: the group
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from crucible.api.progress import ProgressReport, Straggler
 from crucible.operator import manifests as m
+from crucible.operator.cluster_policy import ClusterPolicy, parse_label_selector
 from crucible.operator.decision import decide
 from crucible.operator.observed import lease_view
 from tests.operator import builders as b
@@ -20,11 +25,13 @@ def _lease(*slow: tuple[int, int, float], step_time: float = 0):
     return lease_view({"metadata": {"annotations": report.to_annotations()}, "spec": {}})
 
 
-def _decide(status, lease, t, replace_after: int = 0, pods=None):
+def _decide(status, lease, t, replace_after: int = 0, pods=None, policy=ClusterPolicy(),
+            nodes=None):
     ft = {**b.spec_doc()["faultTolerance"], "stragglers": {"replaceAfterMinutes": replace_after}}
     h = m.spec_hash(b.spec(faultTolerance=ft))
     return decide(b.job(status=status, faultTolerance=ft),
-                  b.observed(pods or b.running(0, 4, h), lease_view_=lease), b.at(t))
+                  b.observed(pods or b.running(0, 4, h), nodes=nodes, lease_view_=lease),
+                  b.at(t), policy)
 
 
 def _replaced(index: int, node: str, created: float, replace_after: int) -> list:
@@ -49,7 +56,7 @@ def test_a_reported_straggler_is_in_status_with_its_node_and_an_event_once():
     assert cleared.status["stragglers"] == [] and not cleared.status["tracking"]["stragglerSince"]
 
 
-def test_with_replace_after_minutes_the_slow_pod_is_replaced_and_its_node_quarantined():
+def test_with_replace_after_minutes_the_slow_pod_is_replaced_and_its_node_avoided_untouched():
     slow = _lease((9, 2, 1.4))
     seen = _decide(running_status(), slow, 0, replace_after=5)
     assert not acts(seen, "force_delete") and seen.wake_in_s == 300
@@ -57,10 +64,11 @@ def test_with_replace_after_minutes_the_slow_pod_is_replaced_and_its_node_quaran
     assert not acts(waiting, "force_delete")
     due = _decide(waiting.status, slow, 301, replace_after=5)
     assert acts(due, "force_delete") == [("force_delete", "Pod", "gpt-0-2")]
-    (patch,) = [a for a in due.actions if a.verb == "patch_node"]
-    assert patch.name == "gpu-node-2" and patch.body["spec"] == {"unschedulable": True}
-    assert patch.body["metadata"]["annotations"]["crucible.dev/failure-reason"] == "Straggler"
+    # The report is the tenant's code speaking: by default no node is cordoned or annotated.
+    assert not acts(due, "patch_node")
     assert [e["node"] for e in due.status["tracking"]["badNodes"]] == ["gpu-node-2"]
+    assert "--straggler-cordon-selector" in " ".join(e.message for e in due.events
+                                                      if e.reason == "Straggler")
     assert due.status["restarts"]["byCause"] == {"Straggler": 1}
     assert due.status["restarts"]["application"] == 0  # not the program's fault
     # The same report read again before the trainer clears it: handled once.
@@ -95,3 +103,48 @@ def test_the_old_report_is_not_held_against_the_pod_that_replaced_the_straggler(
     assert not acts(again, "force_delete") and not acts(again, "patch_node")
     due_again = _decide(again.status, fresh, 702, replace_after=5, pods=pods)
     assert acts(due_again, "force_delete") == [("force_delete", "Pod", "gpt-0-2")]
+
+
+ALLOWED = ClusterPolicy.from_settings(
+    "*", 6, straggler_cordon_selector="crucible.dev/straggler-cordon=allowed")
+
+
+def _nodes(labelled: set[str]) -> dict:
+    nodes = b.healthy_nodes()
+    return {name: dataclasses.replace(view, labels=(
+        (("crucible.dev/straggler-cordon", "allowed"),) if name in labelled else ()))
+        for name, view in nodes.items()}
+
+
+def _due(policy, nodes):
+    slow = _lease((9, 2, 1.4))
+    seen = _decide(running_status(), slow, 0, replace_after=1, policy=policy, nodes=nodes)
+    return _decide(seen.status, slow, 61, replace_after=1, policy=policy, nodes=nodes)
+
+
+def test_only_a_node_the_administrator_labelled_is_cordoned_on_a_straggler_report():
+    due = _due(ALLOWED, _nodes({"gpu-node-2"}))
+    (patch,) = [a for a in due.actions if a.verb == "patch_node"]
+    assert patch.name == "gpu-node-2" and patch.body["spec"] == {"unschedulable": True}
+    assert patch.body["metadata"]["annotations"]["crucible.dev/failure-reason"] == "Straggler"
+    # A node without the label (a control-plane node a forged report aimed at, say) is not.
+    for policy, labelled in ((ALLOWED, {"gpu-node-1"}), (ClusterPolicy(), {"gpu-node-2"})):
+        due = _due(policy, _nodes(labelled))
+        assert not acts(due, "patch_node")
+        assert acts(due, "force_delete") == [("force_delete", "Pod", "gpt-0-2")]
+
+
+@pytest.mark.parametrize("text, pairs", [
+    ("pool=gpu", (("pool", "gpu"),)),
+    (" b=2 , a.example.com/x=y ", (("a.example.com/x", "y"), ("b", "2"))),
+    ("empty=", (("empty", ""),)),
+])
+def test_the_straggler_cordon_selector_parses_equality_labels(text, pairs):
+    assert parse_label_selector(text) == pairs
+
+
+@pytest.mark.parametrize("text", ["pool", "pool!=gpu", "pool in (gpu)", "=gpu", "a=b,", "k=v w",
+                                  "x/y/z=1"])
+def test_a_malformed_straggler_cordon_selector_is_refused_with_an_example(text):
+    with pytest.raises(ValueError, match="is not key=value .*e.g."):
+        parse_label_selector(text)

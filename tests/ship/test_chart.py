@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from crucible.operator import crd
 from crucible.operator import manifests as m
 from crucible.operator import rbac
-from crucible.operator.cluster_policy import parse_peers
+from crucible.operator.cluster_policy import parse_label_selector, parse_peers
 from tests.ship.monitoring_crds import ensure_monitoring_crds
 from tests.support.apply import strict_dry_run
 from tests.support.chart import CHART, by_kind, helm, render
@@ -42,7 +42,9 @@ NON_DEFAULT = {
                  "tolerations": [{"key": "ops", "operator": "Exists", "effect": "NoSchedule"}],
                  "priorityClassName": "system-cluster-critical", "podLabels": {"team": "ml"},
                  "metricsScrapers": [{"namespaceSelector": {"matchLabels": {
-                     "kubernetes.io/metadata.name": "monitoring"}}}]},
+                     "kubernetes.io/metadata.name": "monitoring"}}}],
+                 "stragglerCordonNodeLabels": {"pool": "gpu",
+                                               "crucible.dev/straggler-cordon": "allowed"}},
     "serviceAccount": {"name": "ptj-operator", "annotations": {"example.com/role": "x"}},
     "metrics": {"serviceMonitor": {"enabled": True, "interval": "15s",
                                    "labels": {"release": "kube-prometheus-stack"}},
@@ -191,6 +193,10 @@ def test_non_default_values_render_every_optional_part():
     [scrapers] = [a for a in container["args"] if a.startswith("--metrics-scrapers=")]
     assert parse_peers(scrapers.split("=", 1)[1]) == tuple(NON_DEFAULT["operator"]["metricsScrapers"])
     assert not any(a.startswith("--metrics-scrapers") for a in _operator(render())["args"])
+    [selector] = [a for a in container["args"] if a.startswith("--straggler-cordon-selector=")]
+    assert parse_label_selector(selector.split("=", 1)[1]) == tuple(sorted(
+        NON_DEFAULT["operator"]["stragglerCordonNodeLabels"].items()))
+    assert not any(a.startswith("--straggler-cordon") for a in _operator(render())["args"])
 
     # RBAC: the generated rules, split by scope; namespaced ones only in the watched namespaces.
     roles = {r["metadata"]["name"]: r for r in by_kind(docs, "ClusterRole")}
