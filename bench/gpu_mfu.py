@@ -63,14 +63,14 @@ def measured_bf16_peak(torch, n: int = 8192, iters: int = 20) -> float:
 
 def fitting_micro_batch(cfg, gpus: int, capacity_bytes: float, largest: int = 64) -> int:
     """The largest power-of-two micro-batch up to `largest` whose step fits by the planner's
-    count (FSDP over `gpus`, no recompute, fused attention, bf16); 1 if none does (the run
-    then shows the out-of-memory itself)."""
+    count (FSDP over `gpus`, no recompute, fused attention, bf16, compiled blocks and loss as a
+    CUDA run compiles them); 1 if none does (the run then shows the out-of-memory itself)."""
     from crucible.trainer.plan import memory as mem
 
     best, b = 1, 1
     while b <= largest:
         if mem.estimate(cfg, micro_batch=b, capacity_bytes=capacity_bytes, stage=3, dp=gpus,
-                        flash_attention=True).fits:
+                        flash_attention=True, compiled=True).fits:
             best = b
         b *= 2
     return best

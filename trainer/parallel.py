@@ -167,6 +167,16 @@ def _op_sac_context():
     return create_selective_checkpoint_contexts(policy)
 
 
+def compile_model(model: GPT) -> None:
+    """Compile each block and the loss in place of the eager ones (the planner's `compiled`
+    memory counts what this keeps for backward)."""
+    for i, block in enumerate(model.h):
+        model.h[i] = torch.compile(block, fullgraph=True)
+    # The loss too (torchtitan compiles its loss): inductor fuses the logits' fp32 upcast into
+    # the softmax instead of materialising an fp32 copy of them.
+    model.loss_fn = torch.compile(model.loss_fn)
+
+
 def shard(model: GPT, mesh: DeviceMesh, precision: str, *, activation_checkpointing: str = "none",
           checkpoint_every: int = 2, compile_blocks: bool = False) -> GPT:
     """Apply AC, compile and FSDP2 to `model` in place (torchtitan's order) and return it.
@@ -182,11 +192,7 @@ def shard(model: GPT, mesh: DeviceMesh, precision: str, *, activation_checkpoint
     for i in checkpointed_blocks(activation_checkpointing, len(model.h), checkpoint_every):
         model.h[i] = checkpoint_wrapper(model.h[i], preserve_rng_state=False, **context)
     if compile_blocks:
-        for i, block in enumerate(model.h):
-            model.h[i] = torch.compile(block, fullgraph=True)
-        # The loss too (torchtitan compiles its loss): inductor fuses the logits' fp32 upcast
-        # into the softmax instead of materialising an fp32 copy of them.
-        model.loss_fn = torch.compile(model.loss_fn)
+        compile_model(model)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
                               reduce_dtype=torch.float32)
     for block in model.h:

@@ -161,3 +161,20 @@ def test_hsdp_row_holds_the_model_state_once_per_node(capsys):
     # One node: FSDP and HSDP are the same thing, and no HSDP row is shown.
     rc, out, _ = _run(capsys, "--model", "llama-1b", "--gpus", "8", "--json")
     assert not any(k.endswith("crucible_hsdp") for k in json.loads(out)["figures"])
+
+
+def test_the_plan_counts_compiled_activations_unless_told_eager(capsys):
+    figures = {}
+    for flag in ([], ["--eager"]):
+        rc, out, _ = _run(capsys, "--model", "llama-1b", "--tokens", "20B", "--json", *flag)
+        assert rc == 0
+        figures[bool(flag)] = {key.split(".", 1)[1]: value for key, value
+                               in json.loads(out)["figures"].items()
+                               if key.startswith("memory_per_gpu")}
+    compiled, eager = figures[False], figures[True]
+    # bf16 logits against fp32, and SwiGLU/RMSNorm intermediates recomputed
+    assert compiled["logits"]["value"] == pytest.approx(eager["logits"]["value"] / 2, rel=0.01)
+    assert (compiled["activations.selective"]["value"]
+            < 0.85 * eager["activations.selective"]["value"])
+    assert "compiled" in compiled["activations.selective"]["formula"]
+    assert "eager" in eager["activations.selective"]["formula"]

@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inference-tokens", help="tokens to be served over the model's life "
                         "(inference-aware sizing, Sardana et al. 2024)")
     parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--eager", action="store_true", help="count activations as eager "
+                        "PyTorch keeps them (training.compile: false); by default as compiled "
+                        "blocks and loss do, the default on GPUs")
     parser.add_argument("--json", action="store_true", help="all figures as JSON (SI units)")
     parser.add_argument("--emit-job", action="store_true", help="print a PretrainJob manifest")
     parser.add_argument("--name", default=None, help="job name for --emit-job (default: the "
@@ -113,7 +116,7 @@ def inputs_from_args(args) -> planner.PlanInputs:
             restart_seconds=_num(args, "restart_seconds", allow_zero=True),
             price_usd_per_gpu_hour=_num(args, "price", allow_zero=True),
             inference_tokens=_num(args, "inference_tokens", allow_zero=True) or 0.0,
-            precision=args.precision)
+            precision=args.precision, compiled=not args.eager)
     except (QuantityError, ValueError) as err:  # ConfigReadError is a ValueError
         raise UserError(str(err), "see `crucible plan --help`") from None
 

@@ -61,6 +61,9 @@ class Setup:
     # Fused attention (SDPA/FlashAttention) stores no s×s scores. Crucible's model, nanoGPT
     # (model.py uses F.scaled_dot_product_attention when present) and torchtitan all use it.
     flash_attention: bool = True
+    # Blocks and loss through torch.compile, which keeps fewer activations (plan/memory.py).
+    # Unknown: eager, which errs towards not fitting.
+    compiled: bool = False
     checkpoint_enabled: bool = True
     checkpoint_uri: str | None = None
     checkpoint_every_s: float | None = None
@@ -126,6 +129,8 @@ def _common(path: Path, spec, source: str) -> Setup:
         warmup_steps=t.warmup_steps, total_steps=t.total_steps_hint, schedule=t.schedule,
         min_lr_ratio=t.min_lr_ratio, weight_decay=t.weight_decay, beta2=t.beta2,
         grad_clip=t.grad_clip, precision=t.precision, zero_stage=3,
+        # training.compile unset: on for CUDA (parallel.wants_compile), where jobs run.
+        compiled=t.compile is not False,
         recompute=_RECOMPUTE[t.activation_checkpointing_mode], gradient_sync=t.gradient_sync,
         checkpoint_enabled=ck.uri is not None, checkpoint_uri=ck.uri,
         checkpoint_every_s=ck.every_minutes * 60 if ck.every_minutes else None,
@@ -205,6 +210,8 @@ def _torchtitan(path: Path, text: str, gpus: int | None) -> Setup:
         precision=_DTYPES.get(str(train.get("mixed_precision_param", "bfloat16")), "bf16"),
         gpus=world, dp=dp, tp=tp, pp=pp, zero_stage=3 if dp and shard != 1 else 0,
         recompute=str(ac.get("mode", "selective")),
+        # [compile] enable (components model and loss, torchtitan's default when enabled).
+        compiled=bool(doc.get("compile", {}).get("enable", False)),
         checkpoint_enabled=bool(ck.get("enable_checkpoint", ck.get("enable", False))),
         checkpoint_uri=ck.get("folder"), checkpoint_every_steps=int(ck.get("interval", 500)),
         checkpoint_async=str(ck.get("async_mode", "disabled")) != "disabled",
@@ -274,4 +281,6 @@ def _nanogpt(path: Path, text: str, gpus: int | None) -> Setup:
         checkpoint_every_steps=int(v["eval_interval"]), checkpoint_async=False,
         eval_every_steps=int(v["eval_interval"]),
         eval_tokens=float(v["eval_iters"]) * int(v["batch_size"]) * int(v["block_size"]),
-        data_train=str(v["dataset"]), data_val=str(v["dataset"]), notes=tuple(notes))
+        data_train=str(v["dataset"]), data_val=str(v["dataset"]),
+        compiled=bool(v.get("compile", True)),  # train.py's default: compile = True
+        notes=tuple(notes))

@@ -25,6 +25,15 @@ Owns byte arithmetic only; which layout to pick is `parallelism`'s job. Sources:
   transposed copy; kv = key/value width, h under MHA, less under GQA), the MLP 2f (GELU: its
   input and output) or 4f (SwiGLU: gate|up, silu(gate), their product). A test holds it against
   the bytes autograd actually saves for every preset's block shape.
+- Compiled blocks and loss (`compiled=True`; `training.compile`, on by default on CUDA):
+  inductor's partitioner (min-cut rematerialisation) recomputes cheap elementwise results in
+  the backward instead of keeping them. Measured on Crucible's blocks (tests: the saved tensors
+  of the compiled block, inductor on CPU): RMSNorm keeps its input and output but not its
+  normalised input (2h), SwiGLU keeps gate|up and the product but not silu(gate) (3f); LayerNorm,
+  GELU and attention keep what they keep eagerly. The compiled loss fuses the fp32 upcast into
+  the cross-entropy and keeps the logits in their own dtype (2 bytes at bf16, not 4) plus two
+  fp32 values per row. At llama-1b that is 0.78x the eager activations; GPT-2's blocks are
+  unchanged.
 - FSDP's working set beyond the sharded states (ZeRO-3; `fsdp_working_bytes`), as Crucible
   wraps the model (trainer/parallel.py, torchtitan's layout): the root unit (embeddings, final
   norm, output layer) stays gathered from its forward to the end of backward, and its gradient
@@ -130,28 +139,31 @@ def layer_activation_bytes(seq_len: int, micro_batch: int, hidden: int, heads: i
     return scale * s * b * h * per_layer
 
 
-def _norm_values(cfg: GPTConfig) -> int:
-    """Per-token values a norm keeps: its input and output, and RMSNorm its normalised input
-    (torch's RMSNorm is composed of ops; LayerNorm is one kernel that keeps its statistics)."""
-    return 3 * cfg.dim if cfg.norm == "rmsnorm" else 2 * cfg.dim
+def _norm_values(cfg: GPTConfig, compiled: bool = False) -> int:
+    """Per-token values a norm keeps: its input and output, and eager RMSNorm its normalised
+    input (torch's RMSNorm is composed of ops, which a compiled block recomputes; LayerNorm is
+    one kernel that keeps its statistics)."""
+    return 3 * cfg.dim if cfg.norm == "rmsnorm" and not compiled else 2 * cfg.dim
 
 
-def block_activation_values(cfg: GPTConfig) -> dict[str, float]:
+def block_activation_values(cfg: GPTConfig, compiled: bool = False) -> dict[str, float]:
     """Per-token values one of Crucible's blocks keeps for backward with fused attention, by
-    part; the fp32 statistics (norms, the attention's log-sum-exp) are a few values per token
-    and counted too."""
+    part, eager or compiled (module docstring); the fp32 statistics (norms, the attention's
+    log-sum-exp) are a few values per token and counted too."""
     h, kv, f = cfg.dim, cfg.kv_dim, cfg.ffn_dim
     stats = 1 if cfg.norm == "rmsnorm" else 2  # RMSNorm: 1/rms; LayerNorm: mean and 1/std
     # Learned positions: q and k stay views of the fused output, no rotated copies.
     rotated = h + kv if cfg.position == "rope" else 0
-    return {"norms": 2 * (_norm_values(cfg) + stats),
+    swiglu = 3 * f if compiled else 4 * f  # compiled: silu(gate) recomputed in the backward
+    return {"norms": 2 * (_norm_values(cfg, compiled) + stats),
             "attention": rotated + (h + 2 * kv) + 2 * h + cfg.heads,
-            "mlp": 4 * f if cfg.mlp == "swiglu" else 2 * f}
+            "mlp": swiglu if cfg.mlp == "swiglu" else 2 * f}
 
 
 def block_activation_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: int = 1,
                            sequence_parallel: bool = True, recompute: Recompute = "none",
-                           bytes_per_value: int = 2, flash_attention: bool = True) -> float:
+                           bytes_per_value: int = 2, flash_attention: bool = True,
+                           compiled: bool = False) -> float:
     """Activation bytes of one of Crucible's blocks on one GPU (see the module docstring).
 
     Tensor parallelism splits what Korthikanti's §4.1 splits (all but the norms' part without
@@ -164,7 +176,7 @@ def block_activation_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: i
     tokens, t = seq_len * micro_batch, tp
     if recompute == "full":
         return bytes_per_value * tokens * cfg.dim / (t if sequence_parallel else 1)
-    parts = block_activation_values(cfg)
+    parts = block_activation_values(cfg, compiled)
     rest = parts["attention"] + parts["mlp"]
     per_token = (parts["norms"] + rest) / t if sequence_parallel else parts["norms"] + rest / t
     if recompute == "none" and not flash_attention:
@@ -174,13 +186,17 @@ def block_activation_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: i
 
 def head_activation_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int,
                           bytes_per_value: int = 2) -> float:
-    """The final norm's kept tensors (the fp32 logits are `logits_bytes`)."""
+    """The final norm's kept tensors (the logits are `logits_bytes`). The final norm runs
+    eagerly even in a compiled model (blocks and loss are compiled, as torchtitan does)."""
     return bytes_per_value * seq_len * micro_batch * _norm_values(cfg)
 
 
-def logits_bytes(seq_len: int, micro_batch: int, vocab: int, tp: int = 1) -> float:
-    """fp32 logits for the loss: 4·s·b·V/t bytes."""
-    return 4.0 * seq_len * micro_batch * vocab / tp
+def logits_bytes(seq_len: int, micro_batch: int, vocab: int, tp: int = 1,
+                 bytes_per_logit: float = 4.0) -> float:
+    """The logits the loss keeps: fp32 eagerly, 4·s·b·V/t bytes; a compiled loss keeps them in
+    the activations' dtype (`bytes_per_logit`) and two fp32 values a row."""
+    rows = seq_len * micro_batch
+    return (bytes_per_logit * rows * vocab + (8.0 * rows if bytes_per_logit < 4 else 0.0)) / tp
 
 
 def fsdp_working_bytes(cfg: GPTConfig, precision: Precision, model_parallel: int = 1) -> float:
@@ -233,8 +249,10 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
              tp: int = 1, pp: int = 1, recompute: Recompute = "none",
              precision: Precision = PRECISIONS["bf16"], sequence_parallel: bool = True,
              params: float | None = None, flash_attention: bool = False,
-             accumulate_unsharded: bool = False) -> MemoryEstimate:
+             accumulate_unsharded: bool = False, compiled: bool = False) -> MemoryEstimate:
     """Per-GPU memory of `cfg` trained with this layout (first pipeline stage, the fullest).
+
+    `compiled`: blocks and loss run through torch.compile (module docstring).
 
     `accumulate_unsharded`: gradients are reduced once a step, after the last of several
     micro-batches (`gradientSync: lastMicroBatch`), so each rank holds them all in fp32.
@@ -247,12 +265,14 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
     n = params if params is not None else param_count(cfg)
     states = model_states(n, stage, dp, precision, model_parallel=tp * pp)
     per_layer = block_activation_bytes(cfg, cfg.seq_len, micro_batch, tp, sequence_parallel,
-                                       recompute, precision.activation_bytes, flash_attention)
+                                       recompute, precision.activation_bytes, flash_attention,
+                                       compiled)
     acts = cfg.layers * per_layer  # 1F1B: p micro-batches × L/p layers (Korthikanti §4.2.3)
     logits = 0.0
     if pp == 1:  # the last stage's; the first (counted here) holds more layers' activations
         acts += head_activation_bytes(cfg, cfg.seq_len, micro_batch, precision.activation_bytes)
-        logits = logits_bytes(cfg.seq_len, micro_batch, cfg.vocab_size, tp)
+        logits = logits_bytes(cfg.seq_len, micro_batch, cfg.vocab_size, tp,
+                              precision.activation_bytes if compiled else 4.0)
     working = fsdp_working_bytes(cfg, precision, tp * pp) if stage == 3 else 0.0
     accumulated = accumulated_grad_bytes(n, tp * pp) if accumulate_unsharded else 0.0
     return MemoryEstimate(states, acts, logits, capacity_bytes, USABLE_FRACTION, working,

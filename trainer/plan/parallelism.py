@@ -97,13 +97,13 @@ def recompute_overhead(cfg: GPTConfig, recompute: mem.Recompute) -> float:
 
 def cost_layout(cfg: GPTConfig, layout: Layout, gpu: Accelerator, *, global_batch_tokens: float,
                 micro_batch: int, mfu: float, precision: mem.Precision = mem.PRECISIONS["bf16"],
-                flash_attention: bool = False) -> LayoutCost:
+                flash_attention: bool = False, compiled: bool = False) -> LayoutCost:
     """Memory, traffic and step time for one layout (all estimates, see module docstring)."""
     n = param_count(cfg)
     s, h, b = cfg.seq_len, cfg.dim, micro_batch
     est = mem.estimate(cfg, micro_batch=b, capacity_bytes=gpu.memory_bytes, stage=layout.stage,
                        dp=layout.dp, tp=layout.tp, pp=layout.pp, recompute=layout.recompute,
-                       precision=precision, flash_attention=flash_attention)
+                       precision=precision, flash_attention=flash_attention, compiled=compiled)
     micro = max(1, round(global_batch_tokens / (s * b * layout.dp)))
     flops = flops_per_token(cfg) * global_batch_tokens * (1 + recompute_overhead(cfg, layout.recompute))
     compute_s = flops / (layout.gpus * gpu.peak_bf16_flops * mfu)
@@ -155,11 +155,11 @@ class Recommendation:
 
 def recommend(cfg: GPTConfig, gpu: Accelerator, gpus: int, *, global_batch_tokens: float,
               micro_batch: int, mfu: float, precision: mem.Precision = mem.PRECISIONS["bf16"],
-              flash_attention: bool = False) -> Recommendation:
+              flash_attention: bool = False, compiled: bool = False) -> Recommendation:
     """The fitting layout with the shortest estimated step; ties go to less model parallelism."""
     costs = [cost_layout(cfg, lay, gpu, global_batch_tokens=global_batch_tokens,
                          micro_batch=micro_batch, mfu=mfu, precision=precision,
-                         flash_attention=flash_attention)
+                         flash_attention=flash_attention, compiled=compiled)
              for lay in candidate_layouts(cfg, gpus, gpu.gpus_per_node)]
     fitting = [c for c in costs if c.memory.fits]
     pure_dp = [c for c in fitting if c.layout.tp == c.layout.pp == 1]

@@ -53,6 +53,7 @@ class PlanInputs:
     price_usd_per_gpu_hour: float | None = None
     inference_tokens: float = 0.0
     precision: str = "bf16"
+    compiled: bool = True   # blocks and loss compiled (training.compile's default on CUDA)
 
 
 @dataclass
@@ -127,7 +128,7 @@ def make_plan(inp: PlanInputs) -> Plan:
     batch = inp.global_batch_tokens or recipes.gpt3_row(n).batch_tokens
     rec = par.recommend(cfg, gpu, inp.gpus, global_batch_tokens=batch,
                         micro_batch=inp.micro_batch, mfu=inp.mfu, precision=precision,
-                        flash_attention=FLASH_ATTENTION)
+                        flash_attention=FLASH_ATTENTION, compiled=inp.compiled)
     fsdp = _crucible_layout(cfg, gpu, inp, batch, precision)
     train_flops = flops_per_token(cfg) * d
     price = inp.price_usd_per_gpu_hour
@@ -154,7 +155,8 @@ def _crucible_layout(cfg, gpu, inp, batch, precision) -> par.LayoutCost | None:
     for rc in ("none", "full"):
         lay = par.Layout(inp.gpus, 1, 1, 3, rc)
         c = par.cost_layout(cfg, lay, gpu, global_batch_tokens=batch, micro_batch=inp.micro_batch,
-                            mfu=inp.mfu, precision=precision, flash_attention=FLASH_ATTENTION)
+                            mfu=inp.mfu, precision=precision, flash_attention=FLASH_ATTENTION,
+                            compiled=inp.compiled)
         if c.memory.fits:
             return c
     return None
@@ -237,26 +239,40 @@ def _memory_section(plan: Plan, inp: PlanInputs, precision: mem.Precision) -> Se
               ["(2+2+K)Ψ", "4Ψ + KΨ/N_d", "2Ψ + (2+K)Ψ/N_d", "(2+2+K)Ψ/N_d"][stage] + f", K={precision.optimizer_bytes:g}",
               src)
     src_acts = "Crucible's block, op by op (trainer/plan/memory.py); Korthikanti et al. 2022"
-    per_block = mem.block_activation_values(cfg)
-    block = (f"norms {per_block['norms']:g} + attention {per_block['attention']:g} + MLP "
-             f"{per_block['mlp']:g} values/token")
+    kind = "compiled" if inp.compiled else "eager"
+    per_block = mem.block_activation_values(cfg, inp.compiled)
+    block = (f"{kind}: norms {per_block['norms']:g} + attention {per_block['attention']:g} + "
+             f"MLP {per_block['mlp']:g} values/token")
     for rc, formula in (("none", f"L·sb({block} + 2.5as), scores stored (no fused attention)"),
                         ("selective", f"L·sb({block}) (= none with FlashAttention/SDPA)"),
                         ("full", "L·sbh (each block's input)")):
         acts = cfg.layers * mem.block_activation_bytes(
             cfg, cfg.seq_len, inp.micro_batch, recompute=rc,
-            bytes_per_value=precision.activation_bytes, flash_attention=False)
+            bytes_per_value=precision.activation_bytes, flash_attention=False,
+            compiled=inp.compiled)
         s.add(f"activations.{rc}", f"activations, recompute={rc}", acts, "B", formula, src_acts)
-    s.add("logits", "fp32 logits", mem.logits_bytes(cfg.seq_len, inp.micro_batch, cfg.vocab_size),
-          "B", "4·s·b·V", "Megatron theoretical_memory_usage.py")
+    if inp.compiled:
+        s.add("logits", f"logits kept by the compiled loss ({precision.name})",
+              mem.logits_bytes(cfg.seq_len, inp.micro_batch, cfg.vocab_size,
+                               bytes_per_logit=precision.activation_bytes),
+              "B", f"{precision.activation_bytes}·s·b·V + 8·s·b", "measured: inductor's saved set")
+    else:
+        s.add("logits", "fp32 logits", mem.logits_bytes(cfg.seq_len, inp.micro_batch,
+                                                         cfg.vocab_size),
+              "B", "4·s·b·V", "Megatron theoretical_memory_usage.py")
     s.add("fsdp_working", "FSDP gathered root + 2 blocks, whole fp32 root gradient",
           mem.fsdp_working_bytes(cfg, precision), "B", "p·(root + 2·block) + 4·root (ZeRO-3)",
           "trainer/parallel.py's wrapping (torchtitan's)")
     s.add("accumulated_grads", "fp32 gradients kept whole (gradientSync: lastMicroBatch)",
           mem.accumulated_grad_bytes(plan.params), "B", "4Ψ, only with several micro-batches",
           "FSDP2 set_requires_gradient_sync(False)")
-    s.notes.append("Activations are counted as eager PyTorch keeps them; compiled blocks (the "
-                   "default on CUDA) keep fewer, so the estimate errs towards not fitting.")
+    s.notes.append(
+        "Activations are counted as compiled blocks and loss keep them (training.compile, on by "
+        "default on CUDA: RMSNorm's normalised input and SwiGLU's silu(gate) are recomputed, "
+        "the logits stay bf16); --eager counts them as eager PyTorch keeps them."
+        if inp.compiled else
+        "Activations are counted as eager PyTorch keeps them (--eager, training.compile: "
+        "false); compiled blocks and loss, the default on CUDA, keep fewer.")
     s.add("capacity", f"{plan.gpu.name} memory (usable {mem.USABLE_FRACTION:.0%})",
           plan.gpu.memory_bytes, "B", "datasheet", "trainer/hardware.py")
     if plan.fsdp is not None:
@@ -273,7 +289,8 @@ def _memory_section(plan: Plan, inp: PlanInputs, precision: mem.Precision) -> Se
                                    local_world_size=GPUS_PER_NODE)
         hsdp = mem.estimate(cfg, micro_batch=inp.micro_batch, capacity_bytes=plan.gpu.memory_bytes,
                             stage=3, dp=mesh.shard, recompute=plan.fsdp.layout.recompute,
-                            precision=precision, flash_attention=FLASH_ATTENTION)
+                            precision=precision, flash_attention=FLASH_ATTENTION,
+                            compiled=inp.compiled)
         s.add("crucible_hsdp", "Crucible HSDP total (sharding: auto)", hsdp.total_bytes, "B",
               f"{mesh.describe()}: ZeRO-3 within a node"
               + ("" if hsdp.fits else " — does not fit: set training.sharding: fsdp"),

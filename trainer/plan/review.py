@@ -223,7 +223,7 @@ def _memory(s: Setup, ctx: Context) -> list[Finding]:
     est = mem.estimate(s.model, micro_batch=s.micro_batch, capacity_bytes=ctx.gpu.memory_bytes,
                        stage=lay.stage, dp=lay.dp, tp=lay.tp, pp=lay.pp, recompute=lay.recompute,
                        precision=prec, flash_attention=s.flash_attention,
-                       accumulate_unsharded=_accumulates_unsharded(s, lay))
+                       accumulate_unsharded=_accumulates_unsharded(s, lay), compiled=s.compiled)
     if est.fits:
         return []
     gib = 2**30
@@ -232,7 +232,7 @@ def _memory(s: Setup, ctx: Context) -> list[Finding]:
         rec = par.recommend(s.model, ctx.gpu, s.gpus, global_batch_tokens=s.global_batch_tokens
                             or s.model.seq_len * s.micro_batch * s.gpus,
                             micro_batch=s.micro_batch, mfu=ctx.mfu, precision=prec,
-                            flash_attention=s.flash_attention)
+                            flash_attention=s.flash_attention, compiled=s.compiled)
         hint = (f"; on {s.gpus} GPUs this fits: {rec.best.layout.describe()}" if rec.best
                 else f"; no layout of {s.gpus} {ctx.gpu.name} GPUs fits at this micro-batch")
     return [_f("error", "memory fit", "does-not-fit", f"{lay.describe()} needs "
