@@ -291,7 +291,7 @@ class Checkpointer:
         self.wait()  # a save in flight uses the checkpoint group too, and may yet commit
         box = [None]
         if self.rank == 0:
-            box[0] = [s for s in self.store.committed_steps()
+            box[0] = [s for s in self.store.manifest_steps()
                       if max_step is None or s <= max_step]
         dist.broadcast_object_list(box, src=0)
         other_key = []   # (step, why): commits this run's key cannot vouch for, left as they are

@@ -35,7 +35,9 @@ SIGNING_KEY_ENV = "CRUCIBLE_CHECKPOINT_SIGNING_KEY"
 SIGNATURE_ALG = "hmac-sha256"
 # What is signed is prefixed with what it is, so a rank marker's signature is never a manifest's.
 _SIGNING_CONTEXT = {"manifest": b"crucible checkpoint manifest v1\n",
-                    "marker": b"crucible checkpoint rank marker v1\n"}
+                    "marker": b"crucible checkpoint rank marker v1\n",
+                    "quarantine": b"crucible checkpoint quarantine marker v1\n",
+                    "incarnation": b"crucible checkpoint owner token v1\n"}
 
 
 def step_name(step: int) -> str:

@@ -5,7 +5,15 @@ reading a manifest with its signature checked, quarantine, retention and discard
 timeline. No collectives: the `Checkpointer` decides on rank 0 and tells the other ranks.
 
 Retention (`retention_plan`, pure) keeps the newest `keep` commits and every `keepEvery`-th step
-(what a spike rollback needs); it never deletes the newest commit.
+(what a spike rollback needs); it never deletes the newest commit, nor any folder that holds a
+manifest it cannot verify (perhaps another key's run: not this run's to delete).
+
+With a signing key, what the store acts on must be signed with it: only verified manifests
+count as commits (for "newest" and for retention), and the owner token and quarantine markers
+are signed when written and ignored, with a warning, when they do not verify. Someone who can
+write the bucket but does not hold the key can then neither make the run delete its own commits
+(planted newer manifests), nor send it back to an older one (a planted quarantine marker), nor
+stop it committing (a planted owner token).
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import time
 from crucible.trainer import storage
 from crucible.trainer.checkpoint_manifest import (INCARNATION, MANIFEST, QUARANTINE,
                                                   SIGNING_KEY_ENV, key_id, manifest_problem,
-                                                  parse_step, signature_problem, step_name)
+                                                  parse_step, sign, signature_problem, step_name)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +51,34 @@ class CommitStore:
         # Set by claim(); None for a reader (`crucible eval`), which fences no one.
         self.incarnation: str | None = None
         self._unchecked_noted = False  # "signature not checked" is logged once per process
+        # Objects ignored for want of a valid signature, by path: each is logged once.
+        self.ignored: dict[str, str] = {}
+
+    # -- signed documents -----------------------------------------------------------------------
+    def _doc(self, doc: dict, kind: str) -> bytes:
+        """`doc` as written: signed when the store holds a key."""
+        return json.dumps(sign(doc, self.key, kind) if self.key is not None else doc).encode()
+
+    def _read_doc(self, uri: str, kind: str) -> dict | None:
+        """The JSON document at `uri`; with a key, None when it is not validly signed (ignored
+        and reported once, never acted on). Storage errors propagate."""
+        data = storage.read_bytes(uri)
+        if self.key is None:
+            return json.loads(data)
+        try:
+            doc = json.loads(data)
+        except ValueError as err:
+            doc, problem = None, f"the {kind} is not valid JSON ({err})"
+        else:
+            problem = (signature_problem(doc, self.key, kind) if isinstance(doc, dict)
+                       else f"the {kind} is not a JSON object")
+        if problem is None:
+            return doc
+        if uri not in self.ignored:
+            self.ignored[uri] = problem
+            log.warning("%s ignored: %s (%d object(s) under %s ignored so far)", uri, problem,
+                        len(self.ignored), self.uri)
+        return None
 
     # -- fencing ------------------------------------------------------------------------------
     def claim(self, token: str, *, write: bool) -> None:
@@ -53,15 +89,19 @@ class CommitStore:
         self.incarnation = token
         if write:
             storage.write_bytes(storage.join(self.uri, INCARNATION),
-                                json.dumps({"token": token, "time": time.time()}).encode())
+                                self._doc({"token": token, "time": time.time()}, "incarnation"))
 
     def check_owner(self, what: str) -> None:
         """Raise StaleIncarnation unless this start still owns the URI (fails closed: an
-        unreadable token means not owned, and the save or deletion waits for the next try)."""
+        unreadable token means not owned, and the save or deletion waits for the next try). With
+        a key, a token not signed with it was not written by any start of this job: ignored."""
         if self.incarnation is None:
             return
         try:
-            owner = json.loads(storage.read_bytes(storage.join(self.uri, INCARNATION)))["token"]
+            doc = self._read_doc(storage.join(self.uri, INCARNATION), "incarnation")
+            if doc is None:
+                return
+            owner = doc["token"]
         except Exception as err:  # noqa: BLE001 - the reason goes into the refusal
             raise StaleIncarnation(f"cannot {what}: the owner token under {self.uri} cannot be "
                                    f"read ({storage.explain(err, self.uri)})") from None
@@ -70,12 +110,49 @@ class CommitStore:
                                    f"(token {owner}, ours {self.incarnation})")
 
     # -- listing and reading ------------------------------------------------------------------
-    def committed_steps(self) -> list[int]:
-        """Steps with a commit manifest and no quarantine marker, oldest first."""
+    def manifest_steps(self) -> list[int]:
+        """Steps with a commit manifest and no quarantine marker (with a key: no validly signed
+        one), oldest first: what a load tries, verifying each."""
         steps = [parse_step(name) for name in storage.list_dirs(self.uri)]
         return sorted(s for s in steps if s is not None
                       and storage.exists(storage.join(self.uri, step_name(s), MANIFEST))
-                      and not storage.exists(storage.join(self.uri, step_name(s), QUARANTINE)))
+                      and not self._quarantined(s))
+
+    def committed_steps(self) -> list[int]:
+        """The commits this run may act on (the newest, retention), oldest first: every
+        manifest step without a key, only those whose manifest verifies with one."""
+        steps = self.manifest_steps()
+        return steps if self.key is None else [s for s in steps if self._verified(s)]
+
+    def _quarantined(self, step: int) -> bool:
+        marker = storage.join(self.uri, step_name(step), QUARANTINE)
+        if not storage.exists(marker):
+            return False
+        try:
+            return self._read_doc(marker, "quarantine") is not None
+        except Exception:  # noqa: BLE001 - unreadable: quarantined, as an unsigned run took it
+            return True
+
+    def _ours(self, step: int) -> bool:
+        """Whether this run may delete the step's folder. With a key, not one whose manifest
+        it cannot verify and that it did not quarantine (perhaps a run under another key wrote
+        it, perhaps it was planted: either way not acted on); any other folder is a commit, an
+        abandoned save or a quarantined commit of this job's."""
+        if self.key is None or not storage.exists(storage.join(self.uri, step_name(step),
+                                                               MANIFEST)):
+            return True
+        return self._verified(step) or self._quarantined(step)
+
+    def _verified(self, step: int) -> bool:
+        """The step's manifest is well-formed and validly signed with the key (quietly: the
+        load reports what is wrong with a commit it tries)."""
+        try:
+            manifest = json.loads(storage.read_bytes(storage.join(self.uri, step_name(step),
+                                                                  MANIFEST)))
+        except Exception:  # noqa: BLE001 - not verifiable
+            return False
+        return (manifest_problem(manifest, step) is None
+                and signature_problem(manifest, self.key) is None)
 
     def read_commit(self, step: int) -> tuple[dict | None, str | None, bool]:
         """(manifest, None, False), or (None, why the commit cannot be read, whether only the key
@@ -121,7 +198,7 @@ class CommitStore:
     def quarantine(self, step: int, problem: str) -> None:
         """Mark a commit that cannot be loaded so no later resume, and no retention count, takes
         it for a checkpoint (the files stay for inspection until retention sweeps them)."""
-        marker = json.dumps({"step": step, "reason": problem, "time": time.time()}).encode()
+        marker = self._doc({"step": step, "reason": problem, "time": time.time()}, "quarantine")
         try:
             storage.write_bytes(storage.join(self.uri, step_name(step), QUARANTINE), marker)
         except Exception as err:  # noqa: BLE001 - the fallback goes on; the log says why
@@ -136,9 +213,10 @@ class CommitStore:
             committed = self.committed_steps()
             for step in retention_plan(committed, keep, keep_every):
                 storage.delete_tree(storage.join(self.uri, step_name(step)))
+            # Folders of saves that died before their manifest, and quarantined commits.
             for name in storage.list_dirs(self.uri):
                 s = parse_step(name)
-                if s is not None and s < newest and s not in committed:
+                if s is not None and s < newest and s not in committed and self._ours(s):
                     storage.delete_tree(storage.join(self.uri, name))
         except Exception as err:  # noqa: BLE001 - retention is housekeeping: log and go on
             log.warning("checkpoint retention failed (will retry after the next commit): %s",
@@ -151,7 +229,7 @@ class CommitStore:
             self.check_owner(f"discard the checkpoints after step {step}")
             for name in storage.list_dirs(self.uri):
                 s = parse_step(name)
-                if s is not None and s > step:
+                if s is not None and s > step and self._ours(s):
                     storage.delete_tree(storage.join(self.uri, name))
         except StaleIncarnation as err:
             log.error("%s", err)

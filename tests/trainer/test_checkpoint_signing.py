@@ -250,6 +250,34 @@ def test_a_manifest_changed_after_signing_is_refused(corpus, tmp_path, ckpt, s3,
     assert not SENTINEL.exists()
 
 
+def test_planted_unsigned_objects_change_neither_the_resume_nor_what_is_deleted(corpus, tmp_path,
+                                                                                 ckpt, s3):
+    """Someone who can write the bucket but lacks the key plants three newer manifests (before,
+    retention counted them as the newest and deleted each new commit), a quarantine marker on
+    the newest commit (before, the run went back to step 4) and an owner token (before, the
+    run could no longer commit)."""
+    uri, env = ckpt
+    cfg = _first_run(corpus, tmp_path, uri, env, KEY)
+    client, bucket, _, manifest = _manifest(s3, uri, 8)
+    prefix = uri[5:].partition("/")[2]
+    unsigned = {k: v for k, v in manifest.items() if k != "signature"}
+    planted = [f"step_{step}/manifest.json" for step in (99999990, 99999991, 99999992)]
+    for name, step in zip(planted, (99999990, 99999991, 99999992)):
+        client.put_object(Bucket=bucket, Key=f"{prefix}/{name}",
+                          Body=json.dumps({**unsigned, "step": step}).encode())
+    client.put_object(Bucket=bucket, Key=f"{prefix}/step_8/quarantine.json",
+                      Body=json.dumps({"step": 8, "reason": "planted", "time": 0}).encode())
+    client.put_object(Bucket=bucket, Key=f"{prefix}/incarnation.json",
+                      Body=json.dumps({"token": "attacker", "time": 0}).encode())
+    log = _resume(cfg, tmp_path, env, KEY)
+    assert "(step 8," in log, log[-3000:]                # the signed newest, quarantine ignored
+    assert "step_8/quarantine.json ignored: the quarantine is not signed" in log, log[-3000:]
+    names = objects(s3, uri)
+    assert {"step_4/manifest.json", "step_8/manifest.json", "step_12/manifest.json"} <= names
+    assert signature_problem(_manifest(s3, uri, 12)[-1], KEY) is None   # it kept committing
+    assert set(planted) <= names                          # not this run's: left alone
+
+
 def test_a_manifest_signed_with_another_key_is_refused_naming_both_keys(corpus, tmp_path, ckpt, s3):
     uri, env = ckpt
     cfg = _first_run(corpus, tmp_path, uri, env, KEY)
