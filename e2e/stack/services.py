@@ -559,7 +559,7 @@ def write_configs(layout: Layout, values: dict) -> None:
             old.unlink()
     kueue_path.write_text(kueue_config(layout))
     (layout.state / "seaweedfs").mkdir(parents=True, exist_ok=True)
-    layout.prometheus_targets.mkdir(parents=True, exist_ok=True)
+    (layout.prometheus_targets / "pods").mkdir(parents=True, exist_ok=True)
     layout.prometheus_rules.mkdir(parents=True, exist_ok=True)
     # Tests add scrape targets by dropping JSON files into targets/ (file_sd, re-read every
     # second) and rules by writing rules/*.yml then POSTing /-/reload.
@@ -573,11 +573,19 @@ scrape_configs:
     static_configs:
       - targets: ["127.0.0.1:{layout.port('prometheus')}"]
   - job_name: crucible
-    # Crucible's series carry their own `job` label (the PretrainJob's name); keep it rather
-    # than renaming it to exported_job (the chart's ServiceMonitor sets honorLabels too).
+    # The operator's series carry each job's own `job` and `namespace` labels; keep them rather
+    # than renaming them to exported_* (the chart's ServiceMonitor sets honorLabels too).
     honor_labels: true
     file_sd_configs:
       - files: ["{layout.prometheus_targets}/*.json"]
+        refresh_interval: 1s
+  - job_name: crucible-trainers
+    # The trainers' series, as the chart's PodMonitor scrapes them: the tenant's code serves
+    # them, so its labels do not win over the target's (`namespace` from the pod, `job` from
+    # its crucible.dev/job label); what it exports under those names becomes exported_*.
+    honor_labels: false
+    file_sd_configs:
+      - files: ["{layout.prometheus_targets}/pods/*.json"]
         refresh_interval: 1s
 """)
 

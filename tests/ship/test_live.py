@@ -13,8 +13,8 @@ One module-scoped run (`live`):
      (CRUCIBLE_INJECT, trainer/faults.py), so the stability guard gives a real verdict;
   4. once it has trained: its pod killed by a signal (exit 137, a restart with cause Signal),
      and a second job failing for good (exit 1 with maxRestarts 0);
-  5. Prometheus scrapes the operator and the trainer (honor_labels; the trainer's target is
-     labelled with the namespace, as a PodMonitor would) and evaluates the alert rules file.
+  5. Prometheus scrapes the operator (honor_labels) and the trainer (not: its target is labelled
+     with the namespace and job, as the chart's PodMonitor does) and evaluates the alert rules.
 """
 
 from __future__ import annotations
@@ -122,8 +122,10 @@ def live(kube: Kube, release: Release, prometheus: Prometheus, stack_env, corpus
         cfg["checkpoint"] = {"uri": str(out / "ckpt"), "everySteps": 10, "inMemoryEverySteps": 5}
         cfg["metrics"] = {"port": port}
         cfg["faultTolerance"] = {"spikeGuard": {"minHistory": 8}}
+        # As the chart's PodMonitor scrapes it: namespace from the pod, job from its
+        # crucible.dev/job label, the trainer's own labels not honoured.
         targets.append(prometheus.add_target(f"{release.name}-trainer", f"127.0.0.1:{port}",
-                                             {"namespace": ns}))
+                                             {"namespace": ns, "job": name}, pod=True))
         train_env = {**os.environ, "OMP_NUM_THREADS": "1", "KUBECONFIG": kubeconfig,
                      "POD_NAMESPACE": ns, "POD_NAME": f"{name}-0-0", "CRUCIBLE_INJECT": "nan@15",
                      "CRUCIBLE_MEMORY_DIR": str(tmp / "memory")}

@@ -32,3 +32,29 @@ def test_exporter_is_scraped_and_queryable(prometheus):
     finally:
         target.unlink()
         server.shutdown()
+
+
+def test_a_trainer_cannot_label_its_series_as_another_namespaces(prometheus):
+    """A trainer pod serves its metrics from the tenant's own code. Scraped as the chart's
+    PodMonitor scrapes it (honorLabels off, `job` from the pod's crucible.dev/job label), series
+    it labels with another namespace and job keep the target's own; what it claimed is kept
+    only as exported_namespace / exported_job."""
+    registry = CollectorRegistry()
+    loss = Gauge("crucible_loss", "A forged loss", ["job", "namespace", "rank"], registry=registry)
+    run = secrets.token_hex(4)
+    loss.labels(job="victim-job", namespace=f"victim-{run}", rank="0").set(99.0)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    port = server.server_address[1]
+    target = prometheus.add_target(f"tenant-{run}", f"127.0.0.1:{port}",
+                                   {"namespace": f"tenant-{run}", "job": "tenant-job"}, pod=True)
+    try:
+        [series] = eventually(lambda: prometheus.query(f'crucible_loss{{exported_namespace='
+                                                       f'"victim-{run}"}}'),
+                              30, "the trainer's series in Prometheus")
+        assert series["metric"]["namespace"] == f"tenant-{run}"
+        assert series["metric"]["job"] == "tenant-job"
+        assert series["metric"]["exported_job"] == "victim-job"
+        assert prometheus.query(f'crucible_loss{{namespace="victim-{run}"}}') == []
+    finally:
+        target.unlink()
+        server.shutdown()

@@ -157,9 +157,11 @@ class Prometheus:
     def from_env(cls, env: dict[str, str]) -> "Prometheus":
         return cls(env["CRUCIBLE_PROMETHEUS_URL"], Path(env["CRUCIBLE_PROMETHEUS_TARGETS_DIR"]))
 
-    def add_target(self, name: str, address: str, labels: dict[str, str] | None = None) -> Path:
-        """Scrape `address` (host:port) from now on; file_sd picks it up within a second."""
-        path = self.targets_dir / f"{name}.json"
+    def add_target(self, name: str, address: str, labels: dict[str, str] | None = None, *,
+                   pod: bool = False) -> Path:
+        """Scrape `address` (host:port) from now on; file_sd picks it up within a second.
+        `pod`: as the chart's PodMonitor scrapes a trainer (its own labels do not win)."""
+        path = self.targets_dir / ("pods" if pod else "") / f"{name}.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps([{"targets": [address], "labels": labels or {}}]))
         tmp.rename(path)  # Prometheus must never read a half-written file
