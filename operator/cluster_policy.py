@@ -15,7 +15,10 @@ A straggler report is different in kind: the trainer writes it, and the trainer 
 ServiceAccount are the tenant's, so a forged report could name any node its pod was scheduled
 on (a hostname nodeSelector picks the node). Such a report never cordons or annotates a node
 unless the administrator names the nodes it may (`--straggler-cordon-selector`, labels the node
-must carry); otherwise the job only avoids the node and replaces its pod. Pure.
+must carry); otherwise the job only avoids the node and replaces its pod. Whether the pods may
+reach the cloud's instance-metadata endpoint, and with it the node's IAM role, is the
+administrator's too (`--allow-instance-metadata`; off: the job's NetworkPolicy blocks the
+address and the AWS SDK is told not to try). Pure.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ class ClusterPolicy:
     # Labels a node must carry for a straggler report (the tenant's code) to cordon it; None:
     # straggler reports never touch a node.
     straggler_cordon: tuple[tuple[str, str], ...] | None = None
+    # Pods may reach the cloud's instance-metadata endpoint (and so the node's IAM role).
+    instance_metadata: bool = False
 
     def straggler_may_cordon(self, node) -> bool:
         """Whether a straggler report may quarantine `node` (a NodeView) like a failed node."""
@@ -53,7 +58,8 @@ class ClusterPolicy:
                       metrics_scrapers: str = "", kueue: bool = True,
                       quarantine_minutes: float = 60.0,
                       kueue_manage_all: bool = False,
-                      straggler_cordon_selector: str = "") -> "ClusterPolicy":
+                      straggler_cordon_selector: str = "",
+                      instance_metadata: bool = False) -> "ClusterPolicy":
         """`conditions`: comma-separated condition types, or "*" for any. `metrics_scrapers`:
         a JSON list of NetworkPolicy peers; empty: any namespace. `straggler_cordon_selector`:
         `key=value,...`; empty: straggler reports never cordon."""
@@ -62,7 +68,7 @@ class ClusterPolicy:
                    parse_peers(metrics_scrapers) if metrics_scrapers.strip() else ANY_NAMESPACE,
                    kueue, quarantine_minutes * 60.0, kueue_manage_all,
                    parse_label_selector(straggler_cordon_selector)
-                   if straggler_cordon_selector.strip() else None)
+                   if straggler_cordon_selector.strip() else None, instance_metadata)
 
 
 # A label key: an optional DNS-subdomain prefix and a name (Kubernetes' own rule); a value:

@@ -435,9 +435,9 @@ def replace_and_create(p: Pass, current: dict[int, PodView]):
     avoid = bad_nodes(p)
     _recreate_if_trusted_again(p, current, avoid)
     # The adapter posts a "Created" event for each pod the API actually created.
-    for index in _to_create(p, current):
+    for index in _to_create(p, current) if _fenced(p) else ():
         body = m.pod(p.job.name, p.job.namespace, p.job.uid, p.spec, p.gen, index,
-                     avoid_nodes=avoid)
+                     avoid_nodes=avoid, instance_metadata=p.cluster_policy.instance_metadata)
         if p.admission is not None:
             body = queueing.admitted_pod(body, p.admission)
         p.act("create", "Pod", body["metadata"]["name"], body)
@@ -458,6 +458,17 @@ def _recreate_if_trusted_again(p: Pass, current: dict[int, PodView], avoid: list
         p.event("Normal", "NodeTrusted", f"{pod.name} waits for a node and avoids "
                 f"{', '.join(trusted)}, trusted again: recreating it without that constraint")
         p.delete(pod)
+
+
+def _fenced(p: Pass) -> bool:
+    """Pods are created only once the job's NetworkPolicy exists: it is all that keeps other
+    pods off pod 0's c10d store, which unpickles what it is sent. Until then (created this very
+    pass, or refused by a quota or an admission policy, which the failed create reports as a
+    Warning event) the pass looks again shortly."""
+    if p.obs.has_child("NetworkPolicy", m.network_policy_name(p.job.name)):
+        return True
+    p.wake(2)
+    return False
 
 
 def _to_create(p: Pass, current: dict[int, PodView]) -> list[int]:

@@ -87,6 +87,7 @@ class OperatorConfig:
     quarantine_minutes: float = 60.0               # how long its cordons last; 0: forever
     kueue_manage_all: bool = False                 # unlabelled jobs queue in LocalQueue default
     straggler_cordon_selector: str = ""            # nodes straggler reports may cordon; "": none
+    instance_metadata: bool = False                # pods may reach the node's cloud role
 
     @classmethod
     def from_env(cls) -> "OperatorConfig":
@@ -107,14 +108,16 @@ class OperatorConfig:
                                                     "60")),
                    kueue_manage_all=env.get("CRUCIBLE_OPERATOR_KUEUE_MANAGE_ALL") == "on",
                    straggler_cordon_selector=env.get(
-                       "CRUCIBLE_OPERATOR_STRAGGLER_CORDON_SELECTOR", ""))
+                       "CRUCIBLE_OPERATOR_STRAGGLER_CORDON_SELECTOR", ""),
+                   instance_metadata=env.get("CRUCIBLE_OPERATOR_INSTANCE_METADATA") == "on")
 
     @property
     def cluster_policy(self) -> ClusterPolicy:
         return ClusterPolicy.from_settings(self.node_failure_conditions,
                                            self.max_cordons_per_minute, self.metrics_scrapers,
                                            self.kueue, self.quarantine_minutes,
-                                           self.kueue_manage_all, self.straggler_cordon_selector)
+                                           self.kueue_manage_all, self.straggler_cordon_selector,
+                                           self.instance_metadata)
 
 
 def kueue_enabled() -> bool:

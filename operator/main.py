@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "trainer code, so a tenant could forge one) may cordon its node like a "
                      "failed node, e.g. crucible.dev/straggler-cordon=allowed. Elsewhere, and "
                      "by default everywhere, the job only avoids the node and replaces its pod")
+    run.add_argument("--allow-instance-metadata", action="store_true",
+                     help="let job pods reach the cloud's instance-metadata endpoint "
+                     "(169.254.169.254), and with it the node's IAM role; by default each job's "
+                     "NetworkPolicy blocks it and the AWS SDK is told not to try "
+                     "(AWS_EC2_METADATA_DISABLED): jobs get storage credentials from their "
+                     "Secret or workload identity")
     run.add_argument("--metrics-scrapers", default="", metavar="JSON",
                      help="who may reach a job's metrics port through its NetworkPolicy: a JSON "
                      "list of NetworkPolicy peers, e.g. '[{\"namespaceSelector\": {\"matchLabels\": "
@@ -135,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
     os.environ["CRUCIBLE_OPERATOR_NODE_FAILURE_CONDITIONS"] = args.node_failure_conditions
     os.environ["CRUCIBLE_OPERATOR_METRICS_SCRAPERS"] = args.metrics_scrapers
     os.environ["CRUCIBLE_OPERATOR_STRAGGLER_CORDON_SELECTOR"] = args.straggler_cordon_selector
+    os.environ["CRUCIBLE_OPERATOR_INSTANCE_METADATA"] = ("on" if args.allow_instance_metadata
+                                                         else "off")
     os.environ["CRUCIBLE_OPERATOR_KUEUE"] = "off" if args.no_kueue else "on"
     os.environ["CRUCIBLE_OPERATOR_QUARANTINE_MINUTES"] = str(args.quarantine_minutes)
     os.environ["CRUCIBLE_OPERATOR_KUEUE_MANAGE_ALL"] = ("on" if args.manage_jobs_without_queue_name

@@ -143,21 +143,36 @@ def service(job: str, namespace: str, uid: str) -> dict:
 ANY_NAMESPACE: tuple[dict, ...] = ({"namespaceSelector": {}},)
 
 
+# The cloud instance-metadata endpoints (AWS, GCP and Azure serve it on the IPv4 address, AWS
+# also on the IPv6 one): a pod that reaches them gets the node's IAM role, not the job's.
+INSTANCE_METADATA = {"0.0.0.0/0": "169.254.169.254/32", "::/0": "fd00:ec2::254/128"}
+
+
 def network_policy(job: str, namespace: str, uid: str,
-                   metrics_from: tuple[dict, ...] = ANY_NAMESPACE) -> dict:
+                   metrics_from: tuple[dict, ...] = ANY_NAMESPACE,
+                   instance_metadata: bool = False) -> dict:
     """Ingress to the job's pods from its own pods only, on every port: pod 0's c10d store
     unpickles what it is sent, so whoever reaches it could run code in every agent (which hold
     the storage credentials), and NCCL and gloo pick their ports at random. The metrics port
     is open to `metrics_from` (NetworkPolicy peers; the cluster admin's `--metrics-scrapers`).
-    Egress stays open: the store, DNS, the apiserver. Enforced where the CNI implements
-    NetworkPolicy (most do; kindnet since Kubernetes 1.31 via kube-network-policies)."""
+    Egress is open (the store, DNS, the apiserver, S3) but for the instance-metadata address,
+    unless the administrator lets jobs use the node's role (`instance_metadata`). Enforced
+    where the CNI implements NetworkPolicy (most do; kindnet since Kubernetes 1.31 via
+    kube-network-policies)."""
     pods = {"matchLabels": {LABEL_JOB: job, LABEL_MANAGED_BY: MANAGER}}
     ingress = [{"from": [{"podSelector": pods}]},
                {"from": [dict(peer) for peer in metrics_from],
                 "ports": [{"protocol": "TCP", "port": METRICS_PORT}]}]
+    spec = {"podSelector": pods, "policyTypes": ["Ingress"], "ingress": ingress}
+    if not instance_metadata:
+        # Every pod of the cluster (ipBlock need not match pod addresses), and every address
+        # but the metadata ones.
+        spec["policyTypes"] = ["Ingress", "Egress"]
+        spec["egress"] = [{"to": [{"namespaceSelector": {}}] + [
+            {"ipBlock": {"cidr": cidr, "except": [metadata_address]}}
+            for cidr, metadata_address in INSTANCE_METADATA.items()]}]
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": metadata(job, uid, network_policy_name(job), namespace),
-            "spec": {"podSelector": pods, "policyTypes": ["Ingress"], "ingress": ingress}}
+            "metadata": metadata(job, uid, network_policy_name(job), namespace), "spec": spec}
 
 
 def lease(job: str, namespace: str, uid: str) -> dict:
@@ -192,12 +207,13 @@ def role_binding(job: str, namespace: str, uid: str) -> dict:
 
 
 def static_children(job: str, namespace: str, uid: str, spec: PretrainJobSpec,
-                    metrics_from: tuple[dict, ...] = ANY_NAMESPACE) -> list[dict]:
+                    metrics_from: tuple[dict, ...] = ANY_NAMESPACE,
+                    instance_metadata: bool = False) -> list[dict]:
     """What exists once per job, in creation order (the Role before the binding that names it)."""
     return [service_account(job, namespace, uid, spec), role(job, namespace, uid),
             role_binding(job, namespace, uid), lease(job, namespace, uid),
             config_map(job, namespace, uid, spec), service(job, namespace, uid),
-            network_policy(job, namespace, uid, metrics_from)]
+            network_policy(job, namespace, uid, metrics_from, instance_metadata)]
 
 
 # --- worker pods ------------------------------------------------------------------------------
@@ -219,7 +235,10 @@ def torchrun_env(job: str, spec: PretrainJobSpec, generation: int, index: int) -
     return [{"name": k, "value": v} for k, v in flags.items()]
 
 
-def container_env(job: str, spec: PretrainJobSpec, generation: int, index: int) -> list[dict]:
+def container_env(job: str, spec: PretrainJobSpec, generation: int, index: int,
+                  instance_metadata: bool = False) -> list[dict]:
+    """`instance_metadata`: the administrator lets jobs use the node's cloud role; otherwise
+    the AWS SDK is told not to look for it (the NetworkPolicy also blocks the address)."""
     env = torchrun_env(job, spec, generation, index) + [
         {"name": launch.ENV_CONFIG, "value": launch.CONFIG_PATH},
         {"name": launch.ENV_JOB, "value": job},
@@ -231,6 +250,8 @@ def container_env(job: str, spec: PretrainJobSpec, generation: int, index: int) 
         {"name": "HOME", "value": SCRATCH_DIR},
         {"name": "TMPDIR", "value": SCRATCH_DIR},
     ]
+    if not instance_metadata:
+        env.append({"name": "AWS_EC2_METADATA_DISABLED", "value": "true"})
     secret = spec.checkpoint.credentials_secret
     if secret:
         env += [_secret_env("AWS_ACCESS_KEY_ID", secret, False),
@@ -273,7 +294,7 @@ def tolerations(spec: PretrainJobSpec) -> list[dict]:
 
 
 def pod(job: str, namespace: str, uid: str, spec: PretrainJobSpec, generation: int, index: int,
-        avoid_nodes: list[str] = ()) -> dict:
+        avoid_nodes: list[str] = (), instance_metadata: bool = False) -> dict:
     """Worker pod `index` of `generation`. `avoid_nodes`: nodes that failed under this job."""
     name = pod_name(job, generation, index)
     cmd, args = launch.command()
@@ -283,7 +304,7 @@ def pod(job: str, namespace: str, uid: str, spec: PretrainJobSpec, generation: i
     container = {
         "name": CONTAINER, "image": spec.image, "command": cmd, "args": args,
         "workingDir": SCRATCH_DIR,
-        "env": container_env(job, spec, generation, index),
+        "env": container_env(job, spec, generation, index, instance_metadata),
         "ports": [{"name": "c10d", "containerPort": RDZV_PORT},
                   {"name": "metrics", "containerPort": METRICS_PORT}],
         "resources": container_resources(spec),

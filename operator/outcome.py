@@ -109,7 +109,8 @@ class Pass:
         """The job's once-per-job children as this pass wants them: rendered once per pass,
         though both the name-conflict check and the creation read them."""
         return m.static_children(self.job.name, self.job.namespace, self.job.uid, self.spec,
-                                 self.cluster_policy.metrics_from)
+                                 self.cluster_policy.metrics_from,
+                                 self.cluster_policy.instance_metadata)
 
     @property
     def phase(self) -> str | None:

@@ -45,9 +45,18 @@ def running_status(gen=0, *, app=0, members=None, **extra):
 
 # --- creation ----------------------------------------------------------------------------------
 def test_new_job_creates_children_then_pod_0_and_the_rest_once_pod_0_has_a_node():
-    outcome = decide(b.job(), b.observed(children=frozenset()), b.at(0))
-    kinds = [a.kind for a in outcome.actions if a.verb == "create"]
-    assert kinds[:6] == ["ServiceAccount", "Role", "RoleBinding", "Lease", "ConfigMap", "Service"]
+    first = decide(b.job(), b.observed(children=frozenset()), b.at(0))
+    kinds = [a.kind for a in first.actions if a.verb == "create"]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "Lease", "ConfigMap", "Service",
+                     "NetworkPolicy"]
+    # No pod before the NetworkPolicy that fences pod 0's store exists; looked at again soon.
+    assert acts(first, "create", "Pod") == [] and first.wake_in_s <= 2
+    # Only the NetworkPolicy missing (refused by a quota, say): still no pod.
+    policy = next(ch for ch in b.observed().children if ch.kind == "NetworkPolicy")
+    assert acts(decide(b.job(status=first.status),
+                       b.observed(children=b.observed().children - {policy}), b.at(0.5)),
+                "create", "Pod") == []
+    outcome = decide(b.job(status=first.status), b.observed(), b.at(0))
     # Pod 0 hosts the rendezvous store: it alone first, so it is never the one left Pending.
     assert acts(outcome, "create", "Pod") == [("create", "Pod", "gpt-0-0")]
     assert outcome.status["phase"] == "Pending" and outcome.status["podGeneration"] == 0

@@ -87,7 +87,9 @@ def test_pods_find_their_lease_and_credentials_through_env():
                                                          "AWS_ACCESS_KEY_ID", "optional": False}}
     assert env["AWS_ENDPOINT_URL"]["secretKeyRef"]["optional"] is True
     no_secret = _env(_pod(checkpoint={"uri": "s3://bucket/p", "credentialsSecret": None}))
-    assert not any(k.startswith("AWS_") for k in no_secret)
+    # No credentials but the default chain's, which must not end at the node's role.
+    assert {k for k in no_secret if k.startswith("AWS_")} == {"AWS_EC2_METADATA_DISABLED"}
+    assert no_secret["AWS_EC2_METADATA_DISABLED"] == "true"
     assert "CRUCIBLE_CHECKPOINT_SIGNING_KEY" not in env
     signed = _env(_pod(checkpoint={"signingKeySecret": "ckpt-hmac"}))
     assert signed["CRUCIBLE_CHECKPOINT_SIGNING_KEY"] == {"secretKeyRef": {
@@ -114,9 +116,13 @@ def test_workload_identity_annotates_the_trainer_service_account_only():
                                                            checkpoint={"credentialsSecret": None}))
     assert account["metadata"]["annotations"] == irsa
     assert account["metadata"]["name"] == _pod()["spec"]["serviceAccountName"]
-    # Without a Secret the pods carry no AWS_* env: the SDK's default chain finds the identity.
+    # Without a Secret the pods carry no AWS credentials: the SDK's default chain finds the
+    # identity (web identity, not the instance metadata, which it is told to skip).
     env = _env(_pod(serviceAccount={"annotations": irsa}, checkpoint={"credentialsSecret": None}))
-    assert not any(k.startswith("AWS_") for k in env)
+    assert {k for k in env if k.startswith("AWS_")} == {"AWS_EC2_METADATA_DISABLED"}
+    allowed = m.pod(b.JOB, b.NS, b.UID, b.spec(checkpoint={"credentialsSecret": None}), 0, 0,
+                    instance_metadata=True)
+    assert not any(k.startswith("AWS_") for k in _env(allowed))
 
 
 def test_object_names_the_job_refers_to_are_checked_at_apply():
@@ -253,7 +259,14 @@ def test_the_network_policy_fences_the_job_pods_off_from_everyone_but_each_other
     assert pods == {m.LABEL_JOB: "gpt", m.LABEL_MANAGED_BY: m.MANAGER}
     assert pods.items() <= m.pod("gpt", "team-a", "uid-1", b.spec(), 0, 0)["metadata"][
         "labels"].items()
-    assert policy["spec"]["policyTypes"] == ["Ingress"]          # egress (S3, DNS) stays open
+    # Egress is open (S3, DNS, the apiserver, every pod) but for the instance-metadata address.
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    [egress] = policy["spec"]["egress"]
+    assert {"namespaceSelector": {}} in egress["to"]
+    assert {"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}} in egress["to"]
+    assert "ports" not in egress
+    allowed = m.network_policy("gpt", "team-a", "uid-1", instance_metadata=True)
+    assert allowed["spec"]["policyTypes"] == ["Ingress"] and "egress" not in allowed["spec"]
     peer, scrape = policy["spec"]["ingress"]
     assert peer == {"from": [{"podSelector": {"matchLabels": pods}}]}   # every port: NCCL, c10d
     assert scrape["ports"] == [{"protocol": "TCP", "port": 9400}]

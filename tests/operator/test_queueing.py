@@ -50,7 +50,7 @@ def admitted_status(gen=0, pods=4):
 
 
 def test_without_the_label_nothing_changes_and_no_workload_is_made():
-    outcome = decide(b.job(), b.observed(children=frozenset()), b.at(0))
+    outcome = decide(b.job(), b.observed(), b.at(0))
     assert workload_actions(outcome) == []
     assert acts(outcome, "create", "Pod") == [("create", "Pod", "gpt-0-0")]
     assert "Admitted" not in [c["type"] for c in outcome.status["conditions"]]

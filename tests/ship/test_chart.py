@@ -44,7 +44,8 @@ NON_DEFAULT = {
                  "metricsScrapers": [{"namespaceSelector": {"matchLabels": {
                      "kubernetes.io/metadata.name": "monitoring"}}}],
                  "stragglerCordonNodeLabels": {"pool": "gpu",
-                                               "crucible.dev/straggler-cordon": "allowed"}},
+                                               "crucible.dev/straggler-cordon": "allowed"},
+                 "allowInstanceMetadata": True},
     "serviceAccount": {"name": "ptj-operator", "annotations": {"example.com/role": "x"}},
     "metrics": {"serviceMonitor": {"enabled": True, "interval": "15s",
                                    "labels": {"release": "kube-prometheus-stack"}},
@@ -197,6 +198,8 @@ def test_non_default_values_render_every_optional_part():
     assert parse_label_selector(selector.split("=", 1)[1]) == tuple(sorted(
         NON_DEFAULT["operator"]["stragglerCordonNodeLabels"].items()))
     assert not any(a.startswith("--straggler-cordon") for a in _operator(render())["args"])
+    assert "--allow-instance-metadata" in container["args"]
+    assert "--allow-instance-metadata" not in _operator(render())["args"]
 
     # RBAC: the generated rules, split by scope; namespaced ones only in the watched namespaces.
     roles = {r["metadata"]["name"]: r for r in by_kind(docs, "ClusterRole")}
