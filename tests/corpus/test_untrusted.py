@@ -407,3 +407,84 @@ def test_s3_parquet_is_spooled_within_the_file_cap(s3_storage, tmp_path):
     size = (tmp_path / "t.parquet").stat().st_size
     [problem] = Reader(limits=ReadLimits(max_file_bytes=size - 1)).read(file)
     assert (problem.reason, problem.file_problem) == ("file_too_large", True)
+
+
+# ---- HTTP bodies inside WARC records ----------------------------------------------------------
+def http_warc(responses: list[tuple[list[tuple[str, str]], bytes]]) -> bytes:
+    """An uncompressed WARC of HTML responses, each (extra HTTP headers, body as sent)."""
+    from warcio.statusandheaders import StatusAndHeaders
+    from warcio.warcwriter import WARCWriter
+
+    out = io.BytesIO()
+    writer = WARCWriter(out, gzip=False)
+    for i, (extra, body) in enumerate(responses):
+        headers = StatusAndHeaders("200 OK", [("Content-Type", "text/html"), *extra],
+                                   protocol="HTTP/1.1")
+        writer.write_record(writer.create_warc_record(f"http://site.example/{i}", "response",
+                                                      payload=io.BytesIO(body),
+                                                      http_headers=headers))
+    return out.getvalue()
+
+
+def chunked(body: bytes, size: int) -> bytes:
+    parts = [b"%x\r\n%s\r\n" % (len(body[i:i + size]), body[i:i + size])
+             for i in range(0, len(body), size)]
+    return b"".join(parts) + b"0\r\n\r\n"
+
+
+def deflated(body: bytes, wbits: int) -> bytes:
+    packer = zlib.compressobj(9, zlib.DEFLATED, wbits)
+    return packer.compress(body) + packer.flush()
+
+
+GOOD = page(COOKIES[1]).encode()
+ZEROS = bytes(256 * MiB)
+
+
+@pytest.mark.parametrize("extra, body", [
+    ([("Transfer-Encoding", "chunked")], chunked(ZEROS[:64 * MiB], 64 * MiB)),     # one chunk
+    ([("Content-Encoding", "gzip")], gzip.compress(ZEROS, compresslevel=9)),
+    ([("Transfer-Encoding", "chunked"), ("Content-Encoding", "gzip")],
+     chunked(gzip.compress(ZEROS, compresslevel=9), 1 * MiB)),
+    ([("Content-Encoding", "deflate")], deflated(ZEROS, -zlib.MAX_WBITS)),
+], ids=["chunked", "gzip", "chunked+gzip", "raw-deflate"])
+def test_an_http_body_bomb_in_a_warc_stops_at_the_record_cap(tmp_path, extra, body):
+    """Bodies that inflate to 64-256 MiB from kilobytes of archive (the archive itself is
+    gzipped: the repeated compressed zeros compress again) are record_too_large, read no
+    further than the cap, and the records after them are kept."""
+    archive = http_warc([(extra, body), ([], GOOD)])
+    (tmp_path / "bomb.warc.gz").write_bytes(gzip.compress(archive, compresslevel=9))
+    records, peak = peak_memory(lambda: read(tmp_path / "bomb.warc.gz",
+                                             ReadLimits(max_record_bytes=1 * MiB)))
+    assert summary(records) == ["record_too_large", "doc"]
+    assert records[1].text == GOOD.decode()    # an HTML record: extraction is a later step
+    assert peak < 16 * MiB   # the 1 MiB cap, a piece, the 64 KiB reads and the archive's buffers
+
+
+@pytest.mark.parametrize("extra, body", [
+    ([("Transfer-Encoding", "chunked")], chunked(GOOD, 7)),
+    ([("Content-Encoding", "gzip")], gzip.compress(GOOD)),
+    ([("Transfer-Encoding", "chunked"), ("Content-Encoding", "GZIP")],
+     chunked(gzip.compress(GOOD), 5)),
+    ([("Content-Encoding", "deflate")], deflated(GOOD, zlib.MAX_WBITS)),     # zlib-wrapped
+    ([("Content-Encoding", "deflate")], deflated(GOOD, -zlib.MAX_WBITS)),    # raw
+    ([("Content-Encoding", "identity")], GOOD),
+    ([("Content-Encoding", "gzip")], gzip.compress(GOOD)[:-20]),   # a capture cut short
+    ([("Transfer-Encoding", "chunked")], GOOD),                     # mislabelled: taken as sent
+])
+def test_http_bodies_are_decoded_as_sent(tmp_path, extra, body):
+    (tmp_path / "ok.warc").write_bytes(http_warc([(extra, body)]))
+    [record] = read(tmp_path / "ok.warc")
+    assert isinstance(record, Document), record
+    assert COOKIES[1][:40] in record.text
+
+
+@pytest.mark.parametrize("extra, body, says", [
+    ([("Content-Encoding", "gzip")], b"\x1f\x8b\x08\x00" + b"\xff" * 40, "gzip"),
+    ([("Content-Encoding", "br")], b"\x0b\x02\x80hello\x03", "'br' is not gzip"),
+])
+def test_an_undecodable_http_body_is_counted_and_the_archive_goes_on(tmp_path, extra, body, says):
+    (tmp_path / "bad.warc").write_bytes(http_warc([(extra, body), ([], GOOD)]))
+    records = read(tmp_path / "bad.warc")
+    assert summary(records) == ["bad_content_encoding", "doc"]
+    assert says in records[0].raw

@@ -13,7 +13,8 @@ that are not JSON objects (`bad_json`), a missing or non-string text field (`mis
 blank text (`empty_text`), blank JSONL lines (`blank_line`), a record over
 `limits.max_record_bytes` (`record_too_large`, skipped unread), a WARC body or HTML file that no
 step of charset.py's chain decodes (`bad_encoding`, or `unknown_charset` when its Content-Type
-named no web encoding). A file that cannot be read to its end becomes one `Malformed` with
+named no web encoding), a WARC body whose transfer or content coding cannot be undone
+(`bad_content_encoding`: corrupt gzip, an encoding other than gzip/deflate/identity). A file that cannot be read to its end becomes one `Malformed` with
 `file_problem` set after the records read before it, which are kept: more than
 `limits.max_file_bytes` decompressed (`file_too_large`), a gzip or zstd stream cut short
 (`truncated_file`) or corrupt (`bad_compression`), a malformed WARC (`bad_warc`) or Parquet file
@@ -223,6 +224,10 @@ class Reader:
                                        "arc" if stem(file.uri).endswith(".arc") else "warc")
             for position, response in enumerate(responses):
                 doc_id = response.record_id or f"{file.relative_path}#{position + 1}"
+                if response.problem is not None:
+                    yield Malformed("bad_content_encoding", doc_id, file.source,
+                                    _key(file, position), response.problem[:200], response.size)
+                    continue
                 yield self._page_record(file, position, response.body, response.size, doc_id,
                                         response.content_type,
                                         {"url": response.url, "format": "html"})
