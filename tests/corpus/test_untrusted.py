@@ -344,7 +344,8 @@ def test_limits_in_the_config():
     cfg = corpus_config.from_dict({**base, "limits": {"max_record_bytes": 1024}})
     assert cfg.limits == ReadLimits(1024, 16 * GiB)
     assert corpus_config.describe(cfg)["limits"] == {"max_record_bytes": 1024,
-                                                     "max_file_bytes": 16 * GiB}
+                                                     "max_file_bytes": 16 * GiB,
+                                                     "max_row_group_bytes": 1 * GiB}
     for bad in ({"max_record_bytes": 0}, {"max_file_bytes": "1G"}, {"max_line": 1}):
         with pytest.raises(ConfigError):
             corpus_config.from_dict({**base, "limits": bad})
@@ -488,3 +489,65 @@ def test_an_undecodable_http_body_is_counted_and_the_archive_goes_on(tmp_path, e
     records = read(tmp_path / "bad.warc")
     assert summary(records) == ["bad_content_encoding", "doc"]
     assert says in records[0].raw
+
+
+# ---- Parquet amplification ---------------------------------------------------------------------
+def _proc_status(field: str) -> int:
+    """A memory figure of this process from /proc/self/status, in bytes."""
+    return int(Path("/proc/self/status").read_text().split(f"{field}:")[1].split()[0]) * 1024
+
+
+def test_a_dictionary_parquet_bomb_is_never_expanded(tmp_path):
+    """1,024 rows referring to one 1 MiB dictionary entry (a few KB of file, 1 MiB by the
+    footer): each row is record_too_large, and neither Arrow nor Python ever holds the
+    expansion (a gigabyte before)."""
+    value = b"a" * (1 * MiB)
+    text = pa.DictionaryArray.from_arrays(pa.array([0] * 1024, pa.int32()),
+                                          pa.array([value.decode()]))   # made small, too
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(1024)], "text": text}),
+                   tmp_path / "bomb.parquet", compression="zstd")
+    assert (tmp_path / "bomb.parquet").stat().st_size < 64 * 1024
+    # A pool of its own, so its high-water mark is this read's (Arrow takes the default pool
+    # when a reader is made), and the process's peak RSS reset (Linux: clear_refs 5).
+    previous, pool = pa.default_memory_pool(), pa.proxy_memory_pool(pa.system_memory_pool())
+    pa.set_memory_pool(pool)
+    Path("/proc/self/clear_refs").write_text("5")
+    rss_before = _proc_status("VmRSS")
+    try:
+        records, peak = peak_memory(lambda: read(tmp_path / "bomb.parquet",
+                                                 ReadLimits(max_record_bytes=512 * 1024)))
+    finally:
+        pa.set_memory_pool(previous)
+    rss_growth = _proc_status("VmHWM") - rss_before
+    assert summary(records) == ["record_too_large"] * 1024
+    assert [r.id for r in records[:2]] == ["r0", "r1"] and records[0].size_bytes == MiB
+    assert peak < 16 * MiB                                  # Python's
+    assert pool.max_memory() < 64 * MiB                     # Arrow's
+    assert rss_growth < 128 * MiB                           # the process's, all of it
+    # Under the cap the values are made a slice at a time, in order, each one right.
+    records = read(tmp_path / "bomb.parquet", ReadLimits(max_record_bytes=2 * MiB))
+    assert summary(records) == ["doc"] * 1024 and records[-1].text == value.decode()
+
+
+def test_a_row_group_over_the_cap_is_counted_and_the_next_is_read(tmp_path):
+    texts = [COOKIES[0] * 40, COOKIES[1]]
+    with pq.ParquetWriter(tmp_path / "g.parquet", pa.schema([("text", pa.string())]),
+                          compression="zstd") as writer:
+        writer.write_table(pa.table({"text": [f"{i} {texts[0]}" for i in range(64)]}))  # ~300 KB
+        writer.write_table(pa.table({"text": [texts[1]]}))          # the next
+    records = read(tmp_path / "g.parquet", ReadLimits(max_row_group_bytes=64 * 1024))
+    assert summary(records) == ["row_group_too_large", "doc"]
+    assert records[0].id.endswith("#1") and records[1].id.endswith("#65")
+    assert records[1].text == texts[1]
+
+
+@pytest.mark.parametrize("dictionary", [True, False])
+def test_parquet_rows_keep_their_order_ids_and_nulls_by_either_reader(tmp_path, dictionary):
+    texts = [COOKIES[i % 4] for i in range(3000)]
+    texts[5] = None
+    pq.write_table(pa.table({"id": list(range(3000)), "text": texts}), tmp_path / "o.parquet",
+                   use_dictionary=dictionary)
+    records = read(tmp_path / "o.parquet")
+    assert [r.id for r in records] == [str(i) for i in range(3000)]
+    assert records[5].reason == "missing_text"
+    assert [r.text for r in records if isinstance(r, Document)] == [t for t in texts if t]

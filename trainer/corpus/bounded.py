@@ -21,6 +21,13 @@ Defaults:
 - max_file_bytes 16 GiB decompressed: a Common Crawl WARC file is ~1 GiB gzipped and ~5-6 GiB
   decompressed, and datatrove/FineWeb shards are smaller. Memory is bounded by the record cap;
   this one bounds the time a decompression bomb or a file of blank lines can cost.
+- max_row_group_bytes 1 GiB decoded (the footer's count of the text and id columns): Arrow
+  decodes a plain Parquet page whole, and a page's size is only in its own header, so this
+  bounds what one crafted page can put in memory (a quarter of the corpus Job's 4 GiB).
+  Writers' pages are ~1 MiB and datatrove writes 1,000 documents a row group (~5 MB), but
+  `pyarrow.parquet.write_table` puts up to 1Mi rows in one, so a corpus written in one call
+  can have row groups of gigabytes: raise the cap for those (they are counted, not lost
+  silently, as `row_group_too_large`).
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ class ReadLimits:
 
     max_record_bytes: int = 8 * MiB        # a JSONL line, WARC body, text/HTML file, Parquet value
     max_file_bytes: int = 16 * 1024 * MiB  # decompressed bytes of one input file
+    max_row_group_bytes: int = 1024 * MiB  # decoded bytes of a Parquet row group's columns read
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():

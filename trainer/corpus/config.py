@@ -22,7 +22,8 @@ Example (YAML):
             index: s3://bucket/corpus/exact-index}
     pii: {emails: true, ips: true}
     mixture: {weights: {web: 0.7, manuals: 0.3}, seed: 0}
-    limits: {max_record_bytes: 8388608, max_file_bytes: 17179869184}   # the defaults
+    limits: {max_record_bytes: 8388608, max_file_bytes: 17179869184,   # the defaults
+             max_row_group_bytes: 1073741824}
 """
 
 from __future__ import annotations

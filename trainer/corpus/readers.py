@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterator
+from typing import Iterator
 
 from crucible.trainer.corpus.bounded import (FileProblem, ReadLimits, bounded_lines, open_capped,
                                              read_capped, seekable_capped)
@@ -45,7 +45,6 @@ from crucible.trainer.corpus.shards import InputFile, stem
 
 Record = Document | Malformed
 RAW_EXCERPT_BYTES = 200      # how much of a malformed record the report shows
-PARQUET_BATCH_ROWS = 1024    # rows decoded at once: Arrow holds a batch before any cap is checked
 MAX_RECORDS = 1 << RECORD_BITS
 # A JSON escape of a UTF-16 surrogate (\ud800-\udfff): only then can json.loads make a lone one.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -165,11 +164,13 @@ class Reader:
 
     def _read_parquet(self, file: InputFile) -> Iterator[Record]:
         import pyarrow as pa
-        import pyarrow.parquet as pq
+
+        from crucible.trainer.corpus.parquet import bounded_rows
 
         with seekable_capped(file.uri, self.limits.max_file_bytes) as stream:
             try:
-                yield from self._parquet_rows(file, pq.ParquetFile(stream))
+                rows = bounded_rows(stream, self.text_field, self.id_field, self.limits)
+                yield from self._parquet_records(file, rows)
             # OSError: Arrow's IO errors (ArrowIOError is OSError), e.g. a footer that does not
             # parse; the bytes are on local disk by now. UnicodeDecodeError: Arrow making Python
             # objects of a nested id column with non-UTF-8 strings (text and string ids are
@@ -177,29 +178,34 @@ class Reader:
             except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
                 raise FileProblem("bad_parquet", f"{type(err).__name__}: {err}") from None
 
-    def _parquet_rows(self, file: InputFile, parquet) -> Iterator[Record]:
-        footer = parquet.metadata
-        decoded = sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups))
-        if decoded > self.limits.max_file_bytes:
-            raise FileProblem("file_too_large", f"{decoded:,} bytes in its row groups")
-        names = set(parquet.schema_arrow.names)
-        columns = [c for c in (self.text_field, self.id_field) if c in names]
+    def _parquet_records(self, file: InputFile, rows) -> Iterator[Record]:
+        from crucible.trainer.corpus.parquet import Oversize, SkippedRowGroup
+
         position = 0
-        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns or None):
-            for text, doc_id in zip(_column(batch, self.text_field), _column(batch, self.id_field)):
-                if doc_id is None:
-                    doc_id = f"{file.relative_path}#{position + 1}"
-                elif isinstance(doc_id, bytes):
-                    doc_id = doc_id.decode("utf-8", "replace")   # a label: keep it readable
-                else:
-                    doc_id = str(doc_id)
-                if isinstance(text, bytes):
-                    oversized = len(text) > self.limits.max_record_bytes
-                    yield self._utf8_record(file, position, None if oversized else text,
-                                            len(text), doc_id)
-                else:
-                    yield self._record(file, position, text, doc_id, b"")
-                position += 1
+        for row in rows:
+            if isinstance(row, SkippedRowGroup):
+                # One counted record for the group's rows, which are not read: a page Arrow
+                # would decode whole could be of any size.
+                yield Malformed("row_group_too_large", f"{file.relative_path}#{position + 1}",
+                                file.source, _key(file, position),
+                                f"{row.rows:,} rows, {row.decoded_bytes:,} bytes decoded",
+                                row.decoded_bytes)
+                position += row.rows
+                continue
+            text, doc_id = row
+            if doc_id is None or isinstance(doc_id, Oversize):
+                doc_id = f"{file.relative_path}#{position + 1}"
+            elif isinstance(doc_id, bytes):
+                doc_id = doc_id.decode("utf-8", "replace")   # a label: keep it readable
+            else:
+                doc_id = str(doc_id)
+            if isinstance(text, Oversize):
+                yield self._utf8_record(file, position, None, text.size, doc_id)
+            elif isinstance(text, bytes):
+                yield self._utf8_record(file, position, text, len(text), doc_id)
+            else:
+                yield self._record(file, position, text, doc_id, b"")
+            position += 1
 
     def _whole_file(self, file: InputFile) -> tuple[bytes | None, int]:
         with open_capped(file.uri, self.limits.max_file_bytes) as stream:
@@ -231,19 +237,3 @@ class Reader:
                 yield self._page_record(file, position, response.body, response.size, doc_id,
                                         response.content_type,
                                         {"url": response.url, "format": "html"})
-
-
-def _column(batch, name: str) -> list[Any]:
-    """A batch's column as Python values, or all None when it has none. Strings come as bytes:
-    Arrow does not check that Parquet strings are UTF-8, so the reader decodes them per record
-    (text in a binary column is decoded the same way)."""
-    import pyarrow as pa
-
-    if name not in batch.schema.names:
-        return [None] * batch.num_rows
-    column = batch.column(name)
-    if pa.types.is_string(column.type):
-        column = column.view(pa.binary())
-    elif pa.types.is_large_string(column.type):
-        column = column.view(pa.large_binary())
-    return column.to_pylist()
