@@ -15,6 +15,8 @@ tests/operator/test_rbac_matches_code.py checks RULES grant exactly the calls th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import yaml
 
 from crucible.operator import crd
@@ -86,9 +88,29 @@ def _unchanged(path: str, empty: str) -> str:
             f"(has(oldObject.{path}) ? oldObject.{path} : {empty})")
 
 
+def _owner(obj: str) -> str:
+    """CEL: the name of the PretrainJob that controls `obj` (object or oldObject), '' if none.
+    The apiserver does not check that an ownerReference points at anything, so a name alone
+    proves nothing; what the rules below pin is that each object is shaped, and named, as the
+    operator renders it for that job."""
+    controller = (f"r, has(r.controller) && r.controller && r.kind == 'PretrainJob' && "
+                  f"r.apiVersion == '{crd.API_VERSION}'")
+    return (f"has({obj}.metadata.ownerReferences) && {obj}.metadata.ownerReferences.exists("
+            f"{controller}) ? {obj}.metadata.ownerReferences.filter({controller})[0].name : ''")
+
+
+_OWNED = ("variables.owner != ''", "")
+_OLD_OWNED = ("variables.oldOwner != ''", "")
+
+
+def _named(suffix: str) -> tuple[str, str]:
+    return (f"variables.owner != '' && object.metadata.name == variables.owner + '{suffix}'", "")
+
+
 # What the operator's own writes may be, checked by the apiserver whoever holds its token: RBAC
 # can say "create pods" but not "only as the job's trainer, only non-root", nor "patch nodes" but
-# not "only spec.unschedulable and crucible.dev/* annotations". (expression, message) per kind.
+# not "only spec.unschedulable and crucible.dev/* annotations", nor "create RoleBindings" but not
+# "only the trainer's, to its own Lease". (expression, message) per rule; "" takes the policy's.
 POD_RULES: list[tuple[str, str]] = [
     ("has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, "
      "has(r.controller) && r.controller && r.kind == 'PretrainJob' && "
@@ -99,6 +121,8 @@ POD_RULES: list[tuple[str, str]] = [
      "<job>-trainer ServiceAccount"),
     ("has(object.spec.securityContext) && has(object.spec.securityContext.runAsNonRoot) && "
      "object.spec.securityContext.runAsNonRoot && "
+     "!(has(object.spec.securityContext.runAsUser) && object.spec.securityContext.runAsUser "
+     "== 0) && "
      "!(has(object.spec.hostNetwork) && object.spec.hostNetwork) && "
      "!(has(object.spec.hostPID) && object.spec.hostPID) && "
      "!(has(object.spec.hostIPC) && object.spec.hostIPC) && "
@@ -106,15 +130,41 @@ POD_RULES: list[tuple[str, str]] = [
      "object.spec.containers.all(c, has(c.securityContext) && "
      "has(c.securityContext.allowPrivilegeEscalation) && "
      "!c.securityContext.allowPrivilegeEscalation && "
-     "!(has(c.securityContext.privileged) && c.securityContext.privileged))",
+     "!(has(c.securityContext.privileged) && c.securityContext.privileged) && "
+     "!(has(c.securityContext.runAsNonRoot) && !c.securityContext.runAsNonRoot) && "
+     "!(has(c.securityContext.runAsUser) && c.securityContext.runAsUser == 0))",
      "the operator creates only non-root pods without host namespaces, hostPath volumes, "
      "privilege or privilege escalation"),
+    ("(!has(object.spec.initContainers) || size(object.spec.initContainers) == 0) && "
+     "(!has(object.spec.ephemeralContainers) || size(object.spec.ephemeralContainers) == 0) && "
+     "has(object.spec.securityContext.seccompProfile) && "
+     "object.spec.securityContext.seccompProfile.type == 'RuntimeDefault' && "
+     "object.spec.containers.all(c, has(c.securityContext.capabilities) && "
+     "has(c.securityContext.capabilities.drop) && 'ALL' in c.securityContext.capabilities.drop "
+     "&& (!has(c.securityContext.capabilities.add) || "
+     "size(c.securityContext.capabilities.add) == 0) && "
+     "(!has(c.securityContext.seccompProfile) || "
+     "c.securityContext.seccompProfile.type == 'RuntimeDefault') && "
+     "(!has(c.ports) || c.ports.all(p, !has(p.hostPort) || p.hostPort == 0)))",
+     "the operator creates only pods without init or ephemeral containers, with every "
+     "capability dropped, none added, the RuntimeDefault seccomp profile and no host ports"),
+    # Its own config, scratch and shared memory; the projected token volume the ServiceAccount
+    # admission plugin adds (before validation). No Secret, PVC or other volume.
+    ("!has(object.spec.volumes) || object.spec.volumes.all(v, has(v.emptyDir) || "
+     "(has(v.configMap) && v.configMap.name == variables.owner + '-config') || "
+     "(has(v.projected) && v.projected.sources.all(s, has(s.serviceAccountToken) || "
+     "has(s.downwardAPI) || (has(s.configMap) && s.configMap.name == 'kube-root-ca.crt'))))",
+     "the operator mounts only its job's ConfigMap, emptyDir volumes and the ServiceAccount "
+     "token: no Secret, PersistentVolumeClaim or other volume"),
 ]
 _NODE_MESSAGE = ("the operator may change only a node's spec.unschedulable and crucible.dev/* "
-                 "annotations")
+                 "annotations, and lift only its own cordons")
 NODE_RULES: list[tuple[str, str]] = [
     (" && ".join([_unchanged("metadata.labels", "{}"), _unchanged("spec.taints", "[]"),
-                  _unchanged("spec.providerID", "''"), _unchanged("spec.podCIDRs", "[]")]),
+                  _unchanged("spec.providerID", "''"), _unchanged("spec.podCIDRs", "[]"),
+                  # A dangling ownerReference would have the garbage collector delete the node.
+                  _unchanged("metadata.ownerReferences", "[]"),
+                  _unchanged("metadata.finalizers", "[]")]),
      _NODE_MESSAGE),
     ("(!has(object.metadata.annotations) || object.metadata.annotations.all(k, "
      "k.startsWith('crucible.dev/') || (has(oldObject.metadata.annotations) && "
@@ -123,28 +173,122 @@ NODE_RULES: list[tuple[str, str]] = [
      "(!has(oldObject.metadata.annotations) || oldObject.metadata.annotations.all(k, "
      "k.startsWith('crucible.dev/') || (has(object.metadata.annotations) && "
      "k in object.metadata.annotations)))", _NODE_MESSAGE),
+    # Uncordoning: only a cordon the operator set (it marks them crucible.dev/cordoned-by).
+    ("!(has(oldObject.spec.unschedulable) && oldObject.spec.unschedulable) || "
+     "(has(object.spec.unschedulable) && object.spec.unschedulable) || "
+     "(has(oldObject.metadata.annotations) && "
+     "'crucible.dev/cordoned-by' in oldObject.metadata.annotations)", _NODE_MESSAGE),
 ]
 
 
+@dataclass(frozen=True)
+class Fence:
+    """One ValidatingAdmissionPolicy: `operations` on `resources` of `group`, when made by the
+    operator, must pass every rule."""
+
+    kind: str                  # the policy's name suffix
+    group: str
+    resources: tuple[str, ...]
+    operations: tuple[str, ...]
+    message: str
+    rules: tuple[tuple[str, str], ...]
+
+
+_JOB_OWNED = "controlled by a PretrainJob"
+FENCES: tuple[Fence, ...] = (
+    Fence("pods", "", ("pods",), ("CREATE",), "", tuple(POD_RULES)),
+    Fence("pod-deletes", "", ("pods",), ("DELETE",),
+          f"the operator deletes only pods {_JOB_OWNED}", (_OLD_OWNED,)),
+    Fence("nodes", "", ("nodes",), ("UPDATE",), _NODE_MESSAGE, tuple(NODE_RULES)),
+    Fence("serviceaccounts", "", ("serviceaccounts",), ("CREATE",),
+          f"the operator creates only ServiceAccounts named <job>-trainer, {_JOB_OWNED}",
+          (_named("-trainer"),)),
+    Fence("roles", "rbac.authorization.k8s.io", ("roles",), ("CREATE",),
+          f"the operator creates only Roles named <job>-trainer, {_JOB_OWNED}, granting get and "
+          "patch on that job's <job>-progress Lease and nothing else",
+          (_named("-trainer"),
+           ("size(object.rules) == 1 && object.rules[0].apiGroups == ['coordination.k8s.io'] && "
+            "object.rules[0].resources == ['leases'] && "
+            "object.rules[0].verbs == ['get', 'patch'] && "
+            "has(object.rules[0].resourceNames) && "
+            "object.rules[0].resourceNames == [variables.owner + '-progress'] && "
+            "!has(object.rules[0].nonResourceURLs)", ""))),
+    Fence("rolebindings", "rbac.authorization.k8s.io", ("rolebindings",), ("CREATE",),
+          f"the operator creates only RoleBindings named <job>-trainer, {_JOB_OWNED}, of the "
+          "Role <job>-trainer to the ServiceAccount <job>-trainer of the same namespace",
+          (_named("-trainer"),
+           ("object.roleRef.apiGroup == 'rbac.authorization.k8s.io' && "
+            "object.roleRef.kind == 'Role' && "
+            "object.roleRef.name == variables.owner + '-trainer' && "
+            "size(object.subjects) == 1 && object.subjects[0].kind == 'ServiceAccount' && "
+            "object.subjects[0].name == variables.owner + '-trainer' && "
+            "has(object.subjects[0].namespace) && "
+            "object.subjects[0].namespace == object.metadata.namespace", ""))),
+    Fence("configmaps", "", ("configmaps",), ("CREATE", "UPDATE"),
+          f"the operator writes only ConfigMaps named <job>-config, {_JOB_OWNED}",
+          (_named("-config"),
+           ("request.operation != 'UPDATE' || variables.oldOwner == variables.owner", ""))),
+    Fence("leases", "coordination.k8s.io", ("leases",), ("CREATE", "UPDATE"),
+          f"the operator writes only Leases named <job>-progress, {_JOB_OWNED}, and its own "
+          "leader-election Lease",
+          ((f"object.metadata.name == '{NAME}-leader' || "
+            "(variables.owner != '' && object.metadata.name == variables.owner + '-progress' "
+            "&& (request.operation != 'UPDATE' || variables.oldOwner == variables.owner))",
+            ""),)),
+    Fence("services", "", ("services",), ("CREATE",),
+          f"the operator creates only headless Services named after their job, {_JOB_OWNED}, "
+          "without external IPs",
+          (("variables.owner != '' && object.metadata.name == variables.owner", ""),
+           ("has(object.spec.clusterIP) && object.spec.clusterIP == 'None' && "
+            "(!has(object.spec.type) || object.spec.type == 'ClusterIP') && "
+            "(!has(object.spec.externalIPs) || size(object.spec.externalIPs) == 0)", ""))),
+    Fence("networkpolicies", "networking.k8s.io", ("networkpolicies",), ("CREATE",),
+          f"the operator creates only NetworkPolicies named after their job, {_JOB_OWNED}, "
+          "selecting that job's pods",
+          (("variables.owner != '' && object.metadata.name == variables.owner && "
+            "has(object.spec.podSelector.matchLabels) && "
+            "'crucible.dev/job' in object.spec.podSelector.matchLabels && "
+            "object.spec.podSelector.matchLabels['crucible.dev/job'] == variables.owner", ""),)),
+    Fence("workloads", "kueue.x-k8s.io", ("workloads", "workloads/status"),
+          ("CREATE", "UPDATE", "DELETE"),
+          f"the operator writes only Kueue Workloads {_JOB_OWNED}",
+          (("request.operation == 'DELETE' ? variables.oldOwner != '' : "
+            "variables.owner != '' && (request.operation != 'UPDATE' || "
+            "variables.oldOwner == variables.owner)", ""),)),
+)
+
+
+def _variables(f: Fence) -> list[dict]:
+    """`owner` (of the object written) and `oldOwner` (of the object as it was), for the
+    operations that have them (CREATE has no old object, DELETE no new one)."""
+    out = []
+    if f.operations != ("DELETE",):
+        out.append({"name": "owner", "expression": f"object == null ? '' : ({_owner('object')})"})
+    if set(f.operations) & {"UPDATE", "DELETE"}:
+        out.append({"name": "oldOwner",
+                    "expression": f"oldObject == null ? '' : ({_owner('oldObject')})"})
+    return out
+
+
 def fence(labels: dict, user: str = OPERATOR_USER) -> list[dict]:
-    """ValidatingAdmissionPolicies (and bindings) on the operator's pod creates and node
-    updates, one per kind (each typed against its own schema); they match only requests made
-    as the operator's ServiceAccount."""
+    """ValidatingAdmissionPolicies (and bindings) on the operator's writes, one per kind (each
+    typed against its own schema); they match only requests made as the operator's
+    ServiceAccount."""
     docs = []
-    for kind, operation, rules in (("pods", "CREATE", POD_RULES),
-                                   ("nodes", "UPDATE", NODE_RULES)):
-        name = f"{FENCE}-{kind}"
+    for f in FENCES:
+        name = f"{FENCE}-{f.kind}"
+        spec = {"failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [
+                    {"apiGroups": [f.group], "apiVersions": ["*"],
+                     "operations": list(f.operations), "resources": list(f.resources)}]},
+                "matchConditions": [{"name": "as-the-operator", "expression":
+                                     f"request.userInfo.username == '{user}'"}],
+                "variables": _variables(f),
+                "validations": [{"expression": rule, "message": message or f.message}
+                                for rule, message in f.rules]}
         docs.append({
             "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": name, "labels": labels},
-            "spec": {"failurePolicy": "Fail",
-                     "matchConstraints": {"resourceRules": [
-                         {"apiGroups": [""], "apiVersions": ["v1"], "operations": [operation],
-                          "resources": [kind]}]},
-                     "matchConditions": [{"name": "as-the-operator", "expression":
-                                          f"request.userInfo.username == '{user}'"}],
-                     "validations": [{"expression": rule, "message": message}
-                                     for rule, message in rules]}})
+            "metadata": {"name": name, "labels": labels}, "spec": spec})
         docs.append({"apiVersion": "admissionregistration.k8s.io/v1",
                      "kind": "ValidatingAdmissionPolicyBinding",
                      "metadata": {"name": name, "labels": labels},
@@ -177,6 +321,6 @@ def render() -> str:
               "rule:\n" + why + "\n# Trainer pods get a per-job ServiceAccount and Role made by "
               "the operator: get/patch on\n# their own job's Lease <job>-progress, nothing "
               "else (crucible/operator/manifests.py).\n# The ValidatingAdmissionPolicies "
-              "crucible-operator-fence-{pods,nodes} bound the operator's\n# own pod creates "
-              "and node updates (Kubernetes >= 1.30).\n")
+              "crucible-operator-fence-* bound what the operator's\n# own writes may be, "
+              "whoever holds its token (Kubernetes >= 1.30).\n")
     return header + "---\n".join(yaml.safe_dump(doc, sort_keys=False) for doc in documents())

@@ -7,6 +7,8 @@ the trainer pods' per-job identity can touch its own progress Lease and nothing 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -134,7 +136,7 @@ def test_children_owned_with_block_owner_deletion_pass_the_owner_references_plug
     admin = kube.client()
     job = client.CustomObjectsApi(admin).create_namespaced_custom_object(
         crd_module.GROUP, crd_module.VERSION, namespace, crd_module.PLURAL, job_body("owner"))
-    child = {"metadata": {"name": "owned", "ownerReferences": [
+    child = {"metadata": {"name": "owner-config", "ownerReferences": [   # as the fence wants
         m.owner_reference("owner", job["metadata"]["uid"])]}, "data": {}}
     assert child["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
     operator = client.CoreV1Api(config.new_client_from_config(str(operator_kubeconfig)))
@@ -167,3 +169,150 @@ def test_children_owned_with_block_owner_deletion_pass_the_owner_references_plug
     body = eventually(lambda: (b := refusal()) and "blockOwnerDeletion" in b and b, 10,
                       "the plugin refusing blockOwnerDeletion")
     assert "finalizers" in body
+
+
+def _refused(call, says: str) -> bool:
+    """The call is refused by the fence with `says` in the message (False while the admission
+    plugin has not loaded the policies yet: retried by `eventually`)."""
+    try:
+        call()
+    except ApiException as err:
+        try:
+            message = json.loads(err.body)["message"]   # Go's JSON writes < as \u003c
+        except (TypeError, ValueError, KeyError):
+            message = err.body or ""
+        return err.status in (403, 422) and says in message
+    return False
+
+
+def test_a_stolen_operator_token_cannot_delegate_shape_pods_or_write_what_is_not_a_jobs(
+        operator_kubeconfig, kube, namespace):
+    """The operator may create Roles, RoleBindings, ServiceAccounts, pods, ConfigMaps, Leases,
+    Services and NetworkPolicies anywhere, and patch nodes: the admission fence pins each to
+    the shape and names the operator renders for a PretrainJob, while everything it renders
+    passes (server-side dry runs as the operator's own ServiceAccount)."""
+    from crucible.operator import manifests as m
+    from tests.operator import builders as b
+
+    api = config.new_client_from_config(config_file=str(operator_kubeconfig))
+    core, rbac_api = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    net, coordination = client.NetworkingV1Api(api), client.CoordinationV1Api(api)
+    admin = client.CoreV1Api(kube.client())
+    uid = "00000000-0000-0000-0000-0000000000aa"
+    owner = [m.owner_reference("gpt", uid)]
+
+    # Delegation: binding the operator's own ClusterRole to someone else, in any namespace.
+    escalate = {"metadata": {"name": "gpt-trainer", "ownerReferences": owner},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "crucible-operator"},
+                "subjects": [{"kind": "User", "name": "mallory",
+                              "apiGroup": "rbac.authorization.k8s.io"}]}
+    eventually(lambda: _refused(lambda: rbac_api.create_namespaced_role_binding(
+        "kube-system", escalate, dry_run="All"), "RoleBindings named <job>-trainer"),
+        20, "a delegating RoleBinding refused")
+    role = m.role("gpt", namespace, uid)
+    # A right the operator holds (RBAC's escalation check would refuse any other): handing it
+    # to a trainer is still delegation.
+    role["rules"].append({"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]})
+    assert _refused(lambda: rbac_api.create_namespaced_role(namespace, role, dry_run="All"),
+                    "granting get and patch on that job's")
+    assert _refused(lambda: core.create_namespaced_service_account(namespace, {
+        "metadata": {"name": "admin-ish", "ownerReferences": owner}}, dry_run="All"),
+        "ServiceAccounts named <job>-trainer")
+
+    # Pods: what the operator renders passes; each hardening taken away is refused.
+    account = m.service_account("gpt", namespace, uid, b.spec())
+    admin.create_namespaced_service_account(namespace, {**account, "metadata": {
+        k: v for k, v in account["metadata"].items() if k != "ownerReferences"}})
+    good = m.pod("gpt", namespace, uid, b.spec(), 0, 0)
+    eventually(lambda: _status(lambda: core.create_namespaced_pod(namespace, good,
+                                                                  dry_run="All")) == 200,
+               20, "the operator's own pod admitted")
+
+    def pod_with(change) -> dict:
+        doc = m.pod("gpt", namespace, uid, b.spec(), 0, 0)
+        change(doc["spec"])
+        return doc
+
+    container = {"name": "root", "image": "registry.invalid/x:1",
+                 "securityContext": {"privileged": True, "runAsUser": 0}}
+    attacks = {
+        "init": lambda s: s.update(initContainers=[container]),
+        "caps": lambda s: s["containers"][0]["securityContext"]["capabilities"].update(
+            add=["SYS_ADMIN"]),
+        "hostPort": lambda s: s["containers"][0]["ports"].append(
+            {"containerPort": 22, "hostPort": 22}),
+        "seccomp": lambda s: s["containers"][0]["securityContext"].update(
+            seccompProfile={"type": "Unconfined"}),
+        "root": lambda s: s["containers"][0]["securityContext"].update(runAsUser=0),
+        "secret": lambda s: s["volumes"].append({"name": "s", "secret": {"secretName": "x"}}),
+        "pvc": lambda s: s["volumes"].append(
+            {"name": "p", "persistentVolumeClaim": {"claimName": "x"}}),
+        "config": lambda s: s["volumes"][0]["configMap"].update(name="kube-root-ca.crt"),
+    }
+    for name, change in attacks.items():
+        assert _status(lambda: core.create_namespaced_pod(namespace, pod_with(change),
+                                                          dry_run="All")) in (403, 422), name
+
+    # Nodes: no ownerReference (the garbage collector would delete the node), no finalizer,
+    # and no lifting of a cordon the operator did not set.
+    node = kube.nodes[1]
+    assert _status(lambda: core.patch_node(node, {"metadata": {"ownerReferences": owner}},
+                                           dry_run="All")) in (403, 422)
+    assert _status(lambda: core.patch_node(node, {"metadata": {"finalizers": ["x.io/hold"]}},
+                                           dry_run="All")) in (403, 422)
+    admin.patch_node(node, {"spec": {"unschedulable": True}})
+    try:
+        assert _refused(lambda: core.patch_node(node, {"spec": {"unschedulable": False}},
+                                                dry_run="All"), "lift only its own cordons")
+        admin.patch_node(node, {"metadata": {"annotations": {
+            "crucible.dev/cordoned-by": f"{namespace}/gpt"}}})
+        assert _status(lambda: core.patch_node(node, {"spec": {"unschedulable": False}},
+                                               dry_run="All")) == 200
+    finally:
+        admin.patch_node(node, {"spec": {"unschedulable": None}, "metadata": {
+            "annotations": {"crucible.dev/cordoned-by": None}}})
+
+    # Objects that are not a job's: deleted, patched or made to look like one.
+    admin.create_namespaced_pod(namespace, {"metadata": {"name": "bystander"}, "spec": {
+        "containers": [{"name": "c", "image": "registry.invalid/x:1"}]}})
+    assert _refused(lambda: core.delete_namespaced_pod("bystander", namespace, dry_run="All"),
+                    "deletes only pods controlled by a PretrainJob")
+    admin.create_namespaced_config_map(namespace, {"metadata": {"name": "coredns"},
+                                                   "data": {"Corefile": "."}})
+    assert _refused(lambda: core.patch_namespaced_config_map(
+        "coredns", namespace, {"data": {"Corefile": "evil"}}, dry_run="All"),
+        "ConfigMaps named <job>-config")
+    client.CoordinationV1Api(kube.client()).create_namespaced_lease(
+        namespace, {"metadata": {"name": "kube-scheduler"}, "spec": {}})
+    assert _refused(lambda: coordination.patch_namespaced_lease(
+        "kube-scheduler", namespace, {"spec": {"holderIdentity": "mallory"}}, dry_run="All"),
+        "Leases named <job>-progress")
+    service = m.service("gpt", namespace, uid)
+    service["spec"] = {"type": "ClusterIP", "externalIPs": ["203.0.113.7"],
+                       "ports": [{"port": 443}]}
+    assert _refused(lambda: core.create_namespaced_service(namespace, service, dry_run="All"),
+                    "without external IPs")
+    policy = m.network_policy("gpt", namespace, uid)
+    policy["spec"]["podSelector"] = {}
+    assert _refused(lambda: net.create_namespaced_network_policy(namespace, policy,
+                                                                 dry_run="All"),
+                    "selecting that job's pods")
+    # ... while every child the operator renders for a job passes.
+    for doc in m.static_children("gpt", namespace, uid, b.spec()):
+        if doc["kind"] == "ServiceAccount":
+            continue   # made above, as the pod needs it
+        kind = doc["kind"]
+        # The Role for real: the RoleBinding's escalation check reads it.
+        create = {"Role": lambda d: rbac_api.create_namespaced_role(namespace, d),
+                  "RoleBinding": lambda d: rbac_api.create_namespaced_role_binding(
+                      namespace, d, dry_run="All"),
+                  "Lease": lambda d: coordination.create_namespaced_lease(namespace, d,
+                                                                          dry_run="All"),
+                  "ConfigMap": lambda d: core.create_namespaced_config_map(namespace, d,
+                                                                           dry_run="All"),
+                  "Service": lambda d: core.create_namespaced_service(namespace, d,
+                                                                      dry_run="All"),
+                  "NetworkPolicy": lambda d: net.create_namespaced_network_policy(
+                      namespace, d, dry_run="All")}[kind]
+        assert _status(lambda: create(doc)) == 200, kind

@@ -94,14 +94,15 @@ def test_default_render_is_the_generated_rbac_and_crd():
     # Nothing optional is on by default; the dashboard ConfigMap is (it costs nothing).
     assert sorted(d["kind"] for d in docs) == sorted([
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service",
-        "ConfigMap", "CustomResourceDefinition"] + 2 * ["ValidatingAdmissionPolicy",
-                                                        "ValidatingAdmissionPolicyBinding"])
+        "ConfigMap", "CustomResourceDefinition"] + len(rbac.FENCES) * [
+            "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"])
     # The fence is the generated one, matching this release's ServiceAccount.
     fences = by_kind(docs, "ValidatingAdmissionPolicy")
-    assert len(fences) == 2
-    for fence, kind in zip(fences, ("pods", "nodes")):
+    assert len(fences) == len(rbac.FENCES)
+    for fence, kind in zip(fences, (f.kind for f in rbac.FENCES)):
         generated_fence = generated["ValidatingAdmissionPolicy", f"{rbac.FENCE}-{kind}"]
         assert fence["spec"]["validations"] == generated_fence["spec"]["validations"]
+        assert fence["spec"]["variables"] == generated_fence["spec"]["variables"]
         [condition] = fence["spec"]["matchConditions"]
         assert condition["expression"].endswith(":crucible-operator'")
     assert sorted(b["spec"]["policyName"] for b in by_kind(
