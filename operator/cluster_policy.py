@@ -29,6 +29,12 @@ from dataclasses import dataclass
 
 from crucible.operator.manifests import ANY_NAMESPACE
 
+# What a job may call "failed" unless the administrator says otherwise: node-problem-detector's
+# default problem conditions and the GPU health checkers' usual name. Not "*": a tenant naming a
+# condition that is True on healthy nodes (EKS' node monitoring agent sets
+# AcceleratedHardwareReady=True, say) would have every healthy node cordoned.
+DEFAULT_FAILURE_CONDITIONS = ("GPUUnhealthy,KernelDeadlock,ReadonlyFilesystem,FrequentKubeletRestart,FrequentContainerdRestart,FrequentDockerRestart,CorruptDockerOverlay2")
+
 # The keys of a NetworkPolicyPeer (networking.k8s.io/v1).
 PEER_KEYS = frozenset({"podSelector", "namespaceSelector", "ipBlock"})
 
@@ -88,6 +94,9 @@ def parse_label_selector(text: str) -> tuple[tuple[str, str], ...]:
         if not eq or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
             raise ValueError(f"--straggler-cordon-selector: {item.strip()!r} is not key=value "
                              "(e.g. crucible.dev/straggler-cordon=allowed,pool=gpu)")
+        if pairs.get(key, value) != value:
+            raise ValueError(f"--straggler-cordon-selector: {key} is given two values; a node "
+                             "carries one (e.g. crucible.dev/straggler-cordon=allowed,pool=gpu)")
         pairs[key] = value
     return tuple(sorted(pairs.items()))
 

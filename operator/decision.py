@@ -172,12 +172,13 @@ def _name_conflict(p: Pass, foreign: tuple[PodView, ...]) -> bool:
 
 
 def _ensure_children(p: Pass):
-    """Create what is missing, replace a drifted ConfigMap."""
+    """Create what is missing, replace a drifted ConfigMap or NetworkPolicy."""
     for child in p.static_children:
         kind, name = child["kind"], child["metadata"]["name"]
         if not p.obs.has_child(kind, name):
             p.act("create", kind, name, child)
-        elif kind == "ConfigMap" and p.obs.child_digest(kind, name) != m.data_digest(child["data"]):
+        elif (kind in ("ConfigMap", "NetworkPolicy")
+              and p.obs.child_digest(kind, name) != m.child_digest(child)):
             p.act("replace", kind, name, child, reason="SpecChanged")
 
 

@@ -51,7 +51,7 @@ from crucible.operator.decision import Event, Outcome, decide
 from crucible.operator.failure_policy import bad_entries
 from crucible.operator.failures import orphan_stuck
 from crucible.operator.kube import Applied, Kube, is_cordon
-from crucible.operator.cluster_policy import ClusterPolicy
+from crucible.operator.cluster_policy import DEFAULT_FAILURE_CONDITIONS, ClusterPolicy
 from crucible.operator.observed import (ChildView, JobView, NodeView, Observed, controller_uid,
                                         flavor_view, job_view, lease_view, node_view, pod_view,
                                         workload_view)
@@ -81,7 +81,7 @@ class OperatorConfig:
     metrics_address: str = "0.0.0.0"
     leader_election_namespace: str | None = None   # where the leader Lease lives; None: off
     max_cordons_per_minute: int = 6                # across all jobs (kube.CordonLimit)
-    node_failure_conditions: str = "*"             # those jobs may name; "*": any (ClusterPolicy)
+    node_failure_conditions: str = DEFAULT_FAILURE_CONDITIONS  # those jobs may name; "*": any
     metrics_scrapers: str = ""                     # JSON NetworkPolicy peers; "": any namespace
     kueue: bool = True                             # watch Kueue's objects (queueing.py)
     quarantine_minutes: float = 60.0               # how long its cordons last; 0: forever
@@ -101,7 +101,7 @@ class OperatorConfig:
                    max_cordons_per_minute=int(env.get("CRUCIBLE_OPERATOR_MAX_CORDONS_PER_MINUTE",
                                                       "6")),
                    node_failure_conditions=env.get("CRUCIBLE_OPERATOR_NODE_FAILURE_CONDITIONS",
-                                                   "*"),
+                                                   DEFAULT_FAILURE_CONDITIONS),
                    metrics_scrapers=env.get("CRUCIBLE_OPERATOR_METRICS_SCRAPERS", ""),
                    kueue=kueue_enabled(),
                    quarantine_minutes=float(env.get("CRUCIBLE_OPERATOR_QUARANTINE_MINUTES",
@@ -307,7 +307,7 @@ if kueue_enabled():
 
 async def _child(kind, namespace, labels, name, body, meta, memo, **_):
     _seen(memo, (namespace, labels[m.LABEL_JOB]), kind, name)
-    digest = m.data_digest(body.get("data")) if kind == "ConfigMap" else None
+    digest = m.child_digest({"kind": kind, "metadata": dict(meta), "data": body.get("data")})
     return {(namespace, labels[m.LABEL_JOB]): ChildView(kind, name, digest,
                                                         controller_uid(meta))}
 

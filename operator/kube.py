@@ -188,6 +188,9 @@ class Kube:
                 self._create(ns, kind, action.body)
             elif verb == "replace" and kind == "ConfigMap":
                 self.core.patch_namespaced_config_map(name, ns, {"data": action.body["data"]})
+            elif verb == "replace" and kind == "NetworkPolicy":
+                # A whole new spec (a key it no longer has must go: no merge).
+                self.networking.replace_namespaced_network_policy(name, ns, action.body)
             elif verb == "delete" and kind == "Pod":
                 self.core.delete_namespaced_pod(name, ns)
             elif verb == "force_delete" and kind == "Pod":

@@ -21,6 +21,8 @@ import argparse
 import os
 import sys
 
+from crucible.operator.cluster_policy import DEFAULT_FAILURE_CONDITIONS
+
 VERSION = "0.1.0"
 
 
@@ -63,10 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "node is healthy, it is uncordoned and on probation as long again (a "
                      "failure within it doubles the next cordon). A cordon someone else set is "
                      "never lifted. 0: the operator's cordons never end (default 60)")
-    run.add_argument("--node-failure-conditions", default="*", metavar="TYPES",
+    run.add_argument("--node-failure-conditions", default=DEFAULT_FAILURE_CONDITIONS,
+                     metavar="TYPES",
                      help="node condition types a job's faultTolerance.nodeFailureConditions may "
-                     "name, comma-separated (e.g. GPUUnhealthy,KernelDeadlock); others are "
-                     "ignored. '*': any but the kubelet's own, which the CRD refuses (default)")
+                     "name, comma-separated; others are ignored. '*': any but the kubelet's "
+                     "own, which the CRD refuses (a tenant could then name one that is True on "
+                     f"healthy nodes). Default: {DEFAULT_FAILURE_CONDITIONS}")
     run.add_argument("--straggler-cordon-selector", default="", metavar="KEY=VALUE,...",
                      help="node labels under which a straggler report (written by the job's own "
                      "trainer code, so a tenant could forge one) may cordon its node like a "

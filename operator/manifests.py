@@ -100,6 +100,22 @@ def data_digest(data) -> str:
     return hashlib.sha256(json.dumps(dict(data or {}), sort_keys=True).encode()).hexdigest()[:16]
 
 
+# On the NetworkPolicy: the digest of the spec it was rendered with. Compared instead of the
+# spec itself, which the apiserver may default: a policy rendered by an older operator, or under
+# other settings (--allow-instance-metadata), is replaced.
+ANNOTATION_POLICY_DIGEST = "crucible.dev/policy-digest"
+
+
+def child_digest(doc: dict) -> str | None:
+    """What drifts of a rendered child, as the index records it of an observed one (None: a
+    kind that is never replaced)."""
+    if doc["kind"] == "ConfigMap":
+        return data_digest(doc.get("data"))
+    if doc["kind"] == "NetworkPolicy":
+        return (doc["metadata"].get("annotations") or {}).get(ANNOTATION_POLICY_DIGEST)
+    return None
+
+
 # --- children ---------------------------------------------------------------------------------
 def config_map(job: str, namespace: str, uid: str, spec: PretrainJobSpec) -> dict:
     return {"apiVersion": "v1", "kind": "ConfigMap",
@@ -171,8 +187,10 @@ def network_policy(job: str, namespace: str, uid: str,
         spec["egress"] = [{"to": [{"namespaceSelector": {}}] + [
             {"ipBlock": {"cidr": cidr, "except": [metadata_address]}}
             for cidr, metadata_address in INSTANCE_METADATA.items()]}]
-    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": metadata(job, uid, network_policy_name(job), namespace), "spec": spec}
+    meta = metadata(job, uid, network_policy_name(job), namespace)
+    meta["annotations"] = {ANNOTATION_POLICY_DIGEST: data_digest(spec)}
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta,
+            "spec": spec}
 
 
 def lease(job: str, namespace: str, uid: str) -> dict:

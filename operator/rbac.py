@@ -45,8 +45,9 @@ RULES: list[tuple[list[str], list[str], list[str], str]] = [
      "the progress Lease; get/patch also because the trainer's Role grants them"),
     (["rbac.authorization.k8s.io"], ["roles", "rolebindings"], ["get", "list", "watch", "create"],
      "the trainer's Role on its own Lease, bound to its ServiceAccount"),
-    (["networking.k8s.io"], ["networkpolicies"], ["get", "list", "watch", "create"],
-     "one per job: its pods take ingress only from each other (and metrics scrapes)"),
+    (["networking.k8s.io"], ["networkpolicies"], ["get", "list", "watch", "create", "update"],
+     "one per job: its pods take ingress only from each other (and metrics scrapes); update: "
+     "one rendered by an older operator or under other settings is replaced"),
     ([""], ["events"], ["get", "create", "patch"],
      "events on PretrainJobs; a repeat raises the count of the first (get: after a restart)"),
     ([""], ["nodes"], ["list", "watch", "patch"],
@@ -242,13 +243,14 @@ FENCES: tuple[Fence, ...] = (
            ("has(object.spec.clusterIP) && object.spec.clusterIP == 'None' && "
             "(!has(object.spec.type) || object.spec.type == 'ClusterIP') && "
             "(!has(object.spec.externalIPs) || size(object.spec.externalIPs) == 0)", ""))),
-    Fence("networkpolicies", "networking.k8s.io", ("networkpolicies",), ("CREATE",),
-          f"the operator creates only NetworkPolicies named after their job, {_JOB_OWNED}, "
+    Fence("networkpolicies", "networking.k8s.io", ("networkpolicies",), ("CREATE", "UPDATE"),
+          f"the operator writes only NetworkPolicies named after their job, {_JOB_OWNED}, "
           "selecting that job's pods",
           (("variables.owner != '' && object.metadata.name == variables.owner && "
             "has(object.spec.podSelector.matchLabels) && "
             "'crucible.dev/job' in object.spec.podSelector.matchLabels && "
-            "object.spec.podSelector.matchLabels['crucible.dev/job'] == variables.owner", ""),)),
+            "object.spec.podSelector.matchLabels['crucible.dev/job'] == variables.owner && "
+            "(request.operation != 'UPDATE' || variables.oldOwner == variables.owner)", ""),)),
     Fence("workloads", "kueue.x-k8s.io", ("workloads", "workloads/status"),
           ("CREATE", "UPDATE", "DELETE"),
           f"the operator writes only Kueue Workloads {_JOB_OWNED}",

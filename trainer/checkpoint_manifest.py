@@ -44,9 +44,14 @@ def step_name(step: int) -> str:
     return f"step_{step}"
 
 
+_STEP_NAME = re.compile(r"step_([0-9]{1,18})")
+
+
 def parse_step(name: str) -> int | None:
-    prefix, _, number = name.partition("_")
-    return int(number) if prefix == "step" and number.isdigit() else None
+    """The step of a `step_<N>` folder name, or None (ASCII digits only: str.isdigit() takes
+    "²", which int() refuses)."""
+    match = _STEP_NAME.fullmatch(name)
+    return int(match.group(1)) if match else None
 
 
 def file_digest(path: Path) -> dict:

@@ -50,6 +50,7 @@ class CommitStore:
         self.uri, self.key = uri, key
         # Set by claim(); None for a reader (`crucible eval`), which fences no one.
         self.incarnation: str | None = None
+        self.generation = 0      # this start's claim's count (rank 0)
         self._unchecked_noted = False  # "signature not checked" is logged once per process
         # Objects ignored for want of a valid signature, by path: each is logged once.
         self.ignored: dict[str, str] = {}
@@ -67,8 +68,8 @@ class CommitStore:
             return json.loads(data)
         try:
             doc = json.loads(data)
-        except ValueError as err:
-            doc, problem = None, f"the {kind} is not valid JSON ({err})"
+        except (ValueError, RecursionError) as err:    # "[[[[..." nests past the parser's limit
+            doc, problem = None, f"the {kind} is not valid JSON ({type(err).__name__})"
         else:
             problem = (signature_problem(doc, self.key, kind) if isinstance(doc, dict)
                        else f"the {kind} is not a JSON object")
@@ -85,11 +86,24 @@ class CommitStore:
         """Make `token` the owner of the URI (`write`: this is rank 0, which records it). An
         older incarnation still running (a pod terminating after its replacement started) then
         finds another token and neither commits nor prunes: checked before every commit and
-        every deletion, which narrows the race to the time between that read and the write."""
+        every deletion, which narrows the race to the time between that read and the write.
+        Each claim counts one more than the one it replaces (`generation`): with a key, an
+        older signed token put back later (a replay) is then told apart from a newer start's."""
         self.incarnation = token
         if write:
-            storage.write_bytes(storage.join(self.uri, INCARNATION),
-                                self._doc({"token": token, "time": time.time()}, "incarnation"))
+            self.generation = self._owner_generation() + 1
+            storage.write_bytes(storage.join(self.uri, INCARNATION), self._doc(
+                {"token": token, "time": time.time(), "generation": self.generation},
+                "incarnation"))
+
+    def _owner_generation(self) -> int:
+        """The generation of the token under the URI now (0: none, or none this run trusts)."""
+        try:
+            doc = self._read_doc(storage.join(self.uri, INCARNATION), "incarnation")
+        except Exception:  # noqa: BLE001 - no token (the first start), or an unreadable one
+            return 0
+        generation = doc.get("generation") if isinstance(doc, dict) else None
+        return generation if isinstance(generation, int) and generation >= 0 else 0
 
     def check_owner(self, what: str) -> None:
         """Raise StaleIncarnation unless this start still owns the URI (fails closed: an
@@ -97,14 +111,23 @@ class CommitStore:
         a key, a token not signed with it was not written by any start of this job: ignored."""
         if self.incarnation is None:
             return
+        uri = storage.join(self.uri, INCARNATION)
         try:
-            doc = self._read_doc(storage.join(self.uri, INCARNATION), "incarnation")
+            doc = self._read_doc(uri, "incarnation")
             if doc is None:
                 return
-            owner = doc["token"]
+            owner, generation = doc["token"], doc.get("generation")
         except Exception as err:  # noqa: BLE001 - the reason goes into the refusal
             raise StaleIncarnation(f"cannot {what}: the owner token under {self.uri} cannot be "
                                    f"read ({storage.explain(err, self.uri)})") from None
+        if (self.key is not None and owner != self.incarnation and isinstance(generation, int)
+                and generation < self.generation):
+            # Signed, but older than our own claim: put back by someone replaying it.
+            if uri not in self.ignored:
+                self.ignored[uri] = f"token generation {generation} < ours {self.generation}"
+                log.warning("%s ignored: an older owner token (generation %d, ours %d) was put "
+                            "back", uri, generation, self.generation)
+            return
         if owner != self.incarnation:
             raise StaleIncarnation(f"cannot {what}: a newer start of this job owns {self.uri} "
                                    f"(token {owner}, ours {self.incarnation})")
@@ -125,13 +148,28 @@ class CommitStore:
         return steps if self.key is None else [s for s in steps if self._verified(s)]
 
     def _quarantined(self, step: int) -> bool:
+        """Without a key, a marker's presence quarantines. With one, only a marker signed with
+        it, for this very step (a signed marker copied to another folder is a replay); anything
+        else is ignored, whatever makes it unreadable."""
         marker = storage.join(self.uri, step_name(step), QUARANTINE)
         if not storage.exists(marker):
             return False
-        try:
-            return self._read_doc(marker, "quarantine") is not None
-        except Exception:  # noqa: BLE001 - unreadable: quarantined, as an unsigned run took it
+        if self.key is None:
             return True
+        try:
+            doc = self._read_doc(marker, "quarantine")
+        except Exception as err:  # noqa: BLE001 - a directory, an unreadable object: ignored
+            doc = None
+            if marker not in self.ignored:
+                self.ignored[marker] = storage.explain(err, marker)
+                log.warning("%s ignored: it cannot be read (%s)", marker, self.ignored[marker])
+        if doc is not None and doc.get("step") != step:
+            if marker not in self.ignored:
+                self.ignored[marker] = f"it is step {doc.get('step')!r}'s marker"
+                log.warning("%s ignored: it is a signed marker of step %r, copied here", marker,
+                            doc.get("step"))
+            return False
+        return doc is not None
 
     def _ours(self, step: int) -> bool:
         """Whether this run may delete the step's folder. With a key, not one whose manifest
@@ -160,18 +198,27 @@ class CommitStore:
         try:
             manifest = json.loads(storage.read_bytes(storage.join(self.uri, step_name(step),
                                                                   MANIFEST)))
-        except ValueError as err:
-            return None, f"the manifest is not valid JSON ({err})", False
+        except (ValueError, RecursionError) as err:
+            # With a key, nothing unsigned is judged: skipped as the key's question.
+            return None, f"the manifest is not valid JSON ({err})", self.key is not None
         except Exception as err:  # noqa: BLE001 - any storage error: the reason is kept
             return None, f"the manifest cannot be read ({storage.explain(err, self.uri)})", False
+        if self.key is not None:
+            # The signature first: a malformed manifest that is not validly signed was not
+            # written by a start holding the key, so it is skipped, never quarantined (the
+            # quarantine marker the run would write is signed, and could be replayed).
+            if not isinstance(manifest, dict):
+                return None, f"the manifest is a {type(manifest).__name__}, not signed", True
+            problem = self._signature_problem(manifest, step)
+            if problem:
+                sig = manifest.get("signature")
+                return None, problem, (sig is None or not isinstance(sig, dict)
+                                       or sig.get("key_id") != key_id(self.key))
         problem = manifest_problem(manifest, step)
         if problem:
             return None, problem, False
-        problem = self._signature_problem(manifest, step)
-        if problem:
-            sig = manifest.get("signature")
-            return None, problem, (sig is None or (isinstance(sig, dict) and sig.get("key_id")
-                                                   != key_id(self.key)))
+        if self.key is None:
+            self._signature_problem(manifest, step)   # says once that it went unchecked
         return manifest, None, False
 
     def _signature_problem(self, manifest: dict, step: int) -> str | None:

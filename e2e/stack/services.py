@@ -584,6 +584,12 @@ scrape_configs:
     # them, so its labels do not win over the target's (`namespace` from the pod, `job` from
     # its crucible.dev/job label); what it exports under those names becomes exported_*.
     honor_labels: false
+    sample_limit: 5000
+    label_limit: 16
+    metric_relabel_configs:
+      - source_labels: [__name__]
+        regex: crucible_operator_.*
+        action: drop
     file_sd_configs:
       - files: ["{layout.prometheus_targets}/pods/*.json"]
         refresh_interval: 1s

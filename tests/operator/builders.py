@@ -158,7 +158,7 @@ def observed(pods=(), nodes=None, lease_view_=None, children=None,
         s = spec()
         children = frozenset(
             ChildView(c["kind"], c["metadata"]["name"],
-                      m.data_digest(c["data"]) if c["kind"] == "ConfigMap" else None, UID)
+                      m.child_digest(c), UID)
             for c in m.static_children(JOB, NS, UID, s))
     return Observed(pods=tuple(pods), nodes=nodes if nodes is not None else healthy_nodes(),
                     children=children, lease=lease_view_, capacity_granted=capacity_granted,

@@ -245,6 +245,23 @@ def test_a_condition_the_operator_does_not_allow_is_ignored():
     assert ignored.status["restarts"]["total"] == 0
 
 
+def test_by_default_a_condition_true_on_healthy_nodes_cordons_nothing():
+    """A tenant naming a condition that is True on every healthy node (EKS' node monitoring
+    agent sets AcceleratedHardwareReady=True): with "*" the pool would be cordoned; the
+    operator's default allow-list ignores it, and still takes the usual problem conditions."""
+    from crucible.operator.handlers import OperatorConfig
+
+    default = OperatorConfig().cluster_policy
+    nodes = {name: b.node(name, conditions={"AcceleratedHardwareReady": "True"})
+             for name in b.healthy_nodes()}
+    spec = {"faultTolerance": {"nodeFailureConditions": ["AcceleratedHardwareReady"]}}
+    h = m.spec_hash(b.spec(**spec))
+    out = decide(b.job(status=running_status(), **spec),
+                 b.observed(b.running(0, 4, h), nodes=nodes), b.at(100), default)
+    assert not acts(out, "patch_node") and not acts(out, "force_delete")
+    assert acts(_gpu_unhealthy(default), "patch_node")
+
+
 def test_with_cordoning_off_a_failed_node_is_annotated_and_avoided_only():
     out = _gpu_unhealthy(ClusterPolicy(cordon=False))
     (patch,) = [a for a in out.actions if a.verb == "patch_node"]

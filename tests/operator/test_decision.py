@@ -612,3 +612,18 @@ def test_invalid_spec_fails_with_the_field_named():
 
 def test_a_job_being_deleted_gets_no_actions():
     assert acts(decide(b.job(deleting=True), b.observed(b.running(0, 4, H)), b.at(0))) == []
+
+
+def test_a_network_policy_rendered_otherwise_is_replaced():
+    """One made by an older operator (no digest) or under other settings: its egress may still
+    let pods reach the instance metadata, or block what the administrator now allows."""
+    children = b.observed().children
+    stale = frozenset(dataclasses.replace(ch, digest=None) if ch.kind == "NetworkPolicy" else ch
+                      for ch in children)
+    outcome = decide(b.job(status=running_status()), b.observed(b.running(0, 4, H),
+                                                                children=stale), b.at(5))
+    assert acts(outcome) == [("replace", "NetworkPolicy", "gpt")]
+    [action] = outcome.actions
+    assert action.body["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert acts(decide(b.job(status=running_status()), b.observed(b.running(0, 4, H)),
+                       b.at(5))) == []   # rendered the same: left alone

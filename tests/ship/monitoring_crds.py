@@ -28,8 +28,12 @@ _NAMESPACES = {"type": "object", "properties": {"any": {"type": "boolean"},
 
 
 def _endpoint() -> dict:
+    relabel = {"type": "object", "properties": {
+        "sourceLabels": {"type": "array", "items": _STR}, "regex": _STR, "action": _STR}}
     return {"type": "object", "properties": {"port": _STR, "path": _STR, "interval": _DURATION,
-                                             "scheme": _STR, "honorLabels": {"type": "boolean"}}}
+                                             "scheme": _STR, "honorLabels": {"type": "boolean"},
+                                             "metricRelabelings": {"type": "array",
+                                                                   "items": relabel}}}
 
 
 def _crd(kind: str, plural: str, spec: dict) -> dict:
@@ -54,6 +58,7 @@ CRDS = [
         "endpoints": {"type": "array", "items": _endpoint()}}),
     _crd("PodMonitor", "podmonitors", {
         "selector": _SELECTOR, "namespaceSelector": _NAMESPACES, "jobLabel": _STR,
+        "sampleLimit": {"type": "integer"}, "labelLimit": {"type": "integer"},
         "podMetricsEndpoints": {"type": "array", "items": _endpoint()}}),
     _crd("PrometheusRule", "prometheusrules", {
         "groups": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
@@ -70,6 +75,11 @@ def ensure_monitoring_crds(kube: Kube) -> None:
         except ApiException as err:
             if err.status != 409:
                 raise
+            # Left by an earlier run of an older stand-in: brought up to this one's schema.
+            current = ext.read_custom_resource_definition(name)
+            ext.replace_custom_resource_definition(name, {
+                **doc, "metadata": {**doc["metadata"],
+                                    "resourceVersion": current.metadata.resource_version}})
         eventually(lambda: any(c.type == "Established" and c.status == "True" for c in
                                ext.read_custom_resource_definition(name).status.conditions or []),
                    30, f"{name} Established")

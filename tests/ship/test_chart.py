@@ -231,9 +231,13 @@ def test_non_default_values_render_every_optional_part():
     assert pods["spec"]["selector"]["matchLabels"] == {m.LABEL_MANAGED_BY: m.MANAGER,
                                                        m.LABEL_INDEX: "0"}
     # The trainer's own labels are not honoured (it is the tenant's code); job from the pod.
-    assert pods["spec"]["podMetricsEndpoints"][0] == {"port": "metrics", "path": "/metrics",
-                                                       "interval": "10s", "honorLabels": False}
-    assert pods["spec"]["jobLabel"] == m.LABEL_JOB
+    [endpoint] = pods["spec"]["podMetricsEndpoints"]
+    assert {k: endpoint[k] for k in ("port", "path", "interval", "honorLabels")} == {
+        "port": "metrics", "path": "/metrics", "interval": "10s", "honorLabels": False}
+    # The operator's series come from the operator alone; a scrape's size is bounded.
+    assert endpoint["metricRelabelings"] == [{"sourceLabels": ["__name__"],
+                                              "regex": "crucible_operator_.*", "action": "drop"}]
+    assert pods["spec"]["jobLabel"] == m.LABEL_JOB and pods["spec"]["sampleLimit"] == 5000
     assert pods["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
     trainer_pod = m.pod("gpt", "team-a", "uid", _spec(), 0, 0)
     assert {"name": "metrics", "containerPort": m.METRICS_PORT} in \

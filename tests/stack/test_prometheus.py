@@ -41,8 +41,10 @@ def test_a_trainer_cannot_label_its_series_as_another_namespaces(prometheus):
     only as exported_namespace / exported_job."""
     registry = CollectorRegistry()
     loss = Gauge("crucible_loss", "A forged loss", ["job", "namespace", "rank"], registry=registry)
+    jobs = Gauge("crucible_operator_jobs", "Forged operator series", ["phase"], registry=registry)
     run = secrets.token_hex(4)
     loss.labels(job="victim-job", namespace=f"victim-{run}", rank="0").set(99.0)
+    jobs.labels(phase=f"Forged{run}").set(1000)
     server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
     port = server.server_address[1]
     target = prometheus.add_target(f"tenant-{run}", f"127.0.0.1:{port}",
@@ -55,6 +57,8 @@ def test_a_trainer_cannot_label_its_series_as_another_namespaces(prometheus):
         assert series["metric"]["job"] == "tenant-job"
         assert series["metric"]["exported_job"] == "victim-job"
         assert prometheus.query(f'crucible_loss{{namespace="victim-{run}"}}') == []
+        # ... and the operator's own series cannot be added to from a trainer.
+        assert prometheus.query(f'crucible_operator_jobs{{phase="Forged{run}"}}') == []
     finally:
         target.unlink()
         server.shutdown()

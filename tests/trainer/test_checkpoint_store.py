@@ -32,9 +32,9 @@ def _quarantine_marker(root, step: int, key: bytes | None) -> None:
         json.dumps(sign(doc, key, "quarantine") if key else doc))
 
 
-def _store(root, key=KEY) -> CommitStore:
+def _store(root, key=KEY, token: str = "ours") -> CommitStore:
     store = CommitStore(str(root), key)
-    store.claim("ours", write=True)
+    store.claim(token, write=True)
     return store
 
 
@@ -120,3 +120,64 @@ def test_a_rollback_discards_this_runs_newer_commits_not_planted_ones(tmp_path):
     (tmp_path / "step_25").mkdir()                      # a save that died before its manifest
     store.discard_after(10)
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_10", "step_99999990"]
+
+
+@pytest.mark.parametrize("plant", ["deep", "directory", "copied"])
+def test_a_quarantine_marker_that_is_unreadable_or_another_steps_is_ignored(tmp_path, plant):
+    """A marker that cannot be read (nested past the JSON parser's limit, a folder where a file
+    should be) or a validly signed marker copied from another step's folder (a replay) must
+    not take a signed commit away (before: retention then deleted it)."""
+    store = _store(tmp_path)
+    for step in (10, 20, 30):
+        _manifest(tmp_path, step, KEY)
+    marker = tmp_path / "step_30" / "quarantine.json"
+    if plant == "deep":
+        marker.write_text("[" * 100_000)
+    elif plant == "directory":
+        marker.mkdir()
+    else:
+        _quarantine_marker(tmp_path, 10, KEY)            # genuine, for step 10
+        marker.write_bytes((tmp_path / "step_10" / "quarantine.json").read_bytes())
+    assert store.committed_steps()[-1] == 30
+    _manifest(tmp_path, 40, KEY)
+    store.prune(40, keep=2, keep_every=0)
+    assert (tmp_path / "step_30" / "manifest.json").exists()
+
+
+def test_a_malformed_unsigned_manifest_is_skipped_not_quarantined(tmp_path):
+    """Quarantining it would have the run write a validly signed marker an attacker could
+    copy onto a real commit."""
+    store = _store(tmp_path)
+    (tmp_path / "step_999").mkdir()
+    (tmp_path / "step_999" / "manifest.json").write_text("{}")
+    manifest, problem, key_in_question = store.read_commit(999)
+    assert manifest is None and key_in_question and "not signed" in problem
+    (tmp_path / "step_998").mkdir()
+    (tmp_path / "step_998" / "manifest.json").write_text("[" * 100_000)
+    assert store.read_commit(998)[2] is True
+    # Without a key, a malformed manifest is a corrupt commit, as before.
+    assert _store(tmp_path, key=None).read_commit(999)[2] is False
+
+
+def test_an_older_signed_owner_token_put_back_is_ignored_a_newer_one_fences(tmp_path):
+    first = _store(tmp_path, token="first")                # generation 1
+    old_token = (tmp_path / "incarnation.json").read_bytes()
+    second = _store(tmp_path, token="second")              # generation 2: the newer start
+    with pytest.raises(StaleIncarnation):
+        first.check_owner("commit")                        # the older start is fenced
+    (tmp_path / "incarnation.json").write_bytes(old_token)  # replayed
+    second.check_owner("commit")                           # ignored: older than our claim
+    assert second.generation == 2 and first.generation == 1
+
+
+def test_step_folders_are_ascii_digits_only(tmp_path):
+    from crucible.trainer.checkpoint_manifest import parse_step
+
+    assert parse_step("step_120") == 120
+    for name in ("step_\u00b2", "step_", "step_12a", "step_-1", "Step_1", "step_1 "):
+        assert parse_step(name) is None, name
+    store = _store(tmp_path)
+    _manifest(tmp_path, 10, KEY)
+    (tmp_path / "step_\u00b2").mkdir()
+    (tmp_path / "step_\u00b2" / "manifest.json").write_text("{}")
+    assert store.committed_steps() == [10]

@@ -7,16 +7,19 @@ open or spool files (bounded.seekable_capped does), decode text or make records 
 Why: Parquet stores a dictionary-encoded value once and refers to it by index from every row;
 Arrow expands the references when it reads a batch. 1,024 references to one 1 MiB string, a
 2.7 KB file whose footer counts 1 MiB, became a gigabyte in Arrow and another in Python. So:
-- A dictionary-encoded column chunk is read as a dictionary (Arrow's `read_dictionary`) and never
-  expanded: each row's size is its entry's length, a row over the record cap is not made into a
-  Python value at all, and the others are made a slice at a time, at most SLICE_BYTES together
-  (plus one record). Plain chunks are sliced the same way.
+- String and byte columns are always read as dictionaries (Arrow's `read_dictionary`; the
+  footer's word on a chunk's encoding is not taken) and never expanded: each row's size is its
+  entry's length, a row over the record cap is not made into a Python value at all, and the
+  others are made a slice at a time, at most SLICE_BYTES together (plus one record).
 - Arrow decodes a plain page whole, and a page's decoded size is only in its own header: a row
   group whose columns decode to more than `max_row_group_bytes` by the footer's count is not read
   but counted (`row_group_too_large`), and the rows after it are read.
-Reading plain chunks as dictionaries would bound them too, but costs ~5x the read time (Arrow
-hashes every value), so each row group is read by whichever of two readers matches its text
-column's encoding.
+- Only flat columns are read (strings, bytes, numbers): a nested text column is `bad_parquet`,
+  a nested id column is left unread.
+Known limit: the footer and the page headers are the file's own word. A crafted footer that
+understates a row group gets past the row-group cap, and Arrow then allocates what a page
+header declares (Parquet bounds a page at 2 GiB); the corpus Job's memory limit is the last
+bound there.
 """
 
 from __future__ import annotations
@@ -43,10 +46,6 @@ class SkippedRowGroup:
 
     rows: int
     decoded_bytes: int
-
-
-def _dictionary_encoded(chunk) -> bool:
-    return any("DICTIONARY" in encoding for encoding in chunk.encodings)
 
 
 def _as_binary(array):
@@ -96,39 +95,64 @@ def _values(array, max_record_bytes: int) -> Iterator[Any]:
         start = end
 
 
+def _flat(field_type) -> bool:
+    """A column a record's text or id can come from: strings, bytes, numbers."""
+    import pyarrow as pa
+
+    return (pa.types.is_string(field_type) or pa.types.is_large_string(field_type)
+            or pa.types.is_binary(field_type) or pa.types.is_large_binary(field_type)
+            or pa.types.is_integer(field_type) or pa.types.is_floating(field_type)
+            or pa.types.is_boolean(field_type) or pa.types.is_dictionary(field_type))
+
+
 def bounded_rows(stream: IO[bytes], text_field: str, id_field: str,
                  limits: ReadLimits) -> Iterator[tuple[Any, Any] | SkippedRowGroup]:
-    """(text, id) per row in file order, each None where the file has no such column; a
+    """(text, id) per row in file order, each None where the file has no such column (an id
+    column of nested values is not read: the reader's position names the row); a
     `SkippedRowGroup` in place of a row group too large to decode. A file whose row groups
-    decode to more than the file cap is a FileProblem; Arrow's errors propagate."""
+    decode to more than the file cap, or whose text column is nested, is a FileProblem;
+    Arrow's errors propagate."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     max_record_bytes, max_file_bytes = limits.max_record_bytes, limits.max_file_bytes
-    plain = pq.ParquetFile(stream)
-    footer = plain.metadata
+    schema_file = pq.ParquetFile(stream)
+    footer = schema_file.metadata
     decoded = sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups))
     if decoded > max_file_bytes:
         raise FileProblem("file_too_large", f"{decoded:,} bytes in its row groups")
-    names = set(plain.schema_arrow.names)
-    columns = [c for c in (text_field, id_field) if c in names]
-    by_dictionary = None      # the reader that keeps dictionaries, made when a chunk needs it
+    schema = schema_file.schema_arrow
+    names = schema.names
+    if names.count(text_field) > 1 or names.count(id_field) > 1:
+        raise FileProblem("bad_parquet", "a column name appears more than once")
+    if text_field in names and not _flat(schema.field(text_field).type):
+        raise FileProblem("bad_parquet", f"the {text_field!r} column holds "
+                                         f"{schema.field(text_field).type}, not text")
+    columns = [c for c in (text_field, id_field) if c in names and _flat(schema.field(c).type)]
+    # Every string column read as a dictionary whatever the footer says of its encoding (the
+    # footer is the file's word, and Arrow decodes what the pages hold): a dictionary page is
+    # then never expanded. It costs Arrow hashing plain values (~5x its read time, still far
+    # above what the filters take).
+    binary = [c for c in columns if pa.types.is_string(schema.field(c).type)
+              or pa.types.is_large_string(schema.field(c).type)
+              or pa.types.is_binary(schema.field(c).type)
+              or pa.types.is_large_binary(schema.field(c).type)]
+    reader = pq.ParquetFile(stream, read_dictionary=binary) if binary else schema_file
     for group in range(footer.num_row_groups):
         meta = footer.row_group(group)
+        if not columns:   # nothing to read: each row is one without text
+            for _ in range(meta.num_rows):
+                yield None, None
+            continue
         chunks = {meta.column(j).path_in_schema: meta.column(j) for j in range(meta.num_columns)}
-        read = [chunks[c] for c in columns if c in chunks] or list(chunks.values())
-        decoded = sum(chunk.total_uncompressed_size for chunk in read)
+        decoded = sum(chunks[c].total_uncompressed_size for c in columns if c in chunks)
         if decoded > limits.max_row_group_bytes:
             yield SkippedRowGroup(meta.num_rows, decoded)
             continue
-        reader = plain
-        if any(_dictionary_encoded(chunks[c]) for c in columns if c in chunks):
-            if by_dictionary is None:
-                by_dictionary = pq.ParquetFile(stream, read_dictionary=columns)
-            reader = by_dictionary
         for batch in reader.iter_batches(batch_size=BATCH_ROWS, row_groups=[group],
-                                         columns=columns or None):
+                                         columns=columns):
             texts = (_values(batch.column(text_field), max_record_bytes)
-                     if text_field in batch.schema.names else iter([None] * batch.num_rows))
+                     if text_field in columns else iter([None] * batch.num_rows))
             ids = (_values(batch.column(id_field), max_record_bytes)
-                   if id_field in batch.schema.names else iter([None] * batch.num_rows))
+                   if id_field in columns else iter([None] * batch.num_rows))
             yield from zip(texts, ids)

@@ -175,7 +175,10 @@ class Reader:
             # parse; the bytes are on local disk by now. UnicodeDecodeError: Arrow making Python
             # objects of a nested id column with non-UTF-8 strings (text and string ids are
             # decoded here, per record).
-            except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
+            # KeyError, ValueError, TypeError: Arrow's reading of malformed schemas (a nested
+            # column read as a dictionary, say) surfaces as these too.
+            except (pa.ArrowException, OSError, UnicodeDecodeError, KeyError, ValueError,
+                    TypeError) as err:
                 raise FileProblem("bad_parquet", f"{type(err).__name__}: {err}") from None
 
     def _parquet_records(self, file: InputFile, rows) -> Iterator[Record]:

@@ -51,6 +51,7 @@ class Response:
 
 PIECE_BYTES = 64 * 1024          # read and inflated at a time
 CHUNK_LINE_BYTES = 1024          # a chunk-size line longer than this is not HTTP
+MAX_CHUNKS = 1 << 20             # chunks in one body: past it, bad_content_encoding
 # zlib's wbits: gzip (with its header) or zlib-wrapped deflate, detected; raw deflate apart.
 _INFLATE_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS,
                   "deflate": 32 + zlib.MAX_WBITS}
@@ -66,28 +67,38 @@ def _pieces(stream: IO[bytes]) -> Iterator[bytes]:
 
 
 def _dechunked(stream: IO[bytes]) -> Iterator[bytes]:
-    """HTTP/1.1 chunked transfer coding, in pieces of at most PIECE_BYTES. Captures are often
-    cut or mislabelled: past a line that is not a chunk size the rest is taken as it is, as
-    warcio and browsers do."""
-    while True:
+    """HTTP/1.1 chunked transfer coding, in pieces of at most PIECE_BYTES (small chunks are
+    joined: a body sent 2 bytes a chunk must not become millions of objects). Captures are
+    often cut or mislabelled: past a line that is not a chunk size the rest is taken as it is,
+    as warcio and browsers do. More than MAX_CHUNKS chunks is a body nobody sends."""
+    joined = bytearray()
+    for _ in range(MAX_CHUNKS):
         line = stream.readline(CHUNK_LINE_BYTES + 1)
         size_text = line.split(b";", 1)[0].strip()
         try:
             size = int(size_text, 16)
         except ValueError:
-            if line:
-                yield line
-                yield from _pieces(stream)
+            size = -1
+        if size < 0:
+            yield bytes(joined) + line
+            yield from _pieces(stream)
             return
         if size == 0:
-            return
+            break
         while size:
             piece = stream.read(min(size, PIECE_BYTES))
             if not piece:
+                yield bytes(joined)
                 return
             size -= len(piece)
-            yield piece
+            joined += piece
+            if len(joined) >= PIECE_BYTES:
+                yield bytes(joined)
+                joined.clear()
         stream.readline(CHUNK_LINE_BYTES)   # the CRLF after the chunk
+    else:
+        raise _BodyProblem(f"more than {MAX_CHUNKS:,} chunks")
+    yield bytes(joined)
 
 
 def _zlib_header(data: bytes) -> bool:
@@ -100,7 +111,9 @@ def _inflated(pieces: Iterable[bytes], encoding: str, room: int) -> Iterator[byt
     """`pieces` inflated, never more than `room` bytes from any one call (zlib's max_length).
     A cut stream (captures are truncated) ends where its bytes end, as warcio lets it."""
     pieces = iter(pieces)
-    first = next(pieces, b"")
+    first = b""
+    while len(first) < 2 and (more := next(pieces, None)) is not None:
+        first += more           # the two bytes that tell zlib-wrapped from raw deflate
     wbits = _INFLATE_WBITS[encoding]
     if encoding == "deflate" and not _zlib_header(first):
         wbits = -zlib.MAX_WBITS     # raw deflate without the zlib wrapper: some servers send it
@@ -127,16 +140,15 @@ def _body(record, max_bytes: int) -> tuple[bytes | None, str | None]:
         pieces = _inflated(pieces, encoding, max_bytes + 1)
     elif encoding not in ("", "identity"):
         return None, f"Content-Encoding {encoding[:40]!r} is not gzip, deflate or identity"
-    body, size = [], 0
+    body = bytearray()
     try:
         for piece in pieces:
-            size += len(piece)
-            if size > max_bytes:
+            if len(body) + len(piece) > max_bytes:
                 return None, None
-            body.append(piece)
+            body += piece
     except _BodyProblem as err:
         return None, str(err)
-    return b"".join(body), None
+    return bytes(body), None
 
 
 class _BoundedLines(BufferedReader):
