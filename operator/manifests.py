@@ -159,9 +159,13 @@ def service(job: str, namespace: str, uid: str) -> dict:
 ANY_NAMESPACE: tuple[dict, ...] = ({"namespaceSelector": {}},)
 
 
-# The cloud instance-metadata endpoints (AWS, GCP and Azure serve it on the IPv4 address, AWS
-# also on the IPv6 one): a pod that reaches them gets the node's IAM role, not the job's.
-INSTANCE_METADATA = {"0.0.0.0/0": "169.254.169.254/32", "::/0": "fd00:ec2::254/128"}
+# The clouds' instance-metadata endpoints: a pod that reaches one gets the node's identity, not
+# the job's. AWS, GCP, Azure, OCI on 169.254.169.254; Alibaba 100.100.100.200; Tencent
+# 169.254.0.23; Azure's WireServer 168.63.129.16 (node bootstrap secrets); IPv6: AWS
+# fd00:ec2::254, GCP fd20:ce::254, OCI fd00:c1::a9fe:a9fe.
+INSTANCE_METADATA = {"0.0.0.0/0": ["169.254.169.254/32", "100.100.100.200/32", "169.254.0.23/32",
+                                   "168.63.129.16/32"],
+                     "::/0": ["fd00:ec2::254/128", "fd20:ce::254/128", "fd00:c1::a9fe:a9fe/128"]}
 
 
 def network_policy(job: str, namespace: str, uid: str,
@@ -185,8 +189,8 @@ def network_policy(job: str, namespace: str, uid: str,
         # but the metadata ones.
         spec["policyTypes"] = ["Ingress", "Egress"]
         spec["egress"] = [{"to": [{"namespaceSelector": {}}] + [
-            {"ipBlock": {"cidr": cidr, "except": [metadata_address]}}
-            for cidr, metadata_address in INSTANCE_METADATA.items()]}]
+            {"ipBlock": {"cidr": cidr, "except": list(addresses)}}
+            for cidr, addresses in INSTANCE_METADATA.items()]}]
     meta = metadata(job, uid, network_policy_name(job), namespace)
     meta["annotations"] = {ANNOTATION_POLICY_DIGEST: data_digest(spec)}
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta,

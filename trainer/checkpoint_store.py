@@ -92,9 +92,12 @@ class CommitStore:
         self.incarnation = token
         if write:
             self.generation = self._owner_generation() + 1
-            storage.write_bytes(storage.join(self.uri, INCARNATION), self._doc(
-                {"token": token, "time": time.time(), "generation": self.generation},
-                "incarnation"))
+            self._write_token()
+
+    def _write_token(self) -> None:
+        storage.write_bytes(storage.join(self.uri, INCARNATION), self._doc(
+            {"token": self.incarnation, "time": time.time(), "generation": self.generation},
+            "incarnation"))
 
     def _owner_generation(self) -> int:
         """The generation of the token under the URI now (0: none, or none this run trusts)."""
@@ -122,11 +125,11 @@ class CommitStore:
                                    f"read ({storage.explain(err, self.uri)})") from None
         if (self.key is not None and owner != self.incarnation and isinstance(generation, int)
                 and generation < self.generation):
-            # Signed, but older than our own claim: put back by someone replaying it.
-            if uri not in self.ignored:
-                self.ignored[uri] = f"token generation {generation} < ours {self.generation}"
-                log.warning("%s ignored: an older owner token (generation %d, ours %d) was put "
-                            "back", uri, generation, self.generation)
+            # Signed, but older than our own claim: put back by someone replaying it. Ours is
+            # written again, so that the older start it names (if it still runs) stays fenced.
+            log.warning("%s: an older owner token (generation %d, ours %d) was put back; "
+                        "writing ours again", uri, generation, self.generation)
+            self._write_token()
             return
         if owner != self.incarnation:
             raise StaleIncarnation(f"cannot {what}: a newer start of this job owns {self.uri} "

@@ -168,6 +168,8 @@ def test_an_older_signed_owner_token_put_back_is_ignored_a_newer_one_fences(tmp_
     (tmp_path / "incarnation.json").write_bytes(old_token)  # replayed
     second.check_owner("commit")                           # ignored: older than our claim
     assert second.generation == 2 and first.generation == 1
+    with pytest.raises(StaleIncarnation):                  # ours is back: the older start
+        first.check_owner("commit")                        # it named stays fenced
 
 
 def test_step_folders_are_ascii_digits_only(tmp_path):
