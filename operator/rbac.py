@@ -100,8 +100,9 @@ def _owner(obj: str) -> str:
             f"{controller}) ? {obj}.metadata.ownerReferences.filter({controller})[0].name : ''")
 
 
-_OWNED = ("variables.owner != ''", "")
 _OLD_OWNED = ("variables.oldOwner != ''", "")
+# An update must not move an object from one job (or none) to another.
+_KEEPS_OWNER = "(request.operation != 'UPDATE' || variables.oldOwner == variables.owner)"
 
 
 def _named(suffix: str) -> tuple[str, str]:
@@ -113,11 +114,8 @@ def _named(suffix: str) -> tuple[str, str]:
 # not "only spec.unschedulable and crucible.dev/* annotations", nor "create RoleBindings" but not
 # "only the trainer's, to its own Lease". (expression, message) per rule; "" takes the policy's.
 POD_RULES: list[tuple[str, str]] = [
-    ("has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, "
-     "has(r.controller) && r.controller && r.kind == 'PretrainJob' && "
-     f"r.apiVersion == '{crd.API_VERSION}' && "
-     "has(object.spec.serviceAccountName) && object.spec.serviceAccountName == "
-     "r.name + '-trainer')",
+    ("variables.owner != '' && has(object.spec.serviceAccountName) && "
+     "object.spec.serviceAccountName == variables.owner + '-trainer'",
      "the operator creates only pods controlled by a PretrainJob, running as that job's "
      "<job>-trainer ServiceAccount"),
     ("has(object.spec.securityContext) && has(object.spec.securityContext.runAsNonRoot) && "
@@ -228,13 +226,13 @@ FENCES: tuple[Fence, ...] = (
     Fence("configmaps", "", ("configmaps",), ("CREATE", "UPDATE"),
           f"the operator writes only ConfigMaps named <job>-config, {_JOB_OWNED}",
           (_named("-config"),
-           ("request.operation != 'UPDATE' || variables.oldOwner == variables.owner", ""))),
+           (_KEEPS_OWNER, ""))),
     Fence("leases", "coordination.k8s.io", ("leases",), ("CREATE", "UPDATE"),
           f"the operator writes only Leases named <job>-progress, {_JOB_OWNED}, and its own "
           "leader-election Lease",
           ((f"object.metadata.name == '{NAME}-leader' || "
             "(variables.owner != '' && object.metadata.name == variables.owner + '-progress' "
-            "&& (request.operation != 'UPDATE' || variables.oldOwner == variables.owner))",
+            f"&& {_KEEPS_OWNER})",
             ""),)),
     Fence("services", "", ("services",), ("CREATE",),
           f"the operator creates only headless Services named after their job, {_JOB_OWNED}, "
@@ -250,13 +248,12 @@ FENCES: tuple[Fence, ...] = (
             "has(object.spec.podSelector.matchLabels) && "
             "'crucible.dev/job' in object.spec.podSelector.matchLabels && "
             "object.spec.podSelector.matchLabels['crucible.dev/job'] == variables.owner && "
-            "(request.operation != 'UPDATE' || variables.oldOwner == variables.owner)", ""),)),
+            f"{_KEEPS_OWNER}", ""),)),
     Fence("workloads", "kueue.x-k8s.io", ("workloads", "workloads/status"),
           ("CREATE", "UPDATE", "DELETE"),
           f"the operator writes only Kueue Workloads {_JOB_OWNED}",
           (("request.operation == 'DELETE' ? variables.oldOwner != '' : "
-            "variables.owner != '' && (request.operation != 'UPDATE' || "
-            "variables.oldOwner == variables.owner)", ""),)),
+            f"variables.owner != '' && {_KEEPS_OWNER}", ""),)),
 )
 
 

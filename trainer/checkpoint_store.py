@@ -75,11 +75,15 @@ class CommitStore:
                        else f"the {kind} is not a JSON object")
         if problem is None:
             return doc
-        if uri not in self.ignored:
-            self.ignored[uri] = problem
-            log.warning("%s ignored: %s (%d object(s) under %s ignored so far)", uri, problem,
-                        len(self.ignored), self.uri)
+        self._ignore(uri, problem)
         return None
+
+    def _ignore(self, uri: str, why: str) -> None:
+        """An object not acted on: recorded, and logged the first time only (listings repeat)."""
+        if uri not in self.ignored:
+            self.ignored[uri] = why
+            log.warning("%s ignored: %s (%d object(s) under %s ignored so far)", uri, why,
+                        len(self.ignored), self.uri)
 
     # -- fencing ------------------------------------------------------------------------------
     def claim(self, token: str, *, write: bool) -> None:
@@ -162,15 +166,10 @@ class CommitStore:
         try:
             doc = self._read_doc(marker, "quarantine")
         except Exception as err:  # noqa: BLE001 - a directory, an unreadable object: ignored
-            doc = None
-            if marker not in self.ignored:
-                self.ignored[marker] = storage.explain(err, marker)
-                log.warning("%s ignored: it cannot be read (%s)", marker, self.ignored[marker])
+            self._ignore(marker, f"it cannot be read ({storage.explain(err, marker)})")
+            return False
         if doc is not None and doc.get("step") != step:
-            if marker not in self.ignored:
-                self.ignored[marker] = f"it is step {doc.get('step')!r}'s marker"
-                log.warning("%s ignored: it is a signed marker of step %r, copied here", marker,
-                            doc.get("step"))
+            self._ignore(marker, f"it is a signed marker of step {doc.get('step')!r}, copied here")
             return False
         return doc is not None
 

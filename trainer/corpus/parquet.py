@@ -24,6 +24,7 @@ bound there.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import IO, Any, Iterator
 
@@ -59,30 +60,43 @@ def _as_binary(array):
     return array
 
 
+def _bytes_like(field_type) -> bool:
+    import pyarrow as pa
+
+    return (pa.types.is_string(field_type) or pa.types.is_large_string(field_type)
+            or pa.types.is_binary(field_type) or pa.types.is_large_binary(field_type))
+
+
+def _flat(field_type) -> bool:
+    """A column a record's text or id can come from: strings, bytes, numbers."""
+    import pyarrow as pa
+
+    return (_bytes_like(field_type) or pa.types.is_integer(field_type)
+            or pa.types.is_floating(field_type) or pa.types.is_boolean(field_type)
+            or pa.types.is_dictionary(field_type))
+
+
 def _values(array, max_record_bytes: int) -> Iterator[Any]:
     """Each row's value (bytes for strings), `Oversize` for one over the cap; never more than
     SLICE_BYTES of values made into Python objects at once."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if isinstance(array, pa.DictionaryArray):
-        dictionary = _as_binary(array.dictionary)
-        if not (pa.types.is_binary(dictionary.type) or pa.types.is_large_binary(dictionary.type)):
-            yield from array.to_pylist()       # numbers and the like: small whatever their count
-            return
-        sizes = pc.take(pc.binary_length(dictionary), array.indices).to_pylist()
-        values, indices = dictionary, array.indices
-    else:
-        values = _as_binary(array)
-        if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
-            yield from values.to_pylist()
-            return
-        sizes, indices = pc.binary_length(values).to_pylist(), None
+    dictionary = isinstance(array, pa.DictionaryArray)
+    values = _as_binary(array.dictionary if dictionary else array)
+    if not _bytes_like(values.type):
+        yield from array.to_pylist()       # numbers and the like: small whatever their count
+        return
+    indices = array.indices if dictionary else None
+    sizes = pc.binary_length(values)
+    sizes = (pc.take(sizes, indices) if dictionary else sizes).to_pylist()
+    # Bytes a row's value costs when made (one over the cap or null is not made).
+    made_bytes = [s if s is not None and s <= max_record_bytes else 0 for s in sizes]
     start = 0
     while start < len(sizes):
         end, total = start, 0
-        while end < len(sizes) and (end == start or total + (sizes[end] or 0) <= SLICE_BYTES):
-            total += sizes[end] if sizes[end] and sizes[end] <= max_record_bytes else 0
+        while end < len(sizes) and (end == start or total + made_bytes[end] <= SLICE_BYTES):
+            total += made_bytes[end]
             end += 1
         wanted = [i for i in range(start, end) if sizes[i] is not None
                   and sizes[i] <= max_record_bytes]
@@ -95,16 +109,6 @@ def _values(array, max_record_bytes: int) -> Iterator[Any]:
         start = end
 
 
-def _flat(field_type) -> bool:
-    """A column a record's text or id can come from: strings, bytes, numbers."""
-    import pyarrow as pa
-
-    return (pa.types.is_string(field_type) or pa.types.is_large_string(field_type)
-            or pa.types.is_binary(field_type) or pa.types.is_large_binary(field_type)
-            or pa.types.is_integer(field_type) or pa.types.is_floating(field_type)
-            or pa.types.is_boolean(field_type) or pa.types.is_dictionary(field_type))
-
-
 def bounded_rows(stream: IO[bytes], text_field: str, id_field: str,
                  limits: ReadLimits) -> Iterator[tuple[Any, Any] | SkippedRowGroup]:
     """(text, id) per row in file order, each None where the file has no such column (an id
@@ -112,7 +116,6 @@ def bounded_rows(stream: IO[bytes], text_field: str, id_field: str,
     `SkippedRowGroup` in place of a row group too large to decode. A file whose row groups
     decode to more than the file cap, or whose text column is nested, is a FileProblem;
     Arrow's errors propagate."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     max_record_bytes, max_file_bytes = limits.max_record_bytes, limits.max_file_bytes
@@ -133,10 +136,7 @@ def bounded_rows(stream: IO[bytes], text_field: str, id_field: str,
     # footer is the file's word, and Arrow decodes what the pages hold): a dictionary page is
     # then never expanded. It costs Arrow hashing plain values (~5x its read time, still far
     # above what the filters take).
-    binary = [c for c in columns if pa.types.is_string(schema.field(c).type)
-              or pa.types.is_large_string(schema.field(c).type)
-              or pa.types.is_binary(schema.field(c).type)
-              or pa.types.is_large_binary(schema.field(c).type)]
+    binary = [c for c in columns if _bytes_like(schema.field(c).type)]
     reader = pq.ParquetFile(stream, read_dictionary=binary) if binary else schema_file
     for group in range(footer.num_row_groups):
         meta = footer.row_group(group)
@@ -152,7 +152,7 @@ def bounded_rows(stream: IO[bytes], text_field: str, id_field: str,
         for batch in reader.iter_batches(batch_size=BATCH_ROWS, row_groups=[group],
                                          columns=columns):
             texts = (_values(batch.column(text_field), max_record_bytes)
-                     if text_field in columns else iter([None] * batch.num_rows))
+                     if text_field in columns else itertools.repeat(None, batch.num_rows))
             ids = (_values(batch.column(id_field), max_record_bytes)
-                   if id_field in columns else iter([None] * batch.num_rows))
+                   if id_field in columns else itertools.repeat(None, batch.num_rows))
             yield from zip(texts, ids)

@@ -192,11 +192,13 @@ def head_activation_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int,
 
 
 def logits_bytes(seq_len: int, micro_batch: int, vocab: int, tp: int = 1,
-                 bytes_per_logit: float = 4.0) -> float:
+                 compiled: bool = False, bytes_per_value: int = 2) -> float:
     """The logits the loss keeps: fp32 eagerly, 4·s·b·V/t bytes; a compiled loss keeps them in
-    the activations' dtype (`bytes_per_logit`) and two fp32 values a row."""
+    the activations' dtype (`bytes_per_value`) and two fp32 values a row."""
     rows = seq_len * micro_batch
-    return (bytes_per_logit * rows * vocab + (8.0 * rows if bytes_per_logit < 4 else 0.0)) / tp
+    if not compiled:
+        return 4.0 * rows * vocab / tp
+    return (bytes_per_value * rows * vocab + 8.0 * rows) / tp
 
 
 def fsdp_working_bytes(cfg: GPTConfig, precision: Precision, model_parallel: int = 1) -> float:
@@ -271,8 +273,8 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
     logits = 0.0
     if pp == 1:  # the last stage's; the first (counted here) holds more layers' activations
         acts += head_activation_bytes(cfg, cfg.seq_len, micro_batch, precision.activation_bytes)
-        logits = logits_bytes(cfg.seq_len, micro_batch, cfg.vocab_size, tp,
-                              precision.activation_bytes if compiled else 4.0)
+        logits = logits_bytes(cfg.seq_len, micro_batch, cfg.vocab_size, tp, compiled,
+                              precision.activation_bytes)
     working = fsdp_working_bytes(cfg, precision, tp * pp) if stage == 3 else 0.0
     accumulated = accumulated_grad_bytes(n, tp * pp) if accumulate_unsharded else 0.0
     return MemoryEstimate(states, acts, logits, capacity_bytes, USABLE_FRACTION, working,

@@ -253,8 +253,8 @@ def _memory_section(plan: Plan, inp: PlanInputs, precision: mem.Precision) -> Se
         s.add(f"activations.{rc}", f"activations, recompute={rc}", acts, "B", formula, src_acts)
     if inp.compiled:
         s.add("logits", f"logits kept by the compiled loss ({precision.name})",
-              mem.logits_bytes(cfg.seq_len, inp.micro_batch, cfg.vocab_size,
-                               bytes_per_logit=precision.activation_bytes),
+              mem.logits_bytes(cfg.seq_len, inp.micro_batch, cfg.vocab_size, compiled=True,
+                               bytes_per_value=precision.activation_bytes),
               "B", f"{precision.activation_bytes}·s·b·V + 8·s·b", "measured: inductor's saved set")
     else:
         s.add("logits", "fp32 logits", mem.logits_bytes(cfg.seq_len, inp.micro_batch,
