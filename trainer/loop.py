@@ -194,18 +194,7 @@ class Run:
 
         # Before the model: a CUDA memory snapshot must see its allocations.
         self.cadence = Cadence(t, Path(cfg.output_dir), env.rank, env.device, log)
-        torch.manual_seed(t.seed)
-        self.mesh = parallel.build_mesh(env, self.mesh_shape)
-        self.dp = parallel.data_parallel(self.mesh)  # the batch slice this rank reads
-        compile_blocks = parallel.wants_compile(t.compile, env.device.type)
-        log(f"compile: {'on' if compile_blocks else 'off'}"
-            f"{' (training.compile unset: on for CUDA only)' if t.compile is None else ''}; "
-            f"activation checkpointing: {t.activation_checkpointing_mode}")
-        self.model = parallel.build_sharded_model(
-            self.model_cfg, env, self.mesh, precision=t.precision, seed=t.seed,
-            activation_checkpointing=t.activation_checkpointing_mode,
-            checkpoint_every=t.activation_checkpointing_every, compile_blocks=compile_blocks)
-        self.optimizer = optim.build_optimizer(self.model, t)
+        self._build_model()
         self.lr_scale = optim.LRScale()
         self.sampler = Sampler(self.train_shards, p.seq_len, t.seed)
         self.batches = Prefetcher(self.sampler, env.device, p.accum_steps,
@@ -221,35 +210,10 @@ class Run:
         self.faults = Faults.from_env()
         self.taken_faults: tuple[int, set[str]] = (0, set())
         self.slowdown = slowdown_from_env(env.rank)
-        straggler_spec = cfg.fault_tolerance.stragglers
-        # Every rank times its own work (straggler.SegmentTimer) and shares it in the step's
-        # all-reduce; rank 0 judges. With one rank there is nobody to be slower than.
-        self.timing_shared = straggler_spec.enabled and env.world_size > 1
-        self.local_timer = SegmentTimer(env.device)
-        self.stragglers = (StragglerDetector(env.world_size, factor=straggler_spec.factor,
-                                             window=straggler_spec.window_steps,
-                                             patience=straggler_spec.patience_steps)
-                           if self.timing_shared and env.is_main else None)
+        self._build_straggler_timing()
         # The step rank 0 last asked to save after, and when, until it is saved.
         self.save_asked: tuple[int, float] = NOT_ASKED
-        self.hosts = [socket.gethostname()] * env.world_size
-        if self.timing_shared:
-            torch.distributed.all_gather_object(self.hosts, socket.gethostname())
-
-        out = Path(cfg.output_dir)
-        jsonl = Path(cfg.metrics.jsonl) if cfg.metrics.jsonl else out / "metrics.jsonl"
-        self.metrics = Metrics(cfg.name, env.rank, enabled=env.is_main, port=cfg.metrics.port,
-                               jsonl_path=jsonl)
-        if env.is_main:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "exporter.json").write_text(json.dumps({"port": self.metrics.port,
-                                                           "pid": os.getpid()}))
-            if self.metrics.port:
-                log(f"metrics: http://127.0.0.1:{self.metrics.port}/metrics")
-        self.metrics.set(restarts_total=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
-        # 1.0 (nobody slower) until judged: the series exists from the start, so the straggler
-        # alert and the dashboard see a value, also for a job of one rank.
-        self.metrics.set(slowest_rank_ratio=1.0)
+        self.metrics = self._metrics()
         self.lease = progress_lease(cfg.name) if env.is_main else None  # None outside Kubernetes
         self.peak_flops, peak_source = device_peak_flops(env.device)
         log(f"MFU peak: {self.peak_flops / 1e12:.2f} TFLOP/s per device ({peak_source})")
@@ -260,6 +224,54 @@ class Run:
             # A new start has judged no one yet: clear what an earlier start reported.
             self.lease.update(step=self.state.step, tokens=self.state.tokens_seen, stragglers=())
 
+    def _build_model(self) -> None:
+        """The mesh, this rank's data-parallel place, the sharded model and its optimizer."""
+        t, env = self.cfg.training, self.env
+        torch.manual_seed(t.seed)
+        self.mesh = parallel.build_mesh(env, self.mesh_shape)
+        self.dp = parallel.data_parallel(self.mesh)  # the batch slice this rank reads
+        compile_blocks = parallel.wants_compile(t.compile, env.device.type)
+        self.log(f"compile: {'on' if compile_blocks else 'off'}"
+                 f"{' (training.compile unset: on for CUDA only)' if t.compile is None else ''}; "
+                 f"activation checkpointing: {t.activation_checkpointing_mode}")
+        self.model = parallel.build_sharded_model(
+            self.model_cfg, env, self.mesh, precision=t.precision, seed=t.seed,
+            activation_checkpointing=t.activation_checkpointing_mode,
+            checkpoint_every=t.activation_checkpointing_every, compile_blocks=compile_blocks)
+        self.optimizer = optim.build_optimizer(self.model, t)
+
+    def _build_straggler_timing(self) -> None:
+        """Every rank times its own work (straggler.SegmentTimer) and shares it in the step's
+        all-reduce; rank 0 judges. With one rank there is nobody to be slower than."""
+        spec, env = self.cfg.fault_tolerance.stragglers, self.env
+        self.timing_shared = spec.enabled and env.world_size > 1
+        self.local_timer = SegmentTimer(env.device)
+        self.stragglers = (StragglerDetector(env.world_size, factor=spec.factor,
+                                             window=spec.window_steps,
+                                             patience=spec.patience_steps)
+                           if self.timing_shared and env.is_main else None)
+        self.hosts = [socket.gethostname()] * env.world_size
+        if self.timing_shared:
+            torch.distributed.all_gather_object(self.hosts, socket.gethostname())
+
+    def _metrics(self) -> Metrics:
+        """Rank 0's exporter and JSONL (the other ranks' Metrics record nothing)."""
+        cfg, env = self.cfg, self.env
+        out = Path(cfg.output_dir)
+        jsonl = Path(cfg.metrics.jsonl) if cfg.metrics.jsonl else out / "metrics.jsonl"
+        metrics = Metrics(cfg.name, env.rank, enabled=env.is_main, port=cfg.metrics.port,
+                          jsonl_path=jsonl)
+        if env.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "exporter.json").write_text(json.dumps({"port": metrics.port,
+                                                           "pid": os.getpid()}))
+            if metrics.port:
+                self.log(f"metrics: http://127.0.0.1:{metrics.port}/metrics")
+        metrics.set(restarts_total=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+        # 1.0 (nobody slower) until judged: the series exists from the start, so the straggler
+        # alert and the dashboard see a value, also for a job of one rank.
+        metrics.set(slowest_rank_ratio=1.0)
+        return metrics
     def _checkpointer(self) -> Checkpointer | None:
         spec = self.cfg.checkpoint
         if not spec.uri:

@@ -28,23 +28,32 @@ from crucible.api.arch import GPTConfig
 
 
 def rope_tables(cfg: GPTConfig, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotation angles, each (T, head_dim/2), in fp32."""
+    """The rotation's tables, each (T, head_dim), in fp32: cos of the angles, and sin with the
+    first half negated (the sign of the rotation's first output), both repeated over the two
+    halves of a head, so `apply_rope` is two multiplies and an add over the whole head."""
     half = cfg.head_dim // 2
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(half, device=device, dtype=torch.float32) / half))
     angles = torch.outer(torch.arange(cfg.seq_len, device=device, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[..., :half], x[..., half:]) of x (B, nh, T, hd) by the position's angle.
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[..., :half], x[..., half:]) of x (B, n, T, hd) by the position's angle:
+    (x1·cos − x2·sin, x2·cos + x1·sin), written as x·cos + roll(x)·signed_sin over the whole
+    head. Eagerly the same roundings as the two halves computed apart (negating is exact and a
+    sum does not depend on its order), in 4 ops and their 4 gradients instead of 8 and 10, each
+    a kernel launch on a GPU. Compiled, the fused kernel may contract a product and a sum into
+    one FMA (Triton does on CUDA) for either form, rounding a few last bits otherwise.
 
-    In x's own dtype: the tables are fp32 (angles up to seq_len radians need its mantissa) and
-    are cast once per call; a bf16 rotation of a bf16 query loses nothing the bf16 matmul that
-    follows would keep, and saves the fp32 round trip's extra kernels and memory."""
+    In x's own dtype (the model casts the fp32 tables once per forward, `GPT.forward`): a bf16
+    rotation of a bf16 query loses nothing the bf16 matmul that follows would keep, and saves
+    the fp32 round trip's extra kernels and memory."""
     T = x.size(-2)
-    x1, x2 = x.chunk(2, dim=-1)  # each (B, nh, T, hd/2)
-    cos, sin = cos[:T].to(x.dtype), sin[:T].to(x.dtype)  # (T, hd/2), broadcast over B and nh
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    if T != cos.size(0):
+        cos, signed_sin = cos[:T], signed_sin[:T]
+    cos, signed_sin = cos.to(x.dtype), signed_sin.to(x.dtype)  # (T, hd), broadcast over B and n
+    return x * cos + x.roll(x.size(-1) // 2, dims=-1) * signed_sin
 
 
 def norm_layer(cfg: GPTConfig, width: int) -> nn.Module:
@@ -66,14 +75,18 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         B, T, C = x.size()
         nh, nkv, hd = self.cfg.heads, self.cfg.n_kv_heads, self.cfg.head_dim
-        q, k, v = self.c_attn(x).split([C, nkv * hd, nkv * hd], dim=2)
-        q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
-        k = k.view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
-        v = v.view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        qk, v = self.c_attn(x).split([C + nkv * hd, nkv * hd], dim=2)
+        qk = qk.view(B, T, nh + nkv, hd)
         if self.cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+            # Joined again along the heads of the (B, T, heads, hd) layout: attention's output
+            # follows q's memory layout, and in this one it needs no transposed copy.
+            q, k = qk.split([nh, nkv], dim=2)
+            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=2)
+        qk = qk.transpose(1, 2)  # (B, nh + nkv, T, hd)
+        v = v.view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            qk = apply_rope(qk, *rope)  # queries and keys in one pass: half the launches
+        q, k = qk.split([nh, nkv], dim=1)  # (B, nh, T, hd), (B, nkv, T, hd)
         # Flash / memory-efficient kernels on GPU, the math kernel on CPU; with GQA each key/value
         # head serves nh/nkv query heads without being copied out first.
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
@@ -137,8 +150,8 @@ class GPT(nn.Module):
             self.lm_head.weight = self.wte.weight  # one tensor, two uses (GPT-2, Press & Wolf 2017)
         if cfg.position == "rope":
             # Derived from the config, never trained or saved (non-persistent buffers).
-            self.register_buffer("rope_cos", torch.empty(cfg.seq_len, cfg.head_dim // 2), persistent=False)
-            self.register_buffer("rope_sin", torch.empty(cfg.seq_len, cfg.head_dim // 2), persistent=False)
+            self.register_buffer("rope_cos", torch.empty(cfg.seq_len, cfg.head_dim), persistent=False)
+            self.register_buffer("rope_sin", torch.empty(cfg.seq_len, cfg.head_dim), persistent=False)
 
     @torch.no_grad()
     def init_weights(self, generator_for=None) -> None:
@@ -178,7 +191,9 @@ class GPT(nn.Module):
         if self.cfg.position == "learned":
             x = x + self.wpe(torch.arange(T, device=idx.device))  # (T, C) broadcast over B
         else:
-            rope = (self.rope_cos, self.rope_sin)
+            # fp32 tables (angles up to seq_len radians need its mantissa), cut and cast once
+            # here rather than in every block.
+            rope = (self.rope_cos[:T].to(x.dtype), self.rope_sin[:T].to(x.dtype))
         for block in self.h:
             x = block(x, rope)
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)

@@ -84,14 +84,18 @@ def test_bad_input(call):
 
 
 def test_flash_attention_stores_what_selective_recompute_stores():
-    # FlashAttention (Dao et al. 2022 §3.1) keeps no s×s scores for backward: the 5as/h term goes.
+    # FlashAttention (Dao et al. 2022 §3.1) keeps no s×s scores for backward: the 5as/h term
+    # goes; and it writes its output (b, s, heads, head_dim) in memory, so no transposed copy of
+    # it is made for the output projection, as the unfused kernels' output needs (h a token).
     cfg = arch.preset("1.3b")
     flash = mem.estimate(cfg, micro_batch=4, capacity_bytes=80e9, stage=3, dp=8,
                          flash_attention=True)
     selective = mem.estimate(cfg, micro_batch=4, capacity_bytes=80e9, stage=3, dp=8,
                              recompute="selective")
     plain = mem.estimate(cfg, micro_batch=4, capacity_bytes=80e9, stage=3, dp=8)
-    assert flash.activations_bytes == selective.activations_bytes < plain.activations_bytes
+    assert flash.activations_bytes < selective.activations_bytes < plain.activations_bytes
+    copies = cfg.layers * cfg.seq_len * 4 * cfg.dim * 2   # layers x tokens x h x 2 bytes
+    assert selective.activations_bytes - flash.activations_bytes == pytest.approx(copies)
 
 
 def test_fsdp_holds_its_gathered_root_and_blocks_and_last_micro_batch_whole_gradients():
@@ -104,8 +108,11 @@ def test_fsdp_holds_its_gathered_root_and_blocks_and_last_micro_batch_whole_grad
     # gathered, on top of the 16 B/param shards.
     assert fsdp.working_bytes == pytest.approx(2 * (root + 2 * block) + 4 * root)
     assert 6e9 < 6 * root < 6.5e9
+    # Eagerly the loss's two fp32 gradients beside the kept log-softmax: 8 bytes a logit more.
+    assert fsdp.loss_transient_bytes == pytest.approx(8 * cfg.seq_len * cfg.vocab_size)
     assert fsdp.total_bytes == pytest.approx(fsdp.states.total_bytes + fsdp.activations_bytes
-                                             + fsdp.logits_bytes + fsdp.working_bytes)
+                                             + fsdp.logits_bytes + fsdp.loss_transient_bytes
+                                             + fsdp.working_bytes)
     zero2 = mem.estimate(cfg, micro_batch=1, capacity_bytes=141e9, stage=2, dp=8,
                          recompute="full")
     assert zero2.working_bytes == 0   # unsharded parameters are already counted as states

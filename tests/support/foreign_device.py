@@ -22,9 +22,12 @@ runs (on the CPU) and results can be compared. The mode holds the device to CUDA
     operations whose output size depends on the data (`nonzero`, boolean-mask indexing).
 
 torch.optim's AdamW treats `privateuse1` as an accelerator (its fused and foreach kernels list it),
-so the trainer's accelerator code paths run here as they do on CUDA. What the mode cannot model:
-streams and events (it runs everything in order), memory limits, and collectives (it is used on
-state paths of one process, not under FSDP's process groups).
+so the trainer's accelerator code paths run here as they do on CUDA. FSDP2 runs over it as well
+(a process group with gloo for both devices: a collective on foreign tensors runs on their
+host copies), with three accommodations made within the block: DTensor dispatches before the
+mode, FSDP's storage frees and re-allocations resize the host copy, and a device generator is
+a host one. What the mode cannot model: streams and events (it runs everything in order) and
+memory limits.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import threading
 from dataclasses import dataclass, field
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
@@ -55,10 +59,55 @@ def _register() -> str:
     return current
 
 
+class _Event:
+    """An event on a stream that has run everything already: complete when recorded."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def record(self, stream=None) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
 class _Stream:
-    """One stream: the mode runs every operation in order, so waiting is a no-op."""
+    """One stream: the mode runs every operation in order, so waiting is a no-op (FSDP makes
+    its own with a priority: they are all this one in effect)."""
+
+    # What `torch.Stream` carries (FSDP passes them to its stream-recording op).
+    stream_id, device_index = 0, 0
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    @property
+    def device_type(self) -> int:
+        return int(torch._C._autograd.DeviceType.PrivateUse1)
 
     def wait_stream(self, other) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None) -> _Event:
+        return event or _Event()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def synchronize(self) -> None:
         pass
 
     def synchronize(self) -> None:
@@ -73,6 +122,7 @@ class _Runtime:
 
     _stream = _Stream()
     Stream = _Stream
+    Event = _Event
 
     def is_initialized(self) -> bool:
         return True
@@ -157,7 +207,13 @@ class ForeignTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        # Only reached outside a `foreign_device()` block: a foreign tensor that outlived it.
+        # Inside a `foreign_device()` block this is reached only from another subclass's own
+        # dispatch (FSDP's DTensor running an op on its foreign local shards) while the mode's
+        # handler has the mode off: the mode takes the op again.
+        if _ACTIVE:
+            with _Mode(_ACTIVE[-1]):
+                return func(*args, **(kwargs or {}))
+        # Outside: a foreign tensor that outlived its block.
         raise RuntimeError(f"{func}: a foreign-device tensor used outside foreign_device()")
 
 
@@ -203,6 +259,10 @@ class _Mode(TorchDispatchMode):
         self.seen = seen
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(issubclass(t, DTensor) for t in types):
+            # FSDP's DTensor dispatches first; the ops it runs on its foreign local tensors
+            # come back here (as FakeTensorMode defers to subclasses it does not know).
+            return NotImplemented
         kwargs = dict(kwargs or {})
         flat, _ = tree_flatten((args, kwargs))
         foreign_in = [t for t in flat if isinstance(t, ForeignTensor)]
@@ -315,13 +375,84 @@ def _unwrap(x):
     return x.host_copy if isinstance(x, ForeignTensor) else x
 
 
+def _storage_of(tensor: torch.Tensor):
+    return (tensor.host_copy if isinstance(tensor, ForeignTensor) else tensor).untyped_storage()
+
+
+def _alloc_storage(tensor: torch.Tensor) -> None:
+    size = tensor.numel() * tensor.itemsize
+    if (storage := _storage_of(tensor)).size() != size:
+        storage.resize_(size)
+
+
+def _free_storage(tensor: torch.Tensor) -> None:
+    if (storage := _storage_of(tensor)).size() != 0:
+        storage.resize_(0)
+
+
+@contextlib.contextmanager
+def _fsdp_storage_on_the_host_copies():
+    """FSDP2 frees and re-allocates its all-gather buffers by resizing their storage; a wrapper
+    tensor has no storage of its own, so within the block its two helpers resize the host
+    copy's (the same bytes, the same views). The one change the stand-in makes to FSDP."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    saved = [(module, name, getattr(module, name)) for module in (_fsdp_param, _fsdp_param_group)
+             for name in ("alloc_storage", "free_storage") if hasattr(module, name)]
+    for module, name, _ in saved:
+        setattr(module, name, _alloc_storage if name == "alloc_storage" else _free_storage)
+    try:
+        yield
+    finally:
+        for module, name, real in saved:
+            setattr(module, name, real)
+
+
+_REAL_GENERATOR = torch.Generator
+
+
+class _AnyGenerator(type(torch.Generator)):
+    """While the stand-in is `torch.Generator`, every generator is still an instance of it."""
+
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, _REAL_GENERATOR)
+
+    def __subclasscheck__(cls, sub) -> bool:
+        return issubclass(sub, _REAL_GENERATOR)
+
+
+class _HostGenerator(torch.Generator, metaclass=_AnyGenerator):
+    """`torch.Generator(device=foreign)`: a Python backend cannot give PrivateUse1 a generator
+    of its own (its hooks have no `getNewGenerator`), so a host generator stands in, seeded and
+    drawn the same way; the mode runs the draw on the host copy. (CUDA's Philox numbers would
+    differ anyway: tests compare with a host run made with the same stand-in; the device index
+    is not checked, as the stand-in has one device.)"""
+
+    def __new__(cls, device=None):
+        if not _is_foreign_device(device):
+            return _REAL_GENERATOR() if device is None else _REAL_GENERATOR(device)
+        return _REAL_GENERATOR.__new__(cls, "cpu")
+
+    def __init__(self, device=None) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _device_generators():
+    torch.Generator = _HostGenerator
+    try:
+        yield
+    finally:
+        torch.Generator = _REAL_GENERATOR
+
+
 @contextlib.contextmanager
 def foreign_device():
     """Within: `FOREIGN` is a device; yields the `ForeignDevice` record of its syncs."""
     seen = ForeignDevice()
     _ACTIVE.append(seen)
     try:
-        with _DataMode(), _Mode(seen):
+        with _fsdp_storage_on_the_host_copies(), _device_generators(), _DataMode(), _Mode(seen):
             yield seen
     finally:
         _ACTIVE.remove(seen)

@@ -7,6 +7,10 @@ does on a GPU. Each preset's own block shape (width, heads, key/value heads, MLP
 a short sequence and a small vocabulary: the count is per block and per token, so the layer
 count, the sequence length and the vocabulary only multiply it (the logits term is in the sum).
 The module is allocated uninitialised: which tensors are kept does not depend on their values.
+
+The held-out eval keeps nothing for backward; its peak is what is alive at once. On CPU that is
+read from the allocator's own allocation and free events (the profiler's memory events, in
+order), the stand-in for `torch.cuda.max_memory_allocated` during the forward.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ import dataclasses
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from crucible.api import arch
-from crucible.trainer.model import GPT
+from crucible.trainer.model import GPT, cross_entropy_loss
 from crucible.trainer.parallel import compile_model
 from crucible.trainer.plan import memory as mem
 
@@ -60,6 +65,18 @@ def test_estimate_is_within_10_percent_of_what_autograd_saves(name):
     assert est.activations_bytes + est.logits_bytes == pytest.approx(measured, rel=0.02)
 
 
+@pytest.mark.parametrize("name", ["gpt2-124m", "llama-150m"])
+def test_qk_norm_keeps_attention_without_a_transposed_output_copy(name):
+    # The norms join q and k again in the (b, s, heads, head_dim) layout: attention's output
+    # follows q's layout, so the output projection takes it without a copy, as without QK-norm.
+    cfg = dataclasses.replace(arch.PRESETS[name], layers=1, seq_len=SEQ, vocab_size=VOCAB,
+                              qk_norm=True)
+    est = mem.estimate(cfg, micro_batch=BATCH, capacity_bytes=1e12, stage=3, dp=1,
+                       precision=mem.PRECISIONS["fp32"], flash_attention=True)
+    assert est.activations_bytes + est.logits_bytes == pytest.approx(
+        saved_for_backward_bytes(cfg), rel=0.01)
+
+
 # One preset per block family (LayerNorm + GELU; RMSNorm + SwiGLU + GQA), with two layers: the
 # final norm runs eagerly (only blocks and loss are compiled), and one layer would let it weigh
 # more than it does in a real model.
@@ -81,3 +98,112 @@ def test_compiled_estimate_is_within_15_percent_of_what_inductor_saves(name):
     if cfg.mlp == "swiglu":   # what compiling saves is counted, not assumed
         assert est.activations_bytes < eager.activations_bytes
     assert est.logits_bytes < eager.logits_bytes   # the compiled loss keeps bf16 logits
+
+
+def allocator_peak(run) -> int:
+    """Bytes alive at once beyond what existed before, while `run()` runs, from the
+    allocator's allocation and free events in time order."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]")
+    assert events, "the profiler recorded no allocations"
+    alive = peak = 0
+    for _, change in events:
+        alive += change
+        peak = max(peak, alive)
+    return peak
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_loss_at_its_fullest_is_what_it_keeps_and_its_transient(compiled):
+    """The loss's forward and backward on bf16 logits, alone: its peak beyond the logits is
+    what `logits_bytes` keeps (eager: the fp32 log-softmax; compiled: the logits themselves,
+    already there) and `loss_transient_bytes`."""
+    rows, vocab = 96, 8192
+    logits = torch.randn(1, rows, vocab, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, vocab, (1, rows))
+    loss = torch.compile(cross_entropy_loss) if compiled else cross_entropy_loss
+
+    def step():
+        loss(logits, targets).backward()
+        logits.grad = None
+
+    step()   # compiles, and warms the allocator
+    kept = 0 if compiled else mem.logits_bytes(rows, 1, vocab)
+    est = kept + mem.loss_transient_bytes(rows, 1, vocab, compiled=compiled)
+    assert est == pytest.approx(allocator_peak(step), rel=0.15)
+
+
+def eval_forward_peak_bytes(cfg: arch.GPTConfig, dtype: torch.dtype, compiled: bool) -> int:
+    """Bytes alive at once beyond the weights during one eval forward (as `evaluate` runs it:
+    no autograd, the model's own loss), from the allocator's events in time order."""
+    with torch.device("meta"):
+        model = GPT(cfg)
+    model.to_empty(device="cpu")
+    model.init_weights()   # the loss's values do not change its memory; NaNs would be noise
+    model.to(dtype)
+    model.eval()
+    if compiled:
+        compile_model(model)
+    idx = torch.randint(0, cfg.vocab_size, (BATCH, SEQ + 1))
+    with torch.no_grad():
+        model(idx[:, :-1], idx[:, 1:])   # compiles, and warms the allocator
+        return allocator_peak(lambda: model(idx[:, :-1], idx[:, 1:]))
+
+
+# Small vocabularies leave a block's MLP or attention as the fullest point; large ones the
+# logits with the loss's fp32 copies (eager) or without them (compiled).
+EVAL_CASES = [("gpt2-124m", 512, torch.bfloat16, False), ("llama-150m", 512, torch.bfloat16, False),
+              ("gpt2-124m", 16384, torch.bfloat16, False), ("llama-150m", 16384, torch.float32, False),
+              ("gpt2-124m", 512, torch.bfloat16, True), ("llama-150m", 16384, torch.bfloat16, True)]
+
+
+@pytest.mark.parametrize("name,vocab,dtype,compiled", EVAL_CASES)
+def test_eval_peak_is_within_15_percent_of_what_the_forward_holds_at_once(name, vocab, dtype,
+                                                                         compiled):
+    cfg = dataclasses.replace(arch.PRESETS[name], layers=2, seq_len=SEQ, vocab_size=vocab)
+    value = torch.tensor([], dtype=dtype).element_size()
+    est = mem.eval_forward_bytes(cfg, SEQ, BATCH, compiled=compiled, bytes_per_value=value)
+    assert est == pytest.approx(eval_forward_peak_bytes(cfg, dtype, compiled), rel=0.15)
+
+
+def test_the_eval_peak_counts_weights_and_optimizer_but_no_gradients():
+    cfg = arch.preset("llama-1b", seq_len=8192)
+    est = mem.estimate(cfg, micro_batch=8, capacity_bytes=141e9, stage=3, dp=8,
+                       flash_attention=True, compiled=False)
+    forward = mem.eval_forward_bytes(cfg, 8192, 8)
+    # The eval runs with the next step's gradients made (before its update): every state.
+    assert est.eval_bytes == pytest.approx(
+        est.states.total_bytes + forward + mem.fsdp_gathered_bytes(cfg, mem.PRECISIONS["bf16"]))
+    # Eagerly the loss's fp32 copies of 128K-wide logits are most of it: ~80 GB of 141.
+    assert 75e9 < forward < 85e9
+    compiled = mem.estimate(cfg, micro_batch=8, capacity_bytes=141e9, stage=3, dp=8,
+                            flash_attention=True, compiled=True)
+    assert compiled.eval_bytes < est.eval_bytes / 4
+
+
+@pytest.mark.parametrize("name", sorted(arch.PRESETS))
+def test_the_eval_never_needs_more_than_the_training_step(name):
+    # Same micro-batch, nothing kept across blocks, and the eager loss's fp32 copies are fewer
+    # than its backward's: a plan that fits its step fits its evals, pipelined or not.
+    for compiled in (False, True):
+        for recompute in ("none", "full"):
+            for pp in (1, 2):
+                est = mem.estimate(arch.PRESETS[name], micro_batch=4, capacity_bytes=1e12,
+                                   stage=3, dp=8, pp=pp, recompute=recompute,
+                                   flash_attention=True, compiled=compiled)
+                assert est.eval_bytes < est.total_bytes, (compiled, recompute, pp)
+
+
+def test_a_pipelines_last_stage_counts_when_the_output_layer_makes_it_the_fullest():
+    # llama-8b, full recomputation, 2 stages: the first holds 2 micro-batches of 16 blocks'
+    # inputs, the last 16 blocks' for one micro-batch plus a 128K-wide loss: the last is fuller.
+    cfg = arch.preset("llama-8b")
+    two = mem.estimate(cfg, micro_batch=1, capacity_bytes=1e12, stage=3, dp=8, pp=2,
+                       recompute="full", flash_attention=True)
+    assert two.logits_bytes == mem.logits_bytes(cfg.seq_len, 1, cfg.vocab_size)
+    assert two.loss_transient_bytes == mem.loss_transient_bytes(cfg.seq_len, 1, cfg.vocab_size)
+    block = mem.block_activation_bytes(cfg, cfg.seq_len, 1, recompute="full")
+    assert two.activations_bytes == pytest.approx(
+        cfg.layers / 2 * block + mem.head_activation_bytes(cfg, cfg.seq_len, 1))

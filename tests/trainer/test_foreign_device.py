@@ -113,3 +113,51 @@ def test_the_export_state_is_on_the_host(paths):
     export = _ok(paths["export"])
     assert export["tensors"] > 0 and export["values"]
     assert export["off_host"] == []
+
+
+# --- FSDP2 over it: the sharded paths on two ranks ---------------------------------------------------
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> list[dict[str, dict]]:
+    """tests/trainer/foreign_fsdp_probe.py on two ranks (gloo for both devices): each rank's
+    results by path."""
+    from crucible.api.launch import TORCHRUN_ENV
+
+    work = tmp_path_factory.mktemp("foreign-fsdp")
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node=2", "-m", "tests.trainer.foreign_fsdp_probe",
+                          str(work)], capture_output=True, text=True, timeout=600, cwd=REPO,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", **TORCHRUN_ENV})
+    assert run.returncode == 0, run.stderr[-3000:]
+    return [{r["path"]: r for r in json.loads((work / f"fsdp.{rank}.json").read_text())}
+            for rank in (0, 1)]
+
+
+def test_fsdp_builds_the_sharded_model_on_the_device_as_on_the_host(sharded):
+    for rank in sharded:
+        build = _ok(rank["build"])
+        assert build["placement"] == [], "a shard or optimizer state off the device"
+        assert build["same_init"], "the device's initial shards differ from the host's"
+
+
+def test_a_sharded_step_on_the_device_reads_back_once_and_trains_as_on_the_host(sharded):
+    for rank in sharded:
+        step = _ok(rank["step"])
+        assert step["placement"] == []
+        # The packed all-reduce's read, and nothing else: no scalar made from Python, no
+        # pageable copy, no data-dependent op in FSDP's step or the trainer's.
+        assert step["syncs"] == [["read tolist"], ["read tolist"]], step["syncs"]
+        # Attention takes the math kernel on the device and the fused CPU one on the host.
+        assert step["losses"] == pytest.approx(step["host_losses"], rel=1e-4)
+        assert step["max_update_gap"] < 4 * 6e-4   # two AdamW steps at the default peak LR
+    assert sharded[0]["step"]["losses"] == sharded[1]["step"]["losses"]   # all-reduced
+
+
+def test_the_sharded_memory_restore_and_storage_load_on_the_device(sharded):
+    for rank in sharded:
+        memory = _ok(rank["memory"])
+        assert memory["values"] and memory["placement"] == []
+        assert memory["snapshot_on_device"] == [], "the snapshot kept device memory"
+        assert memory["restored_on_host"] == [], "the restore left state on the host"
+        storage = _ok(rank["storage"])
+        assert storage["changed"] and storage["loaded"] == 3
+        assert storage["values"] and storage["placement"] == []

@@ -56,7 +56,7 @@ def test_the_micro_batch_is_the_largest_the_planner_fits_on_the_device():
 
         def fits(n):
             return mem.estimate(cfg, micro_batch=n, capacity_bytes=h200, stage=3, dp=1,
-                                flash_attention=True).fits
+                                flash_attention=True, compiled=True).fits
 
         assert fits(b) and (b == 64 or not fits(2 * b)), (model, b)
     # The old fixed default (8 x 8,192 tokens) does not fit llama-1b on one H200 by that count;

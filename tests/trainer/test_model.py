@@ -172,3 +172,41 @@ def test_rope_in_bf16_stays_close_to_fp32():
     fast = apply_rope(q.bfloat16(), cos, sin)
     assert fast.dtype == torch.bfloat16
     assert torch.allclose(fast.float(), exact, atol=0.05, rtol=0.02)
+
+
+def test_rope_rounds_exactly_as_the_two_halves_computed_apart():
+    # The rotation is written over the whole head (x·cos + roll(x)·signed_sin) to launch half
+    # the kernels; it must round exactly like RoFormer's form on the halves, in fp32 and bf16.
+    cfg = arch.PRESETS["llama-tiny"]
+    cos, signed_sin = rope_tables(cfg)
+    half = cfg.head_dim // 2
+    c, s = cos[:, :half], signed_sin[:, half:]
+    assert torch.equal(signed_sin[:, :half], -s)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(2, cfg.heads, cfg.seq_len - 3, cfg.head_dim).to(dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        cc, ss = c[:x.size(2)].to(dtype), s[:x.size(2)].to(dtype)
+        reference = torch.cat([x1 * cc - x2 * ss, x1 * ss + x2 * cc], dim=-1)
+        assert torch.equal(apply_rope(x, cos, signed_sin), reference), dtype
+
+
+def test_rope_forward_and_backward_dispatch_a_handful_of_ops():
+    # Eagerly each dispatched op is a kernel launch (and host time) on a GPU: the rotation of
+    # queries and keys is 4 ops forward and about as many backward, once per block for both.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    cfg = arch.PRESETS["llama-tiny"]
+    cos, signed_sin = rope_tables(cfg)
+    x = torch.randn(2, cfg.heads + cfg.n_kv_heads, cfg.seq_len, cfg.head_dim, requires_grad=True)
+    with Count() as count:
+        apply_rope(x, cos, signed_sin).sum().backward()
+    compute = [op for op in count.ops if "roll" in op or "mul" in op or "add" in op]
+    assert len(compute) <= 8, count.ops
+    assert len(count.ops) <= 14, count.ops

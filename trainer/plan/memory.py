@@ -17,12 +17,18 @@ Owns byte arithmetic only; which layout to pick is `parallelism`'s job. Sources:
   for other MLP widths f it is generalised here to 18 + 4f/h (exactly 34 at f = 4h).
 - Logits: s·b·V values kept in fp32 for the loss, 4 bytes each, divided by t (vocab-parallel
   output layer) — the term Megatron's theoretical_memory_usage.py adds for the output layer.
+  That is what the loss keeps; at its fullest, the backward's first step, eager PyTorch also
+  holds two fp32 gradients of that size (`loss_transient_bytes`): 12 bytes a logit in all, while
+  every block's activations are still kept. At a 128K vocabulary that is most of the step's
+  peak, and what compiling the loss saves most.
 - Crucible's own blocks (`block_activation_bytes`, what `estimate` uses): Korthikanti's table
   counts Megatron's GPT (dropout masks, no RoPE, GELU, one key/value head per query head). The
   count here is of the tensors Crucible's module keeps for backward, op by op, with fused
   attention: per token, each norm its input and output (RMSNorm also its normalised input),
-  attention 4h + 3·kv (rotated q and k, the fused q|k|v output, the attention output and its
-  transposed copy; kv = key/value width, h under MHA, less under GQA), the MLP 2f (GELU: its
+  attention 3h + 3·kv (rotated q and k, the fused q|k|v output, the attention output; kv =
+  key/value width, h under MHA, less under GQA; fused attention kernels write their output
+  (b, s, heads, head_dim) in memory, so the output projection's input is that same tensor, where
+  unfused attention makes a transposed copy, h more), the MLP 2f (GELU: its
   input and output) or 4f (SwiGLU: gate|up, silu(gate), their product). A test holds it against
   the bytes autograd actually saves for every preset's block shape.
 - Compiled blocks and loss (`compiled=True`; `training.compile`, on by default on CUDA):
@@ -156,7 +162,7 @@ def block_activation_values(cfg: GPTConfig, compiled: bool = False) -> dict[str,
     rotated = h + kv if cfg.position == "rope" else 0
     swiglu = 3 * f if compiled else 4 * f  # compiled: silu(gate) recomputed in the backward
     return {"norms": 2 * (_norm_values(cfg, compiled) + stats),
-            "attention": rotated + (h + 2 * kv) + 2 * h + cfg.heads,
+            "attention": rotated + (h + 2 * kv) + h + cfg.heads,
             "mlp": swiglu if cfg.mlp == "swiglu" else 2 * f}
 
 
@@ -181,6 +187,8 @@ def block_activation_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: i
     per_token = (parts["norms"] + rest) / t if sequence_parallel else parts["norms"] + rest / t
     if recompute == "none" and not flash_attention:
         per_token += 2.5 * cfg.heads * seq_len / t  # 5as/h bytes per sbh, at 2 bytes a value
+    if not flash_attention:
+        per_token += cfg.dim / t  # the attention output's transposed copy
     return bytes_per_value * tokens * per_token
 
 
@@ -201,13 +209,62 @@ def logits_bytes(seq_len: int, micro_batch: int, vocab: int, tp: int = 1,
     return (bytes_per_value * rows * vocab + 8.0 * rows) / tp
 
 
+def _root_and_block(cfg: GPTConfig, model_parallel: int) -> tuple[float, float]:
+    block = block_params(cfg) / model_parallel
+    return (param_count(cfg) / model_parallel) - cfg.layers * block, block
+
+
+def loss_transient_bytes(seq_len: int, micro_batch: int, vocab: int, tp: int = 1,
+                         compiled: bool = False, bytes_per_value: int = 2) -> float:
+    """What the loss holds at its fullest beyond what it keeps (`logits_bytes`), while every
+    block's activations are still kept (the loss is the forward's end and the backward's
+    start). Eagerly the backward's start: the gradient of the log-softmax and its input's, fp32,
+    beside the kept log-softmax, 8·s·b·V bytes (the forward's fp32 copy of the logits and the
+    logits themselves, 6 bytes a logit at bf16, are less). Compiled: the logits' gradient in
+    their own dtype beside the kept logits. Measured on CPU, the allocator's events: 12 bytes a
+    logit eagerly in all, 2 beyond the kept logits compiled (tests/trainer/test_activation_memory.py)."""
+    rows = seq_len * micro_batch
+    return (bytes_per_value if compiled else 8.0) * rows * vocab / tp
+
+
+def fsdp_gathered_bytes(cfg: GPTConfig, precision: Precision, model_parallel: int = 1) -> float:
+    """ZeRO-3's gathered parameters on top of the shards: the root and two blocks."""
+    root, block = _root_and_block(cfg, model_parallel)
+    return precision.param_bytes * (root + 2 * block)
+
+
 def fsdp_working_bytes(cfg: GPTConfig, precision: Precision, model_parallel: int = 1) -> float:
     """ZeRO-3's gathered parameters and whole gradients on top of the shards (module
     docstring): the root gathered and its fp32 gradient whole, two blocks gathered, one block's
     fp32 gradient whole."""
-    block = block_params(cfg) / model_parallel
-    root = (param_count(cfg) / model_parallel) - cfg.layers * block
-    return precision.param_bytes * (root + 2 * block) + 4.0 * max(root, block)
+    root, block = _root_and_block(cfg, model_parallel)
+    return fsdp_gathered_bytes(cfg, precision, model_parallel) + 4.0 * max(root, block)
+
+
+def eval_forward_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: int = 1,
+                       compiled: bool = False, bytes_per_value: int = 2) -> float:
+    """The held-out eval's fullest point beyond the weights: a forward without autograd keeps
+    nothing from one block to the next, so it is the larger of one block's and the head's live
+    tensors at a time (the module docstring's letters; b bytes a value).
+
+    Eager, per token: attention 6h + 5·kv (the block's input, the norm's output, q|k|v, and the
+    rotation's three temporaries), the MLP 3h + 2f (GELU) or 3h + 4f (SwiGLU: gate|up, silu and
+    the product); the head h plus the logits, their fp32 copy and its log-softmax, b·V + 8·V
+    bytes (fp32: the copy is the logits themselves). Compiled, inductor frees each buffer after
+    its last use and fuses the elementwise ops: attention 5h + 3·kv (the norm's output lives
+    until the rotation), the MLP 3h + f (GELU written in place over its input) or 2h + 3f, the
+    head 2h plus the logits in their own dtype and two fp32 values a row. Measured on CPU
+    (tests/trainer/test_activation_memory.py, the allocator's own events)."""
+    h, kv, f, vocab = cfg.dim, cfg.kv_dim, cfg.ffn_dim, cfg.vocab_size
+    b = bytes_per_value
+    swiglu = cfg.mlp == "swiglu"
+    if compiled:
+        block = max(5 * h + 3 * kv, 2 * h + 3 * f if swiglu else 3 * h + f) * b
+        logits = 2 * h * b + b * vocab + 8
+    else:
+        block = max(6 * h + 5 * kv, 3 * h + (4 * f if swiglu else 2 * f)) * b
+        logits = h * b + b * vocab + (4 * vocab if b != 4 else 0) + 4 * vocab
+    return seq_len * micro_batch * max(block, logits) / tp
 
 
 def accumulated_grad_bytes(params: float, model_parallel: int = 1) -> float:
@@ -226,11 +283,15 @@ class MemoryEstimate:
     usable_fraction: float
     working_bytes: float = 0.0       # FSDP's gathered parameters and whole gradients (ZeRO-3)
     accumulated_grad_bytes: float = 0.0   # gradientSync: lastMicroBatch
+    loss_transient_bytes: float = 0.0     # the loss's fullest point beyond what it keeps
+    # The held-out eval's peak, all of it: the same micro-batch through a forward without
+    # autograd, beside the model states (the next step's gradients included).
+    eval_bytes: float = 0.0
 
     @property
     def total_bytes(self) -> float:
         return (self.states.total_bytes + self.activations_bytes + self.logits_bytes
-                + self.working_bytes + self.accumulated_grad_bytes)
+                + self.loss_transient_bytes + self.working_bytes + self.accumulated_grad_bytes)
 
     @property
     def usable_bytes(self) -> float:
@@ -252,7 +313,8 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
              precision: Precision = PRECISIONS["bf16"], sequence_parallel: bool = True,
              params: float | None = None, flash_attention: bool = False,
              accumulate_unsharded: bool = False, compiled: bool = False) -> MemoryEstimate:
-    """Per-GPU memory of `cfg` trained with this layout (first pipeline stage, the fullest).
+    """Per-GPU memory of `cfg` trained with this layout (pipelined: the fuller of the first
+    stage, with p micro-batches in flight, and the last, with the output layer and loss).
 
     `compiled`: blocks and loss run through torch.compile (module docstring).
 
@@ -269,13 +331,28 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
     per_layer = block_activation_bytes(cfg, cfg.seq_len, micro_batch, tp, sequence_parallel,
                                        recompute, precision.activation_bytes, flash_attention,
                                        compiled)
-    acts = cfg.layers * per_layer  # 1F1B: p micro-batches × L/p layers (Korthikanti §4.2.3)
-    logits = 0.0
-    if pp == 1:  # the last stage's; the first (counted here) holds more layers' activations
-        acts += head_activation_bytes(cfg, cfg.seq_len, micro_batch, precision.activation_bytes)
-        logits = logits_bytes(cfg.seq_len, micro_batch, cfg.vocab_size, tp, compiled,
-                              precision.activation_bytes)
+    head = head_activation_bytes(cfg, cfg.seq_len, micro_batch, precision.activation_bytes)
+    logits = logits_bytes(cfg.seq_len, micro_batch, cfg.vocab_size, tp, compiled,
+                          precision.activation_bytes)
+    transient = loss_transient_bytes(cfg.seq_len, micro_batch, cfg.vocab_size, tp, compiled,
+                                     precision.activation_bytes)
+    # 1F1B: the first stage holds p micro-batches × L/p layers (Korthikanti §4.2.3), L layers'
+    # worth; the last holds one micro-batch of its L/p layers and the output layer's logits and
+    # loss, which at a large vocabulary make it the fuller one. Unpipelined both are the one GPU.
+    acts = cfg.layers * per_layer
+    if pp == 1:
+        acts += head
+    elif cfg.layers / pp * per_layer + head + logits + transient <= acts:
+        logits = transient = 0.0     # the first stage is the fullest
+    else:
+        acts = cfg.layers / pp * per_layer + head
     working = fsdp_working_bytes(cfg, precision, tp * pp) if stage == 3 else 0.0
     accumulated = accumulated_grad_bytes(n, tp * pp) if accumulate_unsharded else 0.0
+    # The eval runs between a step's backward and its update (the loop evaluates when it
+    # finishes a step, with the next one's gradients already made): every state is there.
+    evaluation = (states.total_bytes + accumulated
+                  + (fsdp_gathered_bytes(cfg, precision, tp * pp) if stage == 3 else 0.0)
+                  + eval_forward_bytes(cfg, cfg.seq_len, micro_batch, tp, compiled,
+                                       precision.activation_bytes))
     return MemoryEstimate(states, acts, logits, capacity_bytes, USABLE_FRACTION, working,
-                          accumulated)
+                          accumulated, transient, evaluation)

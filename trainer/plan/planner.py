@@ -243,8 +243,11 @@ def _memory_section(plan: Plan, inp: PlanInputs, precision: mem.Precision) -> Se
     per_block = mem.block_activation_values(cfg, inp.compiled)
     block = (f"{kind}: norms {per_block['norms']:g} + attention {per_block['attention']:g} + "
              f"MLP {per_block['mlp']:g} values/token")
-    for rc, formula in (("none", f"L·sb({block} + 2.5as), scores stored (no fused attention)"),
-                        ("selective", f"L·sb({block}) (= none with FlashAttention/SDPA)"),
+    for rc, formula in (("none", f"L·sb({block} + h + 2.5as), scores and a transposed output "
+                                 "copy stored (no fused attention)"),
+                        ("selective", f"L·sb({block} + h), the attention output's transposed "
+                                      "copy (none with FlashAttention/SDPA, which writes no "
+                                      "copy, is this less L·sbh)"),
                         ("full", "L·sbh (each block's input)")):
         acts = cfg.layers * mem.block_activation_bytes(
             cfg, cfg.seq_len, inp.micro_batch, recompute=rc,
@@ -260,9 +263,21 @@ def _memory_section(plan: Plan, inp: PlanInputs, precision: mem.Precision) -> Se
         s.add("logits", "fp32 logits", mem.logits_bytes(cfg.seq_len, inp.micro_batch,
                                                          cfg.vocab_size),
               "B", "4·s·b·V", "Megatron theoretical_memory_usage.py")
+    s.add("loss_transient", f"the loss at its fullest, beyond what it keeps ({kind})",
+          mem.loss_transient_bytes(cfg.seq_len, inp.micro_batch, cfg.vocab_size,
+                                   compiled=inp.compiled,
+                                   bytes_per_value=precision.activation_bytes),
+          "B", f"{precision.activation_bytes}·s·b·V (the logits' gradient)" if inp.compiled
+          else "8·s·b·V (two fp32 gradients at the backward's start)",
+          "measured: the CPU allocator's events (trainer/plan/memory.py)")
     s.add("fsdp_working", "FSDP gathered root + 2 blocks, whole fp32 root gradient",
           mem.fsdp_working_bytes(cfg, precision), "B", "p·(root + 2·block) + 4·root (ZeRO-3)",
           "trainer/parallel.py's wrapping (torchtitan's)")
+    s.add("eval_forward", f"held-out eval, the forward at its fullest ({kind})",
+          mem.eval_forward_bytes(cfg, cfg.seq_len, inp.micro_batch, compiled=inp.compiled,
+                                 bytes_per_value=precision.activation_bytes),
+          "B", "s·b·max(one block, head + logits), no autograd",
+          "measured: the CPU allocator's events (trainer/plan/memory.py)")
     s.add("accumulated_grads", "fp32 gradients kept whole (gradientSync: lastMicroBatch)",
           mem.accumulated_grad_bytes(plan.params), "B", "4Ψ, only with several micro-batches",
           "FSDP2 set_requires_gradient_sync(False)")
@@ -278,7 +293,11 @@ def _memory_section(plan: Plan, inp: PlanInputs, precision: mem.Precision) -> Se
     if plan.fsdp is not None:
         s.add("crucible_fsdp", "Crucible FSDP total", plan.fsdp.memory.total_bytes, "B",
               f"ZeRO-3 + activation checkpointing {'on' if plan.fsdp.layout.recompute == 'full' else 'off'}",
-              "states + activations + logits + FSDP working set")
+              "states + activations + logits and the loss's transient + FSDP working set")
+        s.add("crucible_fsdp_eval", "Crucible FSDP total during eval", plan.fsdp.memory.eval_bytes,
+              "B", "model states + gathered root and blocks + eval forward",
+              "the eval runs before the next step's update; never above the step's at one "
+              "micro-batch")
     else:
         s.notes.append("Crucible's FSDP layout does not fit even with activation checkpointing: "
                        "add GPUs, or lower --micro-batch / --seq-len.")

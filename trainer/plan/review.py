@@ -238,6 +238,7 @@ def _memory(s: Setup, ctx: Context) -> list[Finding]:
     return [_f("error", "memory fit", "does-not-fit", f"{lay.describe()} needs "
                f"{est.total_bytes / gib:.1f} GiB per GPU (states {est.states.total_bytes / gib:.1f}, "
                f"activations {est.activations_bytes / gib:.1f}, logits {est.logits_bytes / gib:.1f}"
+               f" and the loss's transient {est.loss_transient_bytes / gib:.1f}"
                + (f", FSDP's gathered root and blocks {est.working_bytes / gib:.1f}"
                   if est.working_bytes else "")
                + (f", fp32 gradients kept whole across micro-batches (gradientSync: "
