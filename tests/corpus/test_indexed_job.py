@@ -34,7 +34,7 @@ def test_shipped_manifest_is_the_rendered_one():
 
 
 def test_job_is_indexed_and_mounts_a_valid_config():
-    config_map, job = rendered()
+    config_map, _, job = rendered()
     spec = job["spec"]
     assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job")
     assert spec["completionMode"] == "Indexed"
@@ -48,7 +48,7 @@ def test_job_is_indexed_and_mounts_a_valid_config():
 
 
 def test_container_command_parses_with_the_real_cli():
-    _, job = rendered()
+    _, _, job = rendered()
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["crucible"]
     args = build_parser().parse_args(container["args"])
@@ -61,11 +61,11 @@ def test_container_command_parses_with_the_real_cli():
 
 
 def test_more_shards_than_pods_reach_the_workers():
-    _, job = render_job("c", "img", EXAMPLE.read_text(), 4, shards=32)
+    _, _, job = render_job("c", "img", EXAMPLE.read_text(), 4, shards=32)
     args = build_parser().parse_args(job["spec"]["template"]["spec"]["containers"][0]["args"])
     assert args.shards == 32 and Shard.parse(args.shard, {"JOB_COMPLETION_INDEX": "3"}) == \
         Shard(3, 4)
-    assert "--shards" not in pod_spec(rendered()[1])["containers"][0]["args"]   # one per pod
+    assert "--shards" not in pod_spec(rendered()[-1])["containers"][0]["args"]   # one per pod
     with pytest.raises(ValueError, match="shards"):
         render_job("c", "img", EXAMPLE.read_text(), 4, shards=0)
 
@@ -75,7 +75,7 @@ def pod_spec(job: dict) -> dict:
 
 
 def test_pods_run_restricted_with_one_writable_scratch_dir():
-    _, job = rendered()
+    _, _, job = rendered()
     spec = pod_spec(job)
     [container] = spec["containers"]
     assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
@@ -98,7 +98,7 @@ def secret_refs(container: dict) -> dict:
 
 
 def test_s3_credentials_are_read_key_by_key():
-    _, job = rendered()
+    _, _, job = rendered()
     [container] = pod_spec(job)["containers"]
     assert "envFrom" not in container
     assert secret_refs(container) == {
@@ -107,21 +107,43 @@ def test_s3_credentials_are_read_key_by_key():
                                   "optional": False},
         "AWS_ENDPOINT_URL": {"name": "s3-creds", "key": "AWS_ENDPOINT_URL", "optional": True},
         "AWS_DEFAULT_REGION": {"name": "s3-creds", "key": "AWS_DEFAULT_REGION", "optional": True}}
-    _, job = render_job("c", "img", EXAMPLE.read_text(), 1, s3_secret="minio",
+    _, _, job = render_job("c", "img", EXAMPLE.read_text(), 1, s3_secret="minio",
                         s3_keys={"AWS_ACCESS_KEY_ID": "accessKey"})
     refs = secret_refs(pod_spec(job)["containers"][0])
     assert refs["AWS_ACCESS_KEY_ID"] == {"name": "minio", "key": "accessKey", "optional": False}
     assert refs["AWS_SECRET_ACCESS_KEY"]["key"] == "AWS_SECRET_ACCESS_KEY"
-    _, job = render_job("c", "img", EXAMPLE.read_text(), 1, s3_secret=None)
+    _, _, job = render_job("c", "img", EXAMPLE.read_text(), 1, s3_secret=None)
     assert secret_refs(pod_spec(job)["containers"][0]) == {}
     with pytest.raises(ValueError, match="AWS_SECRET_KEY"):
         render_job("c", "img", EXAMPLE.read_text(), 1, s3_keys={"AWS_SECRET_KEY": "k"})
 
 
+def test_the_pods_get_a_network_policy_first_no_ingress_and_no_instance_metadata(capsys):
+    objects = rendered()
+    assert [o["kind"] for o in objects] == ["ConfigMap", "NetworkPolicy", "Job"]
+    _, policy, job = objects
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector and all(labels.get(k) == v for k, v in selector.items())
+    assert policy["spec"]["ingress"] == [] and "Ingress" in policy["spec"]["policyTypes"]
+    [egress] = policy["spec"]["egress"]
+    blocked = {a for peer in egress["to"] for a in peer.get("ipBlock", {}).get("except", [])}
+    assert "169.254.169.254/32" in blocked and "fd00:ec2::254/128" in blocked
+    env = {e["name"]: e.get("value") for e in pod_spec(job)["containers"][0]["env"]}
+    assert env["AWS_EC2_METADATA_DISABLED"] == "true"
+    # An admin who lets the pods use the node's role (GKE workload identity) says so.
+    argv = ["corpus", "manifest", "--config", str(EXAMPLE), "--workers", "2", "--image", "img"]
+    assert main(argv + ["--allow-instance-metadata"]) == 0
+    _, policy, job = yaml.safe_load_all(capsys.readouterr().out)
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and "egress" not in policy["spec"]
+    assert "AWS_EC2_METADATA_DISABLED" not in {
+        e["name"] for e in pod_spec(job)["containers"][0]["env"]}
+
+
 def test_manifest_cli_takes_secret_keys(capsys):
     argv = ["corpus", "manifest", "--config", str(EXAMPLE), "--workers", "2", "--image", "img"]
     assert main(argv + ["--s3-key", "AWS_SECRET_ACCESS_KEY=secretKey", "--scratch", "8Gi"]) == 0
-    _, job = yaml.safe_load_all(capsys.readouterr().out)
+    _, _, job = yaml.safe_load_all(capsys.readouterr().out)
     refs = secret_refs(pod_spec(job)["containers"][0])
     assert refs["AWS_SECRET_ACCESS_KEY"]["key"] == "secretKey"
     assert pod_spec(job)["volumes"][1]["emptyDir"] == {"sizeLimit": "8Gi"}
@@ -155,10 +177,12 @@ def test_restricted_namespace_admits_the_job_and_refuses_its_pods_without_harden
     from kubernetes.client.exceptions import ApiException
 
     namespace = restricted_namespace
-    config_map, job = render_job("corpus", "registry.example/crucible-trainer:0.1",
-                                 EXAMPLE.read_text(), 2, namespace=namespace)
+    config_map, policy, job = render_job("corpus", "registry.example/crucible-trainer:0.1",
+                                         EXAMPLE.read_text(), 2, namespace=namespace)
     core, batch = kube.core(), client.BatchV1Api(kube.client())
     core.create_namespaced_config_map(namespace, config_map, dry_run="All")
+    client.NetworkingV1Api(kube.client()).create_namespaced_network_policy(namespace, policy,
+                                                                          dry_run="All")
     batch.create_namespaced_job(namespace, job, dry_run="All")
     # Pod Security admission enforces on pods only (a Job gets warnings at most), so the pod the
     # Job controller would create is submitted too, and once more without the securityContexts.

@@ -38,9 +38,10 @@ def test_manifest_cli_renders_the_rayjob(capsys):
     assert main(argv + ["--engine", "ray"]) == 0
     assert capsys.readouterr().out == SHIPPED.read_text()
     assert main(argv) == 0                                      # the default engine
-    assert [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)] == ["ConfigMap", "Job"]
+    assert [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)] == [
+        "ConfigMap", "NetworkPolicy", "Job"]
     assert main(argv + ["--engine", "ray", "--ray-resources", "buckets=cpu:1,memory:2Gi"]) == 0
-    _, job = yaml.safe_load_all(capsys.readouterr().out)
+    _, _, job = yaml.safe_load_all(capsys.readouterr().out)
     assert job["spec"]["entrypoint"].endswith("--ray-resources buckets=cpu:1,memory:2Gi")
     assert main(argv + ["--engine", "ray", "--ray-resources", "buckets=gpu:1"]) == 2
     assert main(argv + ["--engine", "ray", "--ray-resources", "bucket=cpu:1"]) == 2  # a typo
@@ -49,7 +50,7 @@ def test_manifest_cli_renders_the_rayjob(capsys):
 
 
 def test_entrypoint_parses_with_the_real_cli_and_reads_the_mounted_config():
-    config_map, job = rendered(ray_resources=["clusters=memory:8Gi"])
+    config_map, _, job = rendered(ray_resources=["clusters=memory:8Gi"])
     assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
     assert job["spec"]["shutdownAfterJobFinishes"] is True
     argv = shlex.split(job["spec"]["entrypoint"])
@@ -67,7 +68,7 @@ def test_entrypoint_parses_with_the_real_cli_and_reads_the_mounted_config():
 
 
 def test_head_runs_no_tasks_and_the_worker_group_has_the_workers():
-    _, job = rendered()
+    _, _, job = rendered()
     cluster = job["spec"]["rayClusterSpec"]
     assert cluster["rayVersion"] == "2.60.0"
     assert cluster["authOptions"] == {"mode": "token"}      # the job API wants KubeRay's token
@@ -88,7 +89,7 @@ def pods(job: dict) -> dict[str, dict]:
 
 
 def test_every_pod_runs_restricted_and_writes_only_to_its_empty_dirs():
-    _, job = rendered()
+    _, _, job = rendered()
     for role, spec in pods(job).items():
         [container] = spec["containers"]
         assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000,
@@ -112,8 +113,29 @@ def test_every_pod_runs_restricted_and_writes_only_to_its_empty_dirs():
         assert "command" not in container                     # KubeRay writes `ray start`
 
 
+def test_the_ray_pods_meet_each_other_and_only_the_job_api_is_open_to_the_cluster():
+    _, policy, job = rendered()
+    spec = policy["spec"]
+    cluster = job["spec"]["rayClusterSpec"]
+    templates = {"head": cluster["headGroupSpec"]["template"],
+                 "worker": cluster["workerGroupSpecs"][0]["template"],
+                 "submitter": job["spec"]["submitterPodTemplate"]}
+    for role, template in templates.items():
+        labels = template["metadata"]["labels"]
+        assert all(labels.get(k) == v for k, v in spec["podSelector"]["matchLabels"].items()), role
+    own, api = spec["ingress"]
+    assert own == {"from": [{"podSelector": spec["podSelector"]}]}      # every port, own pods
+    assert api["ports"] == [{"protocol": "TCP", "port": 8265}]
+    blocked = {a for peer in spec["egress"][0]["to"] for a in peer.get("ipBlock", {}).get(
+        "except", [])}
+    assert "169.254.169.254/32" in blocked
+    for role in ("head", "worker"):
+        env = {e["name"]: e.get("value") for e in pods(job)[role]["containers"][0]["env"]}
+        assert env["AWS_EC2_METADATA_DISABLED"] == "true"
+
+
 def test_s3_credentials_are_read_key_by_key_where_tasks_run():
-    _, job = rendered(s3_secret="minio", s3_keys={"AWS_ACCESS_KEY_ID": "accessKey"})
+    _, _, job = rendered(s3_secret="minio", s3_keys={"AWS_ACCESS_KEY_ID": "accessKey"})
     for role in ("head", "worker"):
         [container] = pods(job)[role]["containers"]
         assert "envFrom" not in container
@@ -132,8 +154,11 @@ def test_restricted_namespace_admits_every_ray_pod(kube, restricted_namespace): 
     templates describe them (KubeRay adds a command, probes, env and the /dev/shm emptyDir, none
     of which the restricted profile looks at). The RayJob itself needs KubeRay's CRD, which the
     stack does not have."""
-    _, job = rendered(namespace=restricted_namespace)
+    _, policy, job = rendered(namespace=restricted_namespace)
     core = kube.core()
+    from kubernetes import client
+    client.NetworkingV1Api(kube.client()).create_namespaced_network_policy(
+        restricted_namespace, policy, dry_run="All")
     for role, spec in pods(job).items():
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": f"corpus-{role}", "namespace": restricted_namespace},

@@ -345,7 +345,8 @@ def test_limits_in_the_config():
     assert cfg.limits == ReadLimits(1024, 16 * GiB)
     assert corpus_config.describe(cfg)["limits"] == {"max_record_bytes": 1024,
                                                      "max_file_bytes": 16 * GiB,
-                                                     "max_row_group_bytes": 1 * GiB}
+                                                     "max_row_group_bytes": 1 * GiB,
+                                                     "max_step_seconds": 10.0}
     for bad in ({"max_record_bytes": 0}, {"max_file_bytes": "1G"}, {"max_line": 1}):
         with pytest.raises(ConfigError):
             corpus_config.from_dict({**base, "limits": bad})
@@ -541,6 +542,56 @@ def test_a_row_group_over_the_cap_is_counted_and_the_next_is_read(tmp_path):
     assert records[1].text == texts[1]
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n >> 7 else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def test_a_footer_that_understates_its_row_group_is_caught_by_the_page_headers(tmp_path):
+    """The footer's sizes are the file's word; Arrow allocates what each page's header declares.
+    A footer patched to say 20 KB of a ~300 KB row group passes a footer-only cap (64 KiB here)
+    and Arrow decodes the 300 KB; the page headers tell the truth and the group is skipped."""
+    from types import SimpleNamespace
+
+    from crucible.trainer.corpus.parquet_pages import declared_bytes
+
+    path = tmp_path / "liar.parquet"
+    rows = [f"{i} {COOKIES[0] * 40}" for i in range(64)]
+    pq.write_table(pa.table({"text": rows}), path, compression="zstd", data_page_size=32 * 1024)
+    column = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    honest = column.total_uncompressed_size
+    with open(path, "rb") as f:
+        pages = declared_bytes(f, column)
+    # The headers' sum is the footer's count less the headers' own bytes.
+    assert 0.95 * honest < pages <= honest and honest > 128 * 1024
+    # Understate: every copy of the count (chunk and row group) in the footer, same length.
+    data = path.read_bytes()
+    footer_len = int.from_bytes(data[-8:-4], "little")
+    footer = data[-8 - footer_len:-8]
+    lie = 20_000
+    truth_bytes, lie_bytes = _varint(honest << 1), _varint(lie << 1)
+    assert len(truth_bytes) == len(lie_bytes) and footer.count(truth_bytes) >= 1
+    path.write_bytes(data[:-8 - footer_len] + footer.replace(truth_bytes, lie_bytes) + data[-8:])
+    assert pq.ParquetFile(path).metadata.row_group(0).column(0).total_uncompressed_size == lie
+    records = read(path, ReadLimits(max_row_group_bytes=64 * 1024))
+    assert summary(records) == ["row_group_too_large"]
+    # Under a cap that holds it, the same file reads whole: the check refuses only the lie.
+    assert summary(read(path, ReadLimits(max_row_group_bytes=1 << 20))) == ["doc"] * 64
+
+    # A chunk whose pages are not page headers is a bad file, not a crash.
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(bytes(range(256)) * 64)
+    fake = SimpleNamespace(data_page_offset=7, has_dictionary_page=False,
+                           dictionary_page_offset=None, total_compressed_size=10_000)
+    from crucible.trainer.corpus.bounded import FileProblem
+    with open(garbage, "rb") as f, pytest.raises(FileProblem, match="page header"):
+        declared_bytes(f, fake)
+
+
 @pytest.mark.parametrize("dictionary", [True, False])
 def test_parquet_rows_keep_their_order_ids_and_nulls_by_either_reader(tmp_path, dictionary):
     texts = [COOKIES[i % 4] for i in range(3000)]
@@ -591,3 +642,159 @@ def test_deflate_is_told_from_raw_deflate_even_when_it_arrives_a_byte_at_a_time(
         chunked(deflated(GOOD, zlib.MAX_WBITS), 1))]))
     [record] = read(tmp_path / "d.warc")
     assert isinstance(record, Document) and record.text == GOOD.decode()
+
+
+# --- one document cannot end a run: time and errors per record --------------------------------------
+def test_a_slow_or_raising_step_drops_that_document_and_the_run_goes_on():
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from crucible.trainer.corpus.step import Formatter, run_steps
+
+    @dataclass
+    class Hostile(Formatter):
+        name: ClassVar[str] = "hostile"
+
+        def format(self, text: str) -> str:
+            if text == "slow":
+                while True:   # pure Python: the time limit stops it
+                    pass
+            if text == "boom":
+                raise ValueError("a step's parser choked")
+            return text.upper()
+
+    docs = [Document(text=t, id=str(i), source="web", key=i) for i, t in
+            enumerate(["one", "slow", "two", "boom", "three"])]
+    step = Hostile()
+    stats = [step.new_stats()]
+    started = time.perf_counter()
+    kept = [d.text for d in run_steps(docs, [step], stats, time_limit_s=0.3)]
+    assert time.perf_counter() - started < 5
+    assert kept == ["ONE", "TWO", "THREE"]
+    [s] = stats
+    totals = s.totals()
+    assert totals.dropped_docs == {"hostile_timeout": 1, "hostile_error": 1}
+    assert (totals.docs_in, totals.docs_out) == (5, 3)
+
+
+def test_a_step_that_swallows_exceptions_is_still_stopped_and_no_alarm_outlives_it():
+    """Extractors guard their fallbacks with `except Exception` (trafilatura's recall retry and
+    justext rescue), and some with a bare `except:`: the limit must stop both, and the alarm
+    must be gone once the step returns."""
+    import signal
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from crucible.trainer.corpus.step import Formatter, run_steps
+
+    @dataclass
+    class Guarded(Formatter):
+        name: ClassVar[str] = "guarded"
+
+        def format(self, text: str) -> str:
+            if text == "fallbacks":   # each fallback swallows what its predecessor raised
+                for _ in range(1_000):
+                    try:
+                        busy(0.1)
+                    except Exception:   # noqa: BLE001 -- what the extractors do
+                        pass
+            if text == "bare":   # swallows one alarm of any kind, then returns a result
+                try:
+                    busy(5)
+                except:  # noqa: E722
+                    pass
+                return "late"
+            return text.upper()
+
+    def busy(seconds: float) -> None:
+        until = time.perf_counter() + seconds
+        while time.perf_counter() < until:
+            pass
+
+    docs = [Document(text=t, id=str(i), source="web", key=i) for i, t in
+            enumerate(["one", "fallbacks", "two", "bare", "three"])]
+    step = Guarded()
+    stats = [step.new_stats()]
+    handler = signal.getsignal(signal.SIGALRM)
+    started = time.perf_counter()
+    kept = [d.text for d in run_steps(docs, [step], stats, time_limit_s=0.3)]
+    assert time.perf_counter() - started < 10
+    assert kept == ["ONE", "TWO", "THREE"]
+    assert stats[0].totals().dropped_docs == {"guarded_timeout": 2}
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) is handler
+    busy(0.2)   # an alarm left behind would raise here
+
+
+def test_html_bombs_are_counted_and_bounded_in_a_run(tmp_path):
+    """Nested tags (libxml2 stops at its depth limit: nothing extracted) and a page of 200,000
+    paragraphs (4 MB; 17.6 s and 416 MiB for trafilatura unbounded) stopped by the step time
+    limit; the good page beside them is kept."""
+    import resource
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    nested = "<html><body>" + "<div>" * 100_000 + "deep" + "</div>" * 100_000 + "</body></html>"
+    wide = "<html><body>" + "<p>word word word</p>" * 200_000 + "</body></html>"
+    (raw / "pages.warc.gz").write_bytes(warc([
+        ("text/html", nested.encode()), ("text/html", wide.encode()),
+        ("text/html", page(COOKIES[0]).encode())]))
+    output = tmp_path / "out"
+    cfg = corpus_config.from_dict({
+        "output": str(output), "sources": [{"name": "web", "paths": [str(raw)]}],
+        "steps": ["extract"], "dedup": {"exact": False, "near": False},
+        "limits": {"max_step_seconds": 1}})
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.perf_counter()
+    pipeline.run_local(cfg, 1)
+    assert time.perf_counter() - started < 60
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    report = json.loads((output / "report.json").read_text())
+    assert report["checks"]["adds_up"]
+    extract = next(s for s in report["steps"] if s["step"] == "extract")
+    reasons = {r["reason"]: r["docs"] for r in extract["reasons"]}
+    assert reasons == {"empty_after_extract": 1, "extract_timeout": 1}, reasons
+    kept = [doc.text for shard in sorted((output / "filtered").glob("shard-*.jsonl.zst"))
+            for doc in pipeline.read_docs(str(shard))]
+    assert len(kept) == 1 and COOKIES[0][:40] in kept[0]
+    assert grown_mib < 256, grown_mib
+
+
+def test_a_tag_of_100000_attributes_is_stopped_inside_the_parser(tmp_path, monkeypatch):
+    """libxml2's HTML parser is quadratic in one tag's attributes and a C call outlives the
+    limit's signal (100,000 here: about 15 s a parse, several parses in trafilatura); the
+    extracting process is killed at the limit, and the next page gets a fresh one. A process
+    that dies is `extract_error`, and the run goes on."""
+    import os
+
+    from crucible.trainer.corpus import extract
+    from crucible.trainer.corpus.step import run_steps
+
+    attrs = " ".join(f'a{i}="v"' for i in range(100_000))
+    bomb = f"<html><body><p {attrs}>x</p></body></html>"
+    good = page(COOKIES[0])
+    original = extract._extract
+
+    def dying(text, options):     # runs in the forked child
+        if text == "die":
+            os._exit(3)
+        return original(text, options)
+
+    monkeypatch.setattr(extract, "_extract", dying)
+    docs = [Document(text=t, id=str(i), source="web", key=i, metadata={"format": "html"})
+            for i, t in enumerate([good, bomb, good, "die", good])]
+    step = extract.ExtractHtml()
+    stats = [step.new_stats()]
+    started = time.perf_counter()
+    kept = list(run_steps(docs, [step], stats, time_limit_s=2))
+    assert time.perf_counter() - started < 20
+    assert [d.id for d in kept] == ["0", "2", "4"]
+    assert COOKIES[0][:40] in kept[-1].text
+    assert stats[0].totals().dropped_docs == {"extract_timeout": 1, "extract_error": 1}
+    step._stop()
+
+
+def test_the_step_time_limit_is_checked_in_the_config():
+    with pytest.raises(ConfigError, match="max_step_seconds: want a positive number of seconds"):
+        corpus_config.from_dict({"output": "x", "sources": [{"name": "a", "paths": ["y"]}],
+                                 "limits": {"max_step_seconds": 0}})

@@ -72,6 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     manifest.add_argument("--shards", type=int, default=None,
                           help="Indexed Job: shards of the corpus (default: one per worker); a "
                                "multiple of --workers makes a lost pod redo one shard, not 1/N")
+    manifest.add_argument("--allow-instance-metadata", action="store_true",
+                          help="let the pods reach the cloud's instance metadata (169.254.169.254) "
+                               "and with it the node's role, e.g. for GKE workload identity; by "
+                               "default their NetworkPolicy blocks it and the AWS SDK does not try")
     manifest.add_argument("--engine", choices=("indexed-job", "ray"), default="indexed-job",
                           help="an Indexed Job (no operator needed) or a KubeRay RayJob")
     _add_ray_resources(manifest)
@@ -162,12 +166,14 @@ def _manifest(args: argparse.Namespace) -> int:
             objects = render_rayjob(args.name, args.image, text, args.workers,
                                     namespace=args.namespace, s3_secret=args.s3_secret or None,
                                     s3_keys=_s3_keys(args.s3_key), scratch=args.scratch,
-                                    ray_resources=args.ray_resources)
+                                    ray_resources=args.ray_resources,
+                                    instance_metadata=args.allow_instance_metadata)
         else:
             objects = render_job(args.name, args.image, text, args.workers,
                                  namespace=args.namespace, s3_secret=args.s3_secret or None,
                                  s3_keys=_s3_keys(args.s3_key), scratch=args.scratch,
-                                 shards=args.shards)
+                                 shards=args.shards,
+                                 instance_metadata=args.allow_instance_metadata)
     except ValueError as err:
         raise UserError(str(err)) from None
     sys.stdout.write(to_yaml(objects))

@@ -57,10 +57,18 @@ class ReadLimits:
     max_record_bytes: int = 8 * MiB        # a JSONL line, WARC body, text/HTML file, Parquet value
     max_file_bytes: int = 16 * 1024 * MiB  # decompressed bytes of one input file
     max_row_group_bytes: int = 1024 * MiB  # decoded bytes of a Parquet row group's columns read
+    # Seconds one step may take over one document (HTML extraction of a page built to be slow:
+    # 200,000 paragraphs, 4 MB, took trafilatura 17.6 s and 416 MiB here); past it the document
+    # is dropped as <step>_timeout. Only where the steps run in a process's main thread.
+    max_step_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if name == "max_step_seconds":
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                    raise ValueError(f"limits.{name}: want a positive number of seconds, "
+                                     f"got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"limits.{name}: want a positive number of bytes, got {value!r}")
 
 

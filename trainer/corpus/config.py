@@ -23,7 +23,7 @@ Example (YAML):
     pii: {emails: true, ips: true}
     mixture: {weights: {web: 0.7, manuals: 0.3}, seed: 0}
     limits: {max_record_bytes: 8388608, max_file_bytes: 17179869184,   # the defaults
-             max_row_group_bytes: 1073741824}
+             max_row_group_bytes: 1073741824, max_step_seconds: 10}
 """
 
 from __future__ import annotations

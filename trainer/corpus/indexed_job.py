@@ -1,7 +1,7 @@
 """The Kubernetes Indexed Job that runs a corpus config on N workers, as a pure function.
 
-Owns: `render_job(...)` (the ConfigMap holding the corpus config, and a batch/v1 Job) and
-`to_yaml`. Must not: talk to the API server (whoever applies the YAML does).
+Owns: `render_job(...)` (the ConfigMap holding the corpus config, the pods' NetworkPolicy and a
+batch/v1 Job) and `to_yaml`. Must not: talk to the API server (whoever applies the YAML does).
 
 Design: one Indexed Job (completionMode: Indexed, completions = parallelism = N). Pod i runs
 `crucible corpus run --shard auto/N`, which reads JOB_COMPLETION_INDEX (set by the Job controller,
@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from crucible.api.launch import EXIT_USER_ERROR
+from crucible.api.network import egress_but_instance_metadata
 
 CONFIG_MOUNT = "/etc/crucible/corpus"
 SCRATCH_DIR = "/scratch"     # the image's HOME and working directory (trainer/Dockerfile)
@@ -63,18 +64,38 @@ def config_map_of(name: str, namespace: str, config_yaml: str) -> dict[str, Any]
             "data": {"corpus.yaml": config_yaml}}
 
 
-def pod_env(s3_secret: str | None, s3_keys: dict[str, str] | None) -> list[dict[str, Any]]:
-    """HOME and TMPDIR on the scratch volume, and S3 credentials from `s3_secret` if given."""
+def pod_env(s3_secret: str | None, s3_keys: dict[str, str] | None,
+            instance_metadata: bool = False) -> list[dict[str, Any]]:
+    """HOME and TMPDIR on the scratch volume, S3 credentials from `s3_secret` if given, and the
+    AWS SDK told not to ask the instance metadata for the node's role unless allowed."""
     env = [{"name": "HOME", "value": SCRATCH_DIR}, {"name": "TMPDIR", "value": SCRATCH_DIR}]
+    if not instance_metadata:
+        env.append({"name": "AWS_EC2_METADATA_DISABLED", "value": "true"})
     return env + s3_env(s3_secret, s3_keys) if s3_secret else env
+
+
+def network_policy(name: str, namespace: str, instance_metadata: bool = False,
+                   ingress: list[dict] | None = None) -> dict[str, Any]:
+    """The corpus pods' NetworkPolicy: no ingress but `ingress` (an Indexed Job's workers meet
+    only through S3), egress anywhere but the instance metadata (the node's cloud role) unless
+    `instance_metadata`. Listed before the pods' owner, so `kubectl apply` makes it first."""
+    spec: dict[str, Any] = {"podSelector": {"matchLabels": corpus_labels(name)},
+                            "policyTypes": ["Ingress"], "ingress": ingress or []}
+    if not instance_metadata:
+        spec["policyTypes"].append("Egress")
+        spec["egress"] = egress_but_instance_metadata()
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": name, "namespace": namespace, "labels": corpus_labels(name)},
+            "spec": spec}
 
 
 def render_job(name: str, image: str, config_yaml: str, workers: int, *,
                namespace: str = "default", s3_secret: str | None = "s3-creds",
                s3_keys: dict[str, str] | None = None, cpu: str = "1", memory: str = "4Gi",
                scratch: str = "32Gi", retries_per_index: int = 3,
-               wait_timeout_s: int = 24 * 3600, shards: int | None = None) -> list[dict[str, Any]]:
-    """[ConfigMap, Job] for running `config_yaml` on `workers` pods. `scratch` is the emptyDir's
+               wait_timeout_s: int = 24 * 3600, shards: int | None = None,
+               instance_metadata: bool = False) -> list[dict[str, Any]]:
+    """[ConfigMap, NetworkPolicy, Job] for running `config_yaml` on `workers` pods. `scratch` is the emptyDir's
     size limit: room for one output shard and one Parquet input from S3 (at most the config's
     limits.max_file_bytes) at a time. `shards` (default: one per pod) splits the corpus finer
     than the pods: pod i runs tasks i, i+N, ..., so a pod lost mid-stage redoes one shard."""
@@ -84,7 +105,7 @@ def render_job(name: str, image: str, config_yaml: str, workers: int, *,
         raise ValueError("shards must be >= 1")
     labels = corpus_labels(name)
     config_map = config_map_of(name, namespace, config_yaml)
-    env = pod_env(s3_secret, s3_keys)
+    env = pod_env(s3_secret, s3_keys, instance_metadata)
     container: dict[str, Any] = {
         "name": "corpus",
         "image": image,
@@ -130,7 +151,7 @@ def render_job(name: str, image: str, config_yaml: str, workers: int, *,
             },
         },
     }
-    return [config_map, job]
+    return [config_map, network_policy(name, namespace, instance_metadata), job]
 
 
 def to_yaml(objects: list[dict[str, Any]]) -> str:

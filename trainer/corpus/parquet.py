@@ -11,15 +11,12 @@ Arrow expands the references when it reads a batch. 1,024 references to one 1 Mi
   footer's word on a chunk's encoding is not taken) and never expanded: each row's size is its
   entry's length, a row over the record cap is not made into a Python value at all, and the
   others are made a slice at a time, at most SLICE_BYTES together (plus one record).
-- Arrow decodes a plain page whole, and a page's decoded size is only in its own header: a row
-  group whose columns decode to more than `max_row_group_bytes` by the footer's count is not read
-  but counted (`row_group_too_large`), and the rows after it are read.
+- Arrow decodes a page whole, allocating what the page's own header declares: a row group whose
+  columns decode to more than `max_row_group_bytes`, by the footer's count or by its pages'
+  headers (parquet_pages.py), whichever says more, is not read but counted
+  (`row_group_too_large`), and the rows after it are read.
 - Only flat columns are read (strings, bytes, numbers): a nested text column is `bad_parquet`,
   a nested id column is left unread.
-Known limit: the footer and the page headers are the file's own word. A crafted footer that
-understates a row group gets past the row-group cap, and Arrow then allocates what a page
-header declares (Parquet bounds a page at 2 GiB); the corpus Job's memory limit is the last
-bound there.
 """
 
 from __future__ import annotations
@@ -29,6 +26,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Iterator
 
 from crucible.trainer.corpus.bounded import FileProblem, ReadLimits
+from crucible.trainer.corpus.parquet_pages import declared_bytes
 
 SLICE_BYTES = 64 << 20        # values materialised together, at most (one record may exceed it)
 BATCH_ROWS = 1024             # rows Arrow reads at once (their dictionary indices, or values)
@@ -145,7 +143,10 @@ def bounded_rows(stream: IO[bytes], text_field: str, id_field: str,
                 yield None, None
             continue
         chunks = {meta.column(j).path_in_schema: meta.column(j) for j in range(meta.num_columns)}
-        decoded = sum(chunks[c].total_uncompressed_size for c in columns if c in chunks)
+        # The footer's count and the pages' own: Arrow allocates what the pages declare.
+        decoded = sum(max(chunks[c].total_uncompressed_size,
+                          declared_bytes(stream, chunks[c], limits.max_row_group_bytes))
+                      for c in columns if c in chunks)
         if decoded > limits.max_row_group_bytes:
             yield SkippedRowGroup(meta.num_rows, decoded)
             continue

@@ -253,7 +253,8 @@ class Job:
                     read_stats.count(name, count)
 
         kept = run_steps(_progress(documents(), f"filter {shard}/{self.shard_count}",
-                                   self.progress), steps, stats[1:])
+                                   self.progress), steps, stats[1:],
+                         self.config.limits.max_step_seconds)
         write_docs(shard_uri(self.output, "filtered", shard), kept)
         self._finish("filter", shard, stats)
 
@@ -316,7 +317,8 @@ class Job:
             steps.append(pii)
         stats = [step.new_stats() for step in steps]
         docs = read_docs(shard_uri(self.output, "filtered", shard))
-        kept = run_steps(_progress(docs, f"dedup {shard}", self.progress), steps, stats)
+        kept = run_steps(_progress(docs, f"dedup {shard}", self.progress), steps, stats,
+                         self.config.limits.max_step_seconds)
         write_docs(shard_uri(self.output, "deduped", shard), kept)
         self._finish("dedup", shard, stats)
 

@@ -39,12 +39,13 @@ import shlex
 from typing import Any
 
 from crucible.trainer.corpus.indexed_job import (CONFIG_MOUNT, RUN_UID, SCRATCH_DIR, config_map_of,
-                                                  corpus_labels, pod_env)
+                                                  corpus_labels, network_policy, pod_env)
 from crucible.trainer.corpus.ray_runner import TASKS_PER_CPU
 
 RAY_VERSION = "2.60.0"           # the pinned `ray` of the trainer extra (pyproject.toml)
 RAY_TMP_DIR = "/tmp/ray"          # RAY_TMPDIR=/tmp: Ray appends "ray"
 OBJECT_STORE_BYTES = 256 * 2**20  # config + results only; Ray's floor is 75 MiB
+DASHBOARD_PORT = 8265            # the head's job API, which KubeRay and the submitter call
 
 
 def _security() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -82,15 +83,20 @@ def render_rayjob(name: str, image: str, config_yaml: str, workers: int, *,
                   s3_keys: dict[str, str] | None = None, cpus_per_worker: int = 1,
                   memory: str = "4Gi", head_cpu: str = "1", head_memory: str = "4Gi",
                   scratch: str = "32Gi", ray_tmp: str = "8Gi",
-                  ray_resources: list[str] | None = None) -> list[dict[str, Any]]:
-    """[ConfigMap, RayJob] for running `config_yaml` on `workers` worker pods of
+                  ray_resources: list[str] | None = None,
+                  instance_metadata: bool = False) -> list[dict[str, Any]]:
+    """[ConfigMap, NetworkPolicy, RayJob] for running `config_yaml` on `workers` worker pods of
     `cpus_per_worker` CPUs each (the same CPUs and memory per worker as the Indexed Job by
-    default). `ray_tmp` bounds Ray's logs and spilled objects per pod."""
+    default). `ray_tmp` bounds Ray's logs and spilled objects per pod. The NetworkPolicy lets
+    the cluster's pods reach each other on every port (the GCS, the object store and the
+    workers pick theirs), and the dashboard's job API (token-authenticated) from any namespace:
+    the KubeRay operator follows the job there."""
     if workers < 1 or cpus_per_worker < 1:
         raise ValueError("workers and cpus per worker must be >= 1")
     labels = corpus_labels(name)
     config_map = config_map_of(name, namespace, config_yaml)
-    env = pod_env(s3_secret, s3_keys) + [{"name": "RAY_TMPDIR", "value": "/tmp"}]
+    env = pod_env(s3_secret, s3_keys, instance_metadata) + [{"name": "RAY_TMPDIR",
+                                                             "value": "/tmp"}]
     writable = [{"name": "scratch", "mountPath": SCRATCH_DIR},
                 {"name": "ray-tmp", "mountPath": RAY_TMP_DIR}]
     writable_volumes = [{"name": "scratch", "emptyDir": {"sizeLimit": scratch}},
@@ -144,4 +150,9 @@ def render_rayjob(name: str, image: str, config_yaml: str, workers: int, *,
                                "workerGroupSpecs": [worker_group]},
         },
     }
-    return [config_map, rayjob]
+    own = {"podSelector": {"matchLabels": labels}}
+    policy = network_policy(name, namespace, instance_metadata, ingress=[
+        {"from": [own]},
+        {"from": [{"namespaceSelector": {}}],
+         "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}]}])
+    return [config_map, policy, rayjob]
