@@ -109,6 +109,12 @@ def _known_model(*spec_fields: str) -> str:
 QUANTITY = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
             r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
 
+# A volume's size limit: a quantity above zero. The kubelet reads a sizeLimit of 0 as none at
+# all (no eviction for disk; /dev/shm sized by the pod's or the node's memory), so "0" would
+# be a way around every limit.
+SIZE_LIMIT = (r"^\+?([0-9]*[1-9][0-9]*(\.[0-9]*)?|[0-9]*\.[0-9]*[1-9][0-9]*)"
+              r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+
 # GPTConfig's field names are the spec's, in snake_case: an arch error names the spec field.
 _ARCH_FIELD = re.compile(r"\b(layers|heads|dim|seq_len|vocab_size|kv_heads)\b")
 
@@ -738,12 +744,12 @@ class PretrainJobSpec(Spec):
     service_account: ServiceAccountSpec = Field(default_factory=ServiceAccountSpec,
                                                 description="The trainer ServiceAccount's "
                                                 "annotations (workload identity).")
-    scratch_size_limit: str = Field("100Gi", pattern=QUANTITY, description="Size limit of each "
-                                    "pod's writable scratch folder (HOME, TMPDIR, logs, compile "
-                                    "caches); past it the kubelet evicts the pod.")
-    shm_size_limit: str = Field("16Gi", pattern=QUANTITY, description="Size limit of each pod's "
-                                "/dev/shm (memory-backed: counts toward the pod's memory), "
-                                "used by NCCL and DataLoader workers.")
+    scratch_size_limit: str = Field("100Gi", pattern=SIZE_LIMIT, description="Size limit of "
+                                    "each pod's writable scratch folder (HOME, TMPDIR, logs, "
+                                    "compile caches), above 0; past it the kubelet evicts the pod.")
+    shm_size_limit: str = Field("16Gi", pattern=SIZE_LIMIT, description="Size limit of each "
+                                "pod's /dev/shm, above 0 (memory-backed: counts toward the "
+                                "pod's memory), used by NCCL and DataLoader workers.")
 
     @model_validator(mode="after")
     def _shard_group_fits(self) -> "PretrainJobSpec":

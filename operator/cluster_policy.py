@@ -18,7 +18,9 @@ unless the administrator names the nodes it may (`--straggler-cordon-selector`, 
 must carry); otherwise the job only avoids the node and replaces its pod. Whether the pods may
 reach the cloud's instance-metadata endpoint, and with it the node's IAM role, is the
 administrator's too (`--allow-instance-metadata`; off: the job's NetworkPolicy blocks the
-address and the AWS SDK is told not to try). Pure.
+address and the AWS SDK is told not to try). What a job's scheduling and sizes may ask for
+(priority classes, tolerations, nodeSelector keys, scratch and /dev/shm) is bounded by the
+administrator's limits (tenant_limits.py). Pure.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import re
 from dataclasses import dataclass
 
 from crucible.operator.manifests import ANY_NAMESPACE
+from crucible.operator.tenant_limits import TenantLimits
 
 # What a job may call "failed" unless the administrator says otherwise: node-problem-detector's
 # default problem conditions and the GPU health checkers' usual name. Not "*": a tenant naming a
@@ -53,6 +56,8 @@ class ClusterPolicy:
     straggler_cordon: tuple[tuple[str, str], ...] | None = None
     # Pods may reach the cloud's instance-metadata endpoint (and so the node's IAM role).
     instance_metadata: bool = False
+    # What a job's scheduling and sizes may ask for (tenant_limits.py).
+    limits: TenantLimits = TenantLimits()
 
     def straggler_may_cordon(self, node) -> bool:
         """Whether a straggler report may quarantine `node` (a NodeView) like a failed node."""
@@ -65,7 +70,8 @@ class ClusterPolicy:
                       quarantine_minutes: float = 60.0,
                       kueue_manage_all: bool = False,
                       straggler_cordon_selector: str = "",
-                      instance_metadata: bool = False) -> "ClusterPolicy":
+                      instance_metadata: bool = False,
+                      limits: TenantLimits = TenantLimits()) -> "ClusterPolicy":
         """`conditions`: comma-separated condition types, or "*" for any. `metrics_scrapers`:
         a JSON list of NetworkPolicy peers; empty: any namespace. `straggler_cordon_selector`:
         `key=value,...`; empty: straggler reports never cordon."""
@@ -74,7 +80,7 @@ class ClusterPolicy:
                    parse_peers(metrics_scrapers) if metrics_scrapers.strip() else ANY_NAMESPACE,
                    kueue, quarantine_minutes * 60.0, kueue_manage_all,
                    parse_label_selector(straggler_cordon_selector)
-                   if straggler_cordon_selector.strip() else None, instance_metadata)
+                   if straggler_cordon_selector.strip() else None, instance_metadata, limits)
 
 
 # A label key: an optional DNS-subdomain prefix and a name (Kubernetes' own rule); a value:

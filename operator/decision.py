@@ -51,7 +51,7 @@ from crucible.operator import conditions as c
 from crucible.operator import failures as f
 from crucible.operator import failure_policy as policy
 from crucible.operator import manifests as m
-from crucible.operator import progress, queueing, references, stragglers
+from crucible.operator import progress, queueing, references, stragglers, tenant_limits
 from crucible.operator.cluster_policy import ClusterPolicy
 from crucible.operator.observed import JobView, Observed, PodView
 from crucible.operator.outcome import (FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, SUSPENDED,
@@ -81,6 +81,9 @@ def decide(job: JobView, obs: Observed, now: dt.datetime,
     if p.phase in TERMINAL:
         _finished(p)
         return p.outcome()
+    if not _within_limits(p):
+        queueing.finished(p)
+        return p.outcome()
     if _name_conflict(p, foreign):
         return p.outcome()
     _ensure_children(p)
@@ -93,6 +96,23 @@ def decide(job: JobView, obs: Observed, now: dt.datetime,
     if p.status.get("phase") in TERMINAL:
         queueing.finished(p)   # in the pass that ends the job: the quota is free at once
     return p.outcome()
+
+
+def _within_limits(p: Pass) -> bool:
+    """The administrator's limits (tenant_limits.py): no pod carries what they refuse. Judged
+    when the job is new and whenever what they read changes (`tenant_limits.asked`); a job they
+    allowed is not stopped because they were tightened later (a job already running when the
+    operator first judges it counts as allowed)."""
+    asked = tenant_limits.asked(p.spec, p.job.labels)
+    if p.track.get("allowed") == asked:
+        return True
+    if "allowed" in p.track or p.phase not in (RUNNING, RESTARTING):
+        refused = p.cluster_policy.limits.violations(p.spec, p.job.labels)
+        if refused:
+            p.fail("NotAllowed", "; ".join(refused))
+            return False
+    p.track["allowed"] = asked
+    return True
 
 
 def _run(p: Pass):

@@ -22,7 +22,9 @@ CRUCIBLE_OPERATOR_MAX_CORDONS_PER_MINUTE (6; 0: never cordon),
 CRUCIBLE_OPERATOR_NODE_FAILURE_CONDITIONS ("*": any; else comma-separated condition types),
 CRUCIBLE_OPERATOR_KUEUE ("off": no watch on Kueue's objects; read once, at import),
 CRUCIBLE_OPERATOR_QUARANTINE_MINUTES (60; 0: the operator's cordons never end),
-CRUCIBLE_OPERATOR_KUEUE_MANAGE_ALL ("on": unlabelled jobs queue in their LocalQueue "default").
+CRUCIBLE_OPERATOR_KUEUE_MANAGE_ALL ("on": unlabelled jobs queue in their LocalQueue "default"),
+CRUCIBLE_OPERATOR_NAMESPACES (a JSON list of kopf's --namespace patterns: where the child kinds'
+metadata is watched; empty: everywhere).
 Must not import torch.
 """
 
@@ -32,7 +34,7 @@ import asyncio
 import concurrent.futures
 import datetime as dt
 import enum
-import functools
+import json
 import logging
 import os
 import time
@@ -46,12 +48,14 @@ from crucible.operator import crd
 from crucible.operator.apiclient import (API_ERRORS, CONNECTION_ERRORS, api_client, bearer_token,
                                          client_configuration, describe)
 from crucible.operator import manifests as m
-from crucible.operator import leader, metrics, quarantine, queueing, uninstall, waitlist
+from crucible.operator import (leader, metadata_watch, metrics, quarantine, queueing, uninstall,
+                               waitlist)
 from crucible.operator.decision import Event, Outcome, decide
 from crucible.operator.failure_policy import bad_entries
 from crucible.operator.failures import orphan_stuck
 from crucible.operator.kube import Applied, Kube, is_cordon
 from crucible.operator.cluster_policy import DEFAULT_FAILURE_CONDITIONS, ClusterPolicy
+from crucible.operator.tenant_limits import TenantLimits
 from crucible.operator.observed import (ChildView, JobView, NodeView, Observed, controller_uid,
                                         flavor_view, job_view, lease_view, node_view, pod_view,
                                         workload_view)
@@ -68,6 +72,7 @@ KNOWN_NODE_TTL_S = 3600.0             # a deleted node is remembered as deleted 
 CONFLICT_RETRIES = 3                  # passes again after a 409 before backing off
 CONFLICT_WAIT_S = 2.0                 # for the watch to show the newer job, then read it
 FINALIZER_WAIT_S = 2.0                # for kopf's finalizer on a new job before its first pass
+LIST_WAIT_S = 60.0                    # for the child kinds' first lists before a job's first pass
 DUE_SLACK_S = 0.05                    # run a due pass just after its time, never just before
 LAST_IN_LINE = {"since": "9999-12-31T00:00:00Z"}   # a gang placed after every waiting job
 
@@ -88,6 +93,8 @@ class OperatorConfig:
     kueue_manage_all: bool = False                 # unlabelled jobs queue in LocalQueue default
     straggler_cordon_selector: str = ""            # nodes straggler reports may cordon; "": none
     instance_metadata: bool = False                # pods may reach the node's cloud role
+    tenant_limits: TenantLimits = TenantLimits()   # what jobs' scheduling and sizes may ask
+    namespaces: tuple[str, ...] = ()               # those served (globs allowed); (): all
 
     @classmethod
     def from_env(cls) -> "OperatorConfig":
@@ -109,7 +116,15 @@ class OperatorConfig:
                    kueue_manage_all=env.get("CRUCIBLE_OPERATOR_KUEUE_MANAGE_ALL") == "on",
                    straggler_cordon_selector=env.get(
                        "CRUCIBLE_OPERATOR_STRAGGLER_CORDON_SELECTOR", ""),
-                   instance_metadata=env.get("CRUCIBLE_OPERATOR_INSTANCE_METADATA") == "on")
+                   instance_metadata=env.get("CRUCIBLE_OPERATOR_INSTANCE_METADATA") == "on",
+                   tenant_limits=TenantLimits.from_settings(
+                       env.get("CRUCIBLE_OPERATOR_ALLOWED_PRIORITY_CLASSES", ""),
+                       env.get("CRUCIBLE_OPERATOR_ALLOWED_TOLERATION_KEYS", ""),
+                       env.get("CRUCIBLE_OPERATOR_ALLOWED_NODE_SELECTOR_KEYS", ""),
+                       env.get("CRUCIBLE_OPERATOR_MAX_SCRATCH_SIZE", ""),
+                       env.get("CRUCIBLE_OPERATOR_MAX_SHM_SIZE", "")),
+                   namespaces=tuple(json.loads(env.get("CRUCIBLE_OPERATOR_NAMESPACES")
+                                               or "[]")))
 
     @property
     def cluster_policy(self) -> ClusterPolicy:
@@ -117,7 +132,7 @@ class OperatorConfig:
                                            self.max_cordons_per_minute, self.metrics_scrapers,
                                            self.kueue, self.quarantine_minutes,
                                            self.kueue_manage_all, self.straggler_cordon_selector,
-                                           self.instance_metadata)
+                                           self.instance_metadata, self.tenant_limits)
 
 
 def kueue_enabled() -> bool:
@@ -145,8 +160,8 @@ CHILD_KINDS = [("Service", ("v1", "services")), ("ConfigMap", ("v1", "configmaps
                ("Role", ("rbac.authorization.k8s.io", "roles")),
                ("RoleBinding", ("rbac.authorization.k8s.io", "rolebindings")),
                ("NetworkPolicy", ("networking.k8s.io", "networkpolicies"))]
-SELECTED = ([("v1", "pods"), ("coordination.k8s.io", "leases"), (queueing.GROUP, queueing.PLURAL)]
-            + [sel for _, sel in CHILD_KINDS])
+# What kopf watches by the job label (the child kinds are watched by metadata_watch.py).
+SELECTED = [("v1", "pods"), ("coordination.k8s.io", "leases"), (queueing.GROUP, queueing.PLURAL)]
 
 
 def _seen(memo, key, kind: str, name: str) -> None:
@@ -305,16 +320,51 @@ if kueue_enabled():
         kopf.index(queueing.GROUP, queueing.VERSION, _plural, labels=_labels)(_fn)
 
 
-async def _child(kind, namespace, labels, name, body, meta, memo, **_):
-    _seen(memo, (namespace, labels[m.LABEL_JOB]), kind, name)
-    digest = m.child_digest({"kind": kind, "metadata": dict(meta), "data": body.get("data")})
-    return {(namespace, labels[m.LABEL_JOB]): ChildView(kind, name, digest,
-                                                        controller_uid(meta))}
+def child_view(kind: str, meta: dict):
+    """(job key, ChildView) of a child's metadata, in a watch's thread: what the index keeps
+    of it, small whatever the metadata holds (metadata_watch.py)."""
+    job = (meta.get("labels") or {}).get(m.LABEL_JOB)
+    if not job:
+        return None
+    return ((meta.get("namespace") or "", job),
+            ChildView(kind, meta.get("name") or "", m.observed_digest(kind, meta),
+                      controller_uid(meta)))
 
 
-for _kind, (_group, _plural) in CHILD_KINDS:
-    kopf.index(_group, _plural, id=f"children_{_plural}", labels={m.LABEL_JOB: kopf.PRESENT})(
-        functools.partial(_child, _kind))
+def _api_version(group: str) -> tuple[str, str]:
+    """CHILD_KINDS name the core group by its version, as kopf does."""
+    return ("", "v1") if group == "v1" else (group, "v1")
+
+
+def start_child_watches(memo, namespaces: tuple[str, ...]) -> None:
+    """Metadata-only watches of the child kinds into `memo.children` (kopf's index names, so
+    `snapshot` reads them alike). Watches a retried start-up left are stopped first."""
+    stop_child_watches(memo)
+    loop = asyncio.get_running_loop()
+    scopes = metadata_watch.Scopes(namespaces)
+    client = api_client(len(CHILD_KINDS) * len(scopes.watched) + 1)
+    memo.children, memo.child_watches = {}, []
+    for kind, (group, plural) in CHILD_KINDS:
+        index = metadata_watch.MetadataIndex(
+            kind, lambda key, view: _seen(memo, key, view.kind, view.name))
+        memo.children[f"children_{plural}"] = index
+        for scope in scopes.watched:
+            memo.child_watches.append(metadata_watch.MetadataWatch(
+                client, *_api_version(group), plural, scope, m.LABEL_JOB, index, child_view,
+                loop, scopes.serves))
+    for watch in memo.child_watches:
+        watch.start()
+
+
+def stop_child_watches(memo) -> None:
+    for watch in getattr(memo, "child_watches", ()):
+        watch.stop()
+    memo.child_watches = []
+
+
+def children_listed(memo, namespace: str) -> bool:
+    """Whether every child kind has been listed where this namespace's objects are."""
+    return all(index.covers(namespace) for index in memo.children.values())
 
 
 def _first(store):
@@ -391,6 +441,7 @@ def init_state(memo) -> None:
     memo.cordoned = {}     # name -> NodeView of nodes carrying the operator's cordon annotation
     memo.terminating = {}  # (namespace, pod) -> (job key, PodView) of pods being deleted
     memo.live = {}         # job key -> the UID of the job a daemon runs for
+    memo.children = {}    # start_child_watches fills it
 
 
 class SpecDiffBase(kopf.AnnotationsDiffBaseStorage):
@@ -420,6 +471,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
     settings.watching.connect_timeout = 10
+    # Lists in pages: one response of every labelled pod in the cluster is held whole at once.
+    settings.watching.chunk_size = 100
     settings.networking.request_timeout = 60
     # A deleted job's daemon leaves within a pass; wait that long for it rather than re-check
     # after the daemon's cancellation backoff (15 s), which would hold the job (and a queued
@@ -455,6 +508,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger, **
                                             cfg.metrics_address, lambda: memo.jobs)
         logger.info(f"metrics on http://{cfg.metrics_address}:"
                     f"{memo.metrics_server[0].server_port}/metrics")
+    start_child_watches(memo, cfg.namespaces)    # last: a failure above retries without them
     logger.info(f"reconciling {crd.NAME}: resync every {cfg.interval_s}s, "
                 f"{cfg.workers} API workers")
 
@@ -562,6 +616,7 @@ async def _sweep_orphans(memo, logger, now: dt.datetime) -> None:
 
 @kopf.on.cleanup()
 async def shutdown(memo: kopf.Memo, **_):
+    stop_child_watches(memo)
     if getattr(memo, "housekeeping", None):
         memo.housekeeping.cancel()
     if getattr(memo, "metrics_server", None):
@@ -755,8 +810,8 @@ async def _one_pass(key, job_body, memo, indexes, logger, fenced: bool = True,
     wanted = [pod.node for pod in indexes["pods_by_job"].get(key, ()) if pod.node]
     deleted = {name for name in wanted + list(avoided) if name in memo.known_nodes
                and name not in nodes}
-    obs = snapshot(key, indexes, memo.conflicts.get(job.uid, frozenset()), avoided,
-                   queue, memo.unserved.get(job.uid, frozenset()), deleted,
+    obs = snapshot(key, {**indexes, **memo.children}, memo.conflicts.get(job.uid, frozenset()),
+                   avoided, queue, memo.unserved.get(job.uid, frozenset()), deleted,
                    _granted(memo, key))
     in_flight = memo.kube.expected.pending(key)   # with the snapshot: what it cannot show yet
     obs = _queued_behind(memo, key, job, obs, queue)
@@ -956,6 +1011,16 @@ async def reconcile(body, namespace, name, uid, memo: kopf.Memo, stopped, logger
            and time.monotonic() < settle and not stopped):
         await asyncio.sleep(0.05)
     try:
+        # A pass before the children's first lists are in would create what may exist already
+        # (harmless, a 409 then, but noisy): wait for them a while, not for ever, since a watch
+        # that cannot list (its rights gone) must not stop the job.
+        listed_by = time.monotonic() + LIST_WAIT_S
+        while (not children_listed(memo, namespace) and time.monotonic() < listed_by
+               and not stopped):
+            await asyncio.sleep(0.1)
+        if not children_listed(memo, namespace):
+            logger.warning(f"the child kinds in {namespace} are not listed after {LIST_WAIT_S:.0f}"
+                           " s (see the metadata watch's warnings); passes go on without them")
         while not stopped:
             if not _acting(memo)():
                 if memo.became_leader.is_set():   # led, and lost it: the process is ending

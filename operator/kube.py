@@ -34,7 +34,7 @@ from crucible.api.names import PREFIX
 from crucible.operator.decision import Action, Event, Outcome
 from crucible.operator.expectations import Expectations
 from crucible.operator.observed import JobView
-from crucible.operator.quarantine import FIELD_MANAGER
+from crucible.operator.manifests import FIELD_MANAGER
 
 COMPONENT = "crucible-operator"
 log = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ class Kube:
         # the answer and build its models from it (a V1Pod is hundreds of Python objects), a
         # third of what a create cost the operator in a start-up burst. An error still raises
         # ApiException.
-        answer = creators[kind](ns, body, _preload_content=False)
+        answer = creators[kind](ns, body, _preload_content=False, field_manager=FIELD_MANAGER)
         answer.data   # read to the end, which hands the connection back to the pool
 
     def _create_workload(self, ns: str, body: dict, **kwargs):
@@ -187,7 +187,13 @@ class Kube:
             if verb == "create":
                 self._create(ns, kind, action.body)
             elif verb == "replace" and kind == "ConfigMap":
-                self.core.patch_namespaced_config_map(name, ns, {"data": action.body["data"]})
+                # A JSON patch: the data whole (a key someone added goes), the annotation, in
+                # the operator's name, so managedFields show the data is its own again.
+                self.core.patch_namespaced_config_map(name, ns, [
+                    {"op": "add", "path": "/metadata/annotations",
+                     "value": action.body["metadata"]["annotations"]},
+                    {"op": "add", "path": "/data", "value": action.body["data"]}],
+                    field_manager=FIELD_MANAGER)
             elif verb == "replace" and kind == "NetworkPolicy":
                 # A whole new spec (a key it no longer has must go: no merge).
                 self.networking.replace_namespaced_network_policy(name, ns, action.body)

@@ -18,6 +18,7 @@ leader (kopf's docs, "Peering"), so the operator runs `--standalone` either way.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -82,6 +83,24 @@ def build_parser() -> argparse.ArgumentParser:
                      "NetworkPolicy blocks it and the AWS SDK is told not to try "
                      "(AWS_EC2_METADATA_DISABLED): jobs get storage credentials from their "
                      "Secret or workload identity")
+    run.add_argument("--allowed-priority-classes", default="", metavar="NAMES",
+                     help="PriorityClasses a job's scheduling.priorityClassName, and Kueue "
+                     "WorkloadPriorityClasses its kueue.x-k8s.io/priority-class label, may name, "
+                     "comma-separated; a job naming another fails (NotAllowed). Default: any")
+    run.add_argument("--allowed-toleration-keys", default="", metavar="KEYS",
+                     help="taint keys a job's scheduling.tolerations may tolerate, "
+                     "comma-separated (a toleration without a key, which tolerates every taint, "
+                     "is then refused); others fail the job (NotAllowed). Default: any")
+    run.add_argument("--allowed-node-selector-keys", default="", metavar="KEYS",
+                     help="node label keys a job's scheduling.nodeSelector may use, "
+                     "comma-separated (e.g. leave out kubernetes.io/hostname, so no job aims "
+                     "at one node); others fail the job (NotAllowed). Default: any")
+    run.add_argument("--max-scratch-size", default="", metavar="QUANTITY",
+                     help="largest scratchSizeLimit a job may ask for (node disk), e.g. 200Gi. "
+                     "Default: no limit")
+    run.add_argument("--max-shm-size", default="", metavar="QUANTITY",
+                     help="largest shmSizeLimit a job may ask for (node memory), e.g. 32Gi. "
+                     "Default: no limit")
     run.add_argument("--metrics-scrapers", default="", metavar="JSON",
                      help="who may reach a job's metrics port through its NetworkPolicy: a JSON "
                      "list of NetworkPolicy peers, e.g. '[{\"namespaceSelector\": {\"matchLabels\": "
@@ -128,12 +147,16 @@ def run(args: argparse.Namespace) -> int:
               "--no-kueue)", file=sys.stderr)
         return 2
     from crucible.operator.cluster_policy import parse_label_selector, parse_peers
+    from crucible.operator.tenant_limits import TenantLimits
 
     try:
         if args.metrics_scrapers.strip():
             parse_peers(args.metrics_scrapers)
         if args.straggler_cordon_selector.strip():
             parse_label_selector(args.straggler_cordon_selector)
+        TenantLimits.from_settings(args.allowed_priority_classes, args.allowed_toleration_keys,
+                                   args.allowed_node_selector_keys, args.max_scratch_size,
+                                   args.max_shm_size)
     except ValueError as err:
         print(f"crucible-operator run: {err}", file=sys.stderr)
         return 2
@@ -147,7 +170,13 @@ def run(args: argparse.Namespace) -> int:
     os.environ["CRUCIBLE_OPERATOR_STRAGGLER_CORDON_SELECTOR"] = args.straggler_cordon_selector
     os.environ["CRUCIBLE_OPERATOR_INSTANCE_METADATA"] = ("on" if args.allow_instance_metadata
                                                          else "off")
+    os.environ["CRUCIBLE_OPERATOR_ALLOWED_PRIORITY_CLASSES"] = args.allowed_priority_classes
+    os.environ["CRUCIBLE_OPERATOR_ALLOWED_TOLERATION_KEYS"] = args.allowed_toleration_keys
+    os.environ["CRUCIBLE_OPERATOR_ALLOWED_NODE_SELECTOR_KEYS"] = args.allowed_node_selector_keys
+    os.environ["CRUCIBLE_OPERATOR_MAX_SCRATCH_SIZE"] = args.max_scratch_size
+    os.environ["CRUCIBLE_OPERATOR_MAX_SHM_SIZE"] = args.max_shm_size
     os.environ["CRUCIBLE_OPERATOR_KUEUE"] = "off" if args.no_kueue else "on"
+    os.environ["CRUCIBLE_OPERATOR_NAMESPACES"] = json.dumps(args.namespace)
     os.environ["CRUCIBLE_OPERATOR_QUARANTINE_MINUTES"] = str(args.quarantine_minutes)
     os.environ["CRUCIBLE_OPERATOR_KUEUE_MANAGE_ALL"] = ("on" if args.manage_jobs_without_queue_name
                                                         else "off")

@@ -16,12 +16,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 
 import yaml
 
 from crucible.api import launch
 from crucible.api.launch import CONFIG_DIR, CONFIG_FILE, CONTAINER, METRICS_PORT, RDZV_PORT
+from crucible.api.network import egress_but_instance_metadata
 from crucible.api.names import (ANNOTATION_SPEC_HASH, API_VERSION, KIND, LABEL_GENERATION,
                                 LABEL_INDEX, LABEL_JOB, LABEL_MANAGED_BY, MANAGER, config_map_name,
                                 network_policy_name, pod_name, progress_lease_name, service_name,
@@ -96,31 +98,68 @@ def _without_empty(doc: dict) -> dict:
 
 
 def data_digest(data) -> str:
-    """Digest of a ConfigMap's data: the index records it, the decision compares it."""
+    """Digest of a mapping (a ConfigMap's data, a NetworkPolicy's spec), kept in an annotation."""
     return hashlib.sha256(json.dumps(dict(data or {}), sort_keys=True).encode()).hexdigest()[:16]
 
 
-# On the NetworkPolicy: the digest of the spec it was rendered with. Compared instead of the
-# spec itself, which the apiserver may default: a policy rendered by an older operator, or under
-# other settings (--allow-instance-metadata), is replaced.
+# The digest of what a child was rendered with, in its own annotation, compared instead of the
+# content: the operator watches children's metadata only (metadata_watch.py), and the apiserver
+# may default a NetworkPolicy's spec. A child rendered by an older operator, or under other
+# settings (--allow-instance-metadata), has another digest (or none) and is replaced.
+ANNOTATION_DATA_DIGEST = "crucible.dev/data-digest"
 ANNOTATION_POLICY_DIGEST = "crucible.dev/policy-digest"
+_DIGEST_ANNOTATIONS = {"ConfigMap": ANNOTATION_DATA_DIGEST,
+                       "NetworkPolicy": ANNOTATION_POLICY_DIGEST}
+
+
+_DIGEST = re.compile(r"[0-9a-f]{16}")
+EDITED = "edited"       # the observed digest of a ConfigMap whose data someone else changed
+# The field manager the operator's writes carried before they named one (the kubernetes
+# client's default): a ConfigMap's data owned by neither it nor FIELD_MANAGER was changed by
+# someone else (`kubectl edit`, an apply).
+FIELD_MANAGER = "crucible-operator"     # the operator's writes name it (managedFields)
+LEGACY_MANAGER = "OpenAPI-Generator"
 
 
 def child_digest(doc: dict) -> str | None:
-    """What drifts of a rendered child, as the index records it of an observed one (None: a
-    kind that is never replaced)."""
-    if doc["kind"] == "ConfigMap":
-        return data_digest(doc.get("data"))
-    if doc["kind"] == "NetworkPolicy":
-        return (doc["metadata"].get("annotations") or {}).get(ANNOTATION_POLICY_DIGEST)
-    return None
+    """What drifts of a rendered child (None: a kind that is never replaced)."""
+    annotation = _DIGEST_ANNOTATIONS.get(doc["kind"])
+    if annotation is None:
+        return None
+    return (doc["metadata"].get("annotations") or {}).get(annotation)
+
+
+def observed_digest(kind: str, meta: dict) -> str | None:
+    """The same of an observed child, from its metadata alone: its digest annotation (kept only
+    if it is one: a tenant's annotation is not held whatever its size), or EDITED where the
+    managedFields say another manager owns a key of a ConfigMap's data."""
+    annotation = _DIGEST_ANNOTATIONS.get(kind)
+    if annotation is None:
+        return None
+    if kind == "ConfigMap" and _data_edited(meta):
+        return EDITED
+    value = (meta.get("annotations") or {}).get(annotation)
+    return value if isinstance(value, str) and _DIGEST.fullmatch(value) else None
+
+
+def _data_edited(meta: dict) -> bool:
+    for entry in meta.get("managedFields") or ():
+        if not isinstance(entry, dict) or entry.get("manager") in (FIELD_MANAGER,
+                                                                   LEGACY_MANAGER):
+            continue
+        fields = entry.get("fieldsV1")
+        data = fields.get("f:data") if isinstance(fields, dict) else None
+        if isinstance(data, dict) and any(key != "." for key in data):
+            return True
+    return False
 
 
 # --- children ---------------------------------------------------------------------------------
 def config_map(job: str, namespace: str, uid: str, spec: PretrainJobSpec) -> dict:
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": metadata(job, uid, config_map_name(job), namespace),
-            "data": {CONFIG_FILE: config_text(job, spec)}}
+    data = {CONFIG_FILE: config_text(job, spec)}
+    meta = metadata(job, uid, config_map_name(job), namespace)
+    meta["annotations"] = {ANNOTATION_DATA_DIGEST: data_digest(data)}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
 
 
 def config_text(job: str, spec: PretrainJobSpec) -> str:
@@ -159,15 +198,6 @@ def service(job: str, namespace: str, uid: str) -> dict:
 ANY_NAMESPACE: tuple[dict, ...] = ({"namespaceSelector": {}},)
 
 
-# The clouds' instance-metadata endpoints: a pod that reaches one gets the node's identity, not
-# the job's. AWS, GCP, Azure, OCI on 169.254.169.254; Alibaba 100.100.100.200; Tencent
-# 169.254.0.23; Azure's WireServer 168.63.129.16 (node bootstrap secrets); IPv6: AWS
-# fd00:ec2::254, GCP fd20:ce::254, OCI fd00:c1::a9fe:a9fe.
-INSTANCE_METADATA = {"0.0.0.0/0": ["169.254.169.254/32", "100.100.100.200/32", "169.254.0.23/32",
-                                   "168.63.129.16/32"],
-                     "::/0": ["fd00:ec2::254/128", "fd20:ce::254/128", "fd00:c1::a9fe:a9fe/128"]}
-
-
 def network_policy(job: str, namespace: str, uid: str,
                    metrics_from: tuple[dict, ...] = ANY_NAMESPACE,
                    instance_metadata: bool = False) -> dict:
@@ -185,12 +215,8 @@ def network_policy(job: str, namespace: str, uid: str,
                 "ports": [{"protocol": "TCP", "port": METRICS_PORT}]}]
     spec = {"podSelector": pods, "policyTypes": ["Ingress"], "ingress": ingress}
     if not instance_metadata:
-        # Every pod of the cluster (ipBlock need not match pod addresses), and every address
-        # but the metadata ones.
         spec["policyTypes"] = ["Ingress", "Egress"]
-        spec["egress"] = [{"to": [{"namespaceSelector": {}}] + [
-            {"ipBlock": {"cidr": cidr, "except": list(addresses)}}
-            for cidr, addresses in INSTANCE_METADATA.items()]}]
+        spec["egress"] = egress_but_instance_metadata()
     meta = metadata(job, uid, network_policy_name(job), namespace)
     meta["annotations"] = {ANNOTATION_POLICY_DIGEST: data_digest(spec)}
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta,

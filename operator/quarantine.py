@@ -32,9 +32,9 @@ import datetime as dt
 
 from crucible.api.names import PREFIX
 from crucible.api.progress import format_time, parse_time
+from crucible.operator.manifests import FIELD_MANAGER
 from crucible.operator.observed import NodeView
 
-FIELD_MANAGER = "crucible-operator"     # the operator's node writes name it (managedFields)
 # The manager an earlier version's cordons carry: the python client's user agent, unnamed.
 LEGACY_MANAGER = "OpenAPI-Generator"
 FAILURE_TIME = f"{PREFIX}failure-time"

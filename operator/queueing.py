@@ -46,11 +46,11 @@ from crucible.operator import failures as f
 from crucible.operator import manifests as m
 from crucible.operator.observed import WORKLOAD_PODSET, JobView, WorkloadView
 from crucible.operator.outcome import QUEUED, Pass
+from crucible.operator.tenant_limits import PRIORITY_LABEL
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # A Kueue WorkloadPriorityClass for the job's Workload: it wins over the pods' PriorityClass,
 # as in Kueue's own integrations (jobframework.ExtractPriority), and leaves the pods' alone.
-PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 GROUP, VERSION, PLURAL = "kueue.x-k8s.io", "v1beta2", "workloads"
 API_VERSION = f"{GROUP}/{VERSION}"
 PODSET = WORKLOAD_PODSET
@@ -298,7 +298,20 @@ def admitted(p: Pass) -> bool:
               f"create a LocalQueue named {DEFAULT_QUEUE} in namespace {p.job.namespace}")
         return False
     if queue is None:
-        if ours is not None:   # the label was removed: the job leaves Kueue, its pods stay
+        if ours is not None and _live(p):
+            # The label was removed from a queued job (the chart's admission policy refuses
+            # that while the job runs, as Kueue's webhook does for its own Jobs). Its pods run
+            # on the Workload's quota: they stop first and the quota stays taken until they are
+            # gone, as for a suspended job; then the job runs outside Kueue, as a new
+            # generation that no failure counts against.
+            if p.track.pop("admission", None) is not None:
+                p.new_generation()
+            _withdraw_pods(p)
+            _hold(p, "LeavingQueue", f"the {QUEUE_LABEL} label was removed: the pods stop "
+                  "while the Workload keeps their quota, then the job runs without Kueue")
+            p.wake(2)
+            return False
+        if ours is not None:   # no pod runs on its quota any more: the job leaves Kueue
             p.act("delete", "Workload", ours.name, reason="NotQueued")
             p.track.pop("admission", None)
             p.status.pop("admission", None)

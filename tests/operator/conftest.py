@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,7 @@ def run_operator(operator_kubeconfig: Path, monkeypatch):
     def start(namespace: str, metrics_port: int | str = "off"):
         for key, value in operator_env(operator_kubeconfig, metrics_port).items():
             monkeypatch.setenv(key, value)
+        monkeypatch.setenv("CRUCIBLE_OPERATOR_NAMESPACES", json.dumps([namespace]))
         with KopfRunner(["run", "--standalone", "--namespace", namespace,
                          "-m", "crucible.operator.handlers"], timeout=60) as runner:
             yield runner

@@ -413,3 +413,57 @@ def test_on_a_cluster_that_does_not_serve_workloads_a_queued_job_says_install_ku
         memo.kube.events.shutdown(wait=False)
         jobs.delete_namespaced_custom_object(crd.GROUP, crd.VERSION, rbac.NAMESPACE, crd.PLURAL,
                                              name)
+
+
+def test_an_admitted_jobs_queue_label_cannot_be_taken_away_while_it_runs(cluster):
+    """The chart's queue-label policy, by the real apiserver: removing or changing the label of
+    a job Kueue admitted is refused unless the job is suspended (Kueue's own rule for its Jobs);
+    a job not admitted may change it."""
+    from tests.support.chart import by_kind, render
+
+    docs = render(release=f"ql-{cluster.namespace}"[:40])
+    [policy], [binding] = ([d for d in by_kind(docs, kind) if d["metadata"]["name"].endswith(
+        "-queue-label")] for kind in ("ValidatingAdmissionPolicy",
+                                      "ValidatingAdmissionPolicyBinding"))
+    binding["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": cluster.namespace}}}
+    admission = client.AdmissionregistrationV1Api(cluster.api)
+    admission.create_validating_admission_policy(policy)
+    admission.create_validating_admission_policy_binding(binding)
+    objs, ns = cluster.objs, cluster.namespace
+
+    def relabel(name: str, labels: dict, suspend: bool | None = None) -> str | None:
+        """Why the apiserver refuses the change (a dry run: nothing changes); None: allowed."""
+        patch = {"metadata": {"labels": labels}}
+        if suspend is not None:
+            patch["spec"] = {"suspend": suspend}
+        try:
+            objs.patch_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, name,
+                                                patch, dry_run="All")
+        except ApiException as err:
+            return err.body if err.status in (403, 422) else f"unexpected {err.status}"
+        return None
+
+    try:
+        body = job_body("admitted")
+        body["metadata"]["labels"] = {q.QUEUE_LABEL: "team-a"}
+        objs.create_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, body)
+        objs.patch_namespaced_custom_object_status(
+            crd.GROUP, crd.VERSION, ns, crd.PLURAL, "admitted",
+            {"status": {"phase": "Running", "admission": {"clusterQueue": "gpus"}}})
+        # The policy takes effect once the apiserver has loaded it.
+        refusal = eventually(lambda: relabel("admitted", {q.QUEUE_LABEL: None}), 30,
+                             "the queue-label policy")
+        assert "cannot change" in refusal and "team-a" in refusal, refusal
+        assert "cannot change" in relabel("admitted", {q.QUEUE_LABEL: "team-b"})
+        assert relabel("admitted", {"owner": "me"}) is None        # other labels are free
+        # Suspended (in the same update, as Kueue allows): the label may go.
+        assert relabel("admitted", {q.QUEUE_LABEL: None}, suspend=True) is None
+        # Queued but not admitted: no quota held, the label may change.
+        waiting = job_body("waiting")
+        waiting["metadata"]["labels"] = {q.QUEUE_LABEL: "team-a"}
+        objs.create_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, waiting)
+        assert relabel("waiting", {q.QUEUE_LABEL: "team-b"}) is None
+    finally:
+        admission.delete_validating_admission_policy_binding(binding["metadata"]["name"])
+        admission.delete_validating_admission_policy(policy["metadata"]["name"])

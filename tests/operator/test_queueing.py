@@ -309,14 +309,26 @@ def test_a_namesakes_workload_is_waited_for_and_never_adopted():
     assert cond(outcome, "Admitted")["reason"] == "WaitingForNamesake"
 
 
-def test_a_job_taken_out_of_its_queue_deletes_its_workload_and_keeps_its_pods():
+def test_a_job_taken_out_of_its_queue_stops_its_pods_before_its_workload_frees_the_quota():
+    """Removing the label must not free the quota while the admitted pods keep running: they
+    stop first, the Workload (and its quota) stays until they are gone, then the job runs
+    outside Kueue."""
     wl = b.workload(created(), conditions=ADMITTED, cluster_queue="gpus", count=4)
     outcome = decide(b.job(status=admitted_status()), b.observed(b.running(0, 4, H), workload=wl),
                      b.at(10))
-    assert [(a.verb, a.reason) for a in workload_actions(outcome)] == [("delete", "NotQueued")]
-    assert acts(outcome, "delete", "Pod") == []
-    assert outcome.status["phase"] == "Running" and "admission" not in outcome.status
-    assert cond(outcome, "Admitted")["reason"] == "NotQueued"
+    assert workload_actions(outcome) == []
+    assert len(acts(outcome, "delete", "Pod")) == 4 and acts(outcome, "create", "Pod") == []
+    assert outcome.status["phase"] == "Queued"
+    assert cond(outcome, "Admitted")["reason"] == "LeavingQueue"
+    # The pods are gone: now the Workload goes, and the job runs without Kueue, as a new
+    # generation that no failure is counted for (leaving the queue was the user's doing).
+    gone = decide(b.job(status=outcome.status), b.observed(workload=wl), b.at(20))
+    assert [(a.verb, a.reason) for a in workload_actions(gone)] == [("delete", "NotQueued")]
+    assert cond(gone, "Admitted")["reason"] == "NotQueued"
+    assert "admission" not in gone.status
+    assert gone.status["podGeneration"] == 1
+    assert gone.status["restarts"]["total"] == 0 and not gone.status["restarts"]["byCause"]
+    assert acts(gone, "create", "Pod") == [("create", "Pod", "gpt-1-0")]
 
 
 def test_an_operator_without_kueue_holds_a_queued_job_and_says_so():

@@ -91,11 +91,18 @@ def test_default_render_is_the_generated_rbac_and_crd():
         assert _strip_helm(doc) == generated[kind, rbac.NAME], kind
     [definition] = by_kind(docs, "CustomResourceDefinition")
     assert definition == yaml.safe_load(crd.render())
-    # Nothing optional is on by default; the dashboard ConfigMap is (it costs nothing).
+    # Nothing optional is on by default; the dashboard ConfigMap is (it costs nothing), so is
+    # the queue-label policy (Kueue on: an admitted job's queue is kept while it runs) and the
+    # operator's NetworkPolicy.
     assert sorted(d["kind"] for d in docs) == sorted([
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service",
-        "ConfigMap", "CustomResourceDefinition"] + len(rbac.FENCES) * [
+        "ConfigMap", "CustomResourceDefinition", "NetworkPolicy"] + (len(rbac.FENCES) + 1) * [
             "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"])
+    queue_label = [d for d in docs if d["metadata"]["name"].endswith("-queue-label")]
+    assert len(queue_label) == 2
+    assert not [d for d in render({"kueue": {"enabled": False}})
+                if d["metadata"]["name"].endswith("-queue-label")]
+    docs = [d for d in docs if d not in queue_label]
     # The fence is the generated one, matching this release's ServiceAccount.
     fences = by_kind(docs, "ValidatingAdmissionPolicy")
     assert len(fences) == len(rbac.FENCES)
@@ -182,6 +189,35 @@ def test_operator_deployment_defaults():
     [service] = by_kind(docs, "Service")
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
     assert service["spec"]["selector"].items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_the_operator_gets_a_network_policy_in_metrics_and_health_out_dns_and_the_apiserver():
+    docs = render()
+    [deploy] = by_kind(docs, "Deployment")
+    [policy] = by_kind(docs, "NetworkPolicy")
+    spec = policy["spec"]
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert spec["podSelector"]["matchLabels"].items() <= labels.items()
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    metrics, health = spec["ingress"]
+    assert metrics == {"ports": [{"protocol": "TCP", "port": 8080}],
+                       "from": [{"namespaceSelector": {}}]}
+    assert health == {"ports": [{"protocol": "TCP", "port": 8081}]}    # the kubelet's probes
+    dns, api = spec["egress"]
+    assert "to" not in dns and {p["port"] for p in dns["ports"]} == {53}
+    assert api == {"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}
+
+    custom = render(NON_DEFAULT)
+    [policy] = by_kind(custom, "NetworkPolicy")
+    metrics, health = policy["spec"]["ingress"]
+    assert metrics["from"] == NON_DEFAULT["operator"]["metricsScrapers"]
+    assert metrics["ports"][0]["port"] == 9090 and health["ports"][0]["port"] == 9091
+    ported = render({"operator": {"networkPolicy": {"enabled": True, "apiServerPorts": [8443]}}})
+    assert by_kind(ported, "NetworkPolicy")[0]["spec"]["egress"][1]["ports"] == [
+        {"protocol": "TCP", "port": 8443}]
+    assert not by_kind(render({"operator": {"networkPolicy": {"enabled": False,
+                                                                "apiServerPorts": [443]}}}),
+                       "NetworkPolicy")
 
 
 def test_non_default_values_render_every_optional_part():

@@ -85,3 +85,8 @@ rendered rules equal crucible.operator.rbac.RULES.
 {{- end -}}
 {{- toJson (splitList "," $scoped) -}}
 {{- end -}}
+
+{{/* A list of names as CEL string literals: 'a', 'b' (names are label keys or DNS names: no quotes). */}}
+{{- define "crucible.celStrings" -}}
+{{- range $i, $v := . }}{{ if $i }}, {{ end }}'{{ $v }}'{{ end }}
+{{- end -}}
