@@ -798,3 +798,66 @@ def test_the_step_time_limit_is_checked_in_the_config():
     with pytest.raises(ConfigError, match="max_step_seconds: want a positive number of seconds"):
         corpus_config.from_dict({"output": "x", "sources": [{"name": "a", "paths": ["y"]}],
                                  "limits": {"max_step_seconds": 0}})
+
+
+def test_every_bomb_class_in_one_run_keeps_the_good_records_within_512_mib(tmp_path):
+    """One corpus run, as a user starts it, over every bomb class at once: a chunked+gzip WARC
+    body, nested and wide HTML, a dictionary Parquet, zstd and gzip zeros. Each is counted,
+    every good record beside them is kept, and the run's peak RSS, its extraction processes
+    included, stays under 512 MiB (the largest process of the run, as the kernel counts it)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    body = chunked(gzip.compress(ZEROS, compresslevel=9), 1 * MiB)
+    archive = http_warc([([("Transfer-Encoding", "chunked"), ("Content-Encoding", "gzip")],
+                          body), ([], GOOD)])
+    (raw / "a-body-bomb.warc.gz").write_bytes(gzip.compress(archive, compresslevel=9))
+    nested = "<html><body>" + "<div>" * 100_000 + "deep" + "</div>" * 100_000 + "</body></html>"
+    wide = "<html><body>" + "<p>word word word</p>" * 200_000 + "</body></html>"
+    (raw / "b-html-bombs.warc.gz").write_bytes(warc([
+        ("text/html", nested.encode()), ("text/html", wide.encode()),
+        ("text/html", page(COOKIES[0]).encode())]))
+    text = pa.DictionaryArray.from_arrays(pa.array([0] * 1024, pa.int32()),
+                                          pa.array(["a" * (8 * MiB)]))   # 8 GiB expanded
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(1024)], "text": text}),
+                   raw / "c-dictionary.parquet", compression="zstd")
+    (raw / "d-zeros.jsonl.zst").write_bytes(zeros_compressed("zst", 1 * GiB,
+                                                             prefix=jsonl(COOKIES[2:3])))
+    (raw / "e-zeros.jsonl.gz").write_bytes(zeros_compressed("gz", 256 * MiB,
+                                                            prefix=jsonl(COOKIES[3:4])))
+    output = tmp_path / "out"
+    path = tmp_path / "corpus.yaml"
+    path.write_text(yaml.safe_dump({
+        "output": str(output), "sources": [{"name": "web", "paths": [str(raw)]}],
+        "steps": ["extract"], "dedup": {"exact": False, "near": False},
+        # Records up to 6 MiB: the HTML bombs (1.1 and 4.2 MB) reach the extraction.
+        "limits": {"max_record_bytes": 6 * MiB, "max_file_bytes": 32 * MiB,
+                   "max_step_seconds": 1}}))
+    # A parent of its own, so the largest child it waited for is the run (or one of its
+    # extraction processes), not anything else this test session started.
+    measure = ("import resource, subprocess, sys; "
+               "rc = subprocess.run(sys.argv[1:]).returncode; "
+               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(rc)")
+    crucible = str(Path(sys.executable).with_name("crucible"))   # the installed command
+    done = subprocess.run([sys.executable, "-c", measure, crucible, "corpus", "run",
+                           "--config", str(path), "--workers", "1", "--no-progress"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    peak_mib = int(done.stdout.split()[-1]) / 1024
+    report = json.loads((output / "report.json").read_text())
+    assert report["checks"]["adds_up"]
+    by_step = {s["step"]: {r["reason"]: r["docs"] for r in s["reasons"]}
+               for s in report["steps"]}
+    assert by_step["read"] == {"record_too_large": 1 + 1024, "file_too_large": 2}, by_step
+    assert by_step["extract"] == {"empty_after_extract": 1, "extract_timeout": 1}, by_step
+    kept = [doc.text for shard in sorted((output / "filtered").glob("shard-*.jsonl.zst"))
+            for doc in pipeline.read_docs(str(shard))]
+    for good in (COOKIES[1], COOKIES[0], COOKIES[2], COOKIES[3]):
+        assert sum(good[:40] in t for t in kept) == 1, (good[:40], kept)
+    assert len(kept) == 4
+    print(f"corpus run over every bomb class: peak RSS {peak_mib:.0f} MiB")
+    assert peak_mib < 512, peak_mib

@@ -316,3 +316,50 @@ def test_a_stolen_operator_token_cannot_delegate_shape_pods_or_write_what_is_not
                   "NetworkPolicy": lambda d: net.create_namespaced_network_policy(
                       namespace, d, dry_run="All")}[kind]
         assert _status(lambda: create(doc)) == 200, kind
+
+
+def test_a_stolen_operator_token_cannot_touch_a_workload_or_a_pod_that_is_not_a_jobs(
+        operator_kubeconfig, kube, namespace):
+    """Kueue Workloads and their status, and a running pod's ephemeral containers (a debug
+    shell in someone else's pod): the operator may write Workloads anywhere, but the fence
+    passes only a PretrainJob's; ephemeral containers are outside its RBAC altogether."""
+    from crucible.operator import manifests as m
+    from crucible.operator import queueing as q
+    from tests.operator import builders as b
+
+    api = config.new_client_from_config(config_file=str(operator_kubeconfig))
+    objs, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    admin_objs, admin = client.CustomObjectsApi(kube.client()), client.CoreV1Api(kube.client())
+    uid = "00000000-0000-0000-0000-0000000000ab"
+    theirs = q.workload("gpt", namespace, uid, b.spec(), "nowhere", None)
+    theirs["metadata"] = {"name": "someone-elses", "namespace": namespace}   # no job owns it
+    admin_objs.create_namespaced_custom_object(q.GROUP, q.VERSION, namespace, "workloads",
+                                               theirs)
+    says = "the operator writes only Kueue Workloads"
+    eventually(lambda: _refused(lambda: objs.patch_namespaced_custom_object_status(
+        q.GROUP, q.VERSION, namespace, "workloads", "someone-elses",
+        {"status": {"conditions": [{"type": "QuotaReserved", "status": "True",
+                                    "reason": "Forged", "message": "forged",
+                                    "lastTransitionTime": "2026-01-01T00:00:00Z"}]}},
+        dry_run="All"), says), 20, "a foreign Workload's status refused")
+    assert _refused(lambda: objs.patch_namespaced_custom_object(
+        q.GROUP, q.VERSION, namespace, "workloads", "someone-elses",
+        {"metadata": {"labels": {"x": "y"}}}, dry_run="All"), says)
+    assert _refused(lambda: objs.delete_namespaced_custom_object(
+        q.GROUP, q.VERSION, namespace, "workloads", "someone-elses", dry_run="All"), says)
+    # Taking it over (adding a job as its owner) is a move between owners, refused too.
+    assert _refused(lambda: objs.patch_namespaced_custom_object(
+        q.GROUP, q.VERSION, namespace, "workloads", "someone-elses",
+        {"metadata": {"ownerReferences": [m.owner_reference("gpt", uid)]}}, dry_run="All"), says)
+    # ... while the job's own Workload passes.
+    ours = q.workload("gpt", namespace, uid, b.spec(), "nowhere", None)
+    assert _status(lambda: objs.create_namespaced_custom_object(
+        q.GROUP, q.VERSION, namespace, "workloads", ours, dry_run="All")) == 200
+
+    admin.create_namespaced_pod(namespace, {"metadata": {"name": "debuggee"}, "spec": {
+        "containers": [{"name": "c", "image": "registry.invalid/x:1"}]}})
+    shell = {"spec": {"ephemeralContainers": [{
+        "name": "shell", "image": "registry.invalid/x:1", "targetContainerName": "c",
+        "securityContext": {"privileged": True}}]}}
+    assert _status(lambda: core.patch_namespaced_pod_ephemeralcontainers(
+        "debuggee", namespace, shell, dry_run="All")) == 403
