@@ -4,7 +4,9 @@
 # up:     start a Docker engine if none answers (e2e/host/docker.sh), create the kind cluster
 #         unless it exists (e2e/kind/cluster.sh: kind, its node image and every image the nodes
 #         run are built from source on this machine, no registry), build the app images (make
-#         images; Docker's layer cache makes a rebuild seconds when nothing changed), load those
+#         local-images, as `make test KIND=1` does: the Debian base made here unless it exists,
+#         used where the Dockerfiles' public base is not in the image store; Docker's layer
+#         cache makes a rebuild seconds when nothing changed), load those
 #         the nodes lack, install the chart (operator on the control-plane node), start S3
 #         (SeaweedFS), and start the CPU example PretrainJob (e2e/kind/pretrainjob.yaml) afresh:
 #         an earlier run's job and its checkpoints are deleted first. Then checks that the
@@ -101,7 +103,7 @@ build_images() {
   # --no-print-directory: with -C, make passes -w to the sub-make that streams each image's build
   # context, whose "Entering directory" line would then lead the tar on stdout (docker: "ambiguous
   # Dockerfile source").
-  MAKEFLAGS=--no-print-directory make -C "$repo" images
+  MAKEFLAGS=--no-print-directory make -C "$repo" local-images
   docker build -q -f "$here/Dockerfile.example" --build-arg "TRAINER_IMAGE=$trainer_image" \
     -t "$example_image" "$here"
   s3_image="$("$here/s3-image.sh")"

@@ -121,9 +121,13 @@ class Cluster:
             return
         for item in items:
             if item["metadata"].get("finalizers"):
-                self.objs.patch_namespaced_custom_object(
-                    crd.GROUP, crd.VERSION, self.namespace, crd.PLURAL, item["metadata"]["name"],
-                    {"metadata": {"finalizers": None}})
+                try:
+                    self.objs.patch_namespaced_custom_object(
+                        crd.GROUP, crd.VERSION, self.namespace, crd.PLURAL,
+                        item["metadata"]["name"], {"metadata": {"finalizers": None}})
+                except ApiException as err:
+                    if err.status != 404:    # gone since the list: nothing holds it
+                        raise
 
     # -- pods ---------------------------------------------------------------------------------
     def pods(self, job: str) -> list:
