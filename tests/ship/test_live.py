@@ -133,12 +133,16 @@ def live(kube: Kube, release: Release, prometheus: Prometheus, stack_env, corpus
         # first's in-memory snapshot, so the recovery panels and status.lastRestore have data.
         # The NaN falls in the second, with steps before and after it for Prometheus to scrape
         # (the first run's counters are gone with its process).
-        for more_steps in (["--max-steps", "10"], []):
+        # The second run's steps are made 5x slower (CRUCIBLE_SLOW_RANK, ~0.3 s a step, not
+        # ~60 ms): Prometheus scrapes every 1 s, and at full speed the verdicts' zeros before
+        # step 15 (without them `increase` sees no spike) or the gauges set from step 20 on
+        # went unscraped in one run of four to ten.
+        for more_steps, slow in ((["--max-steps", "10"], {}), ([], {"CRUCIBLE_SLOW_RANK": "0:5"})):
             trainer = subprocess.Popen(
                 crucible_cmd("train", "--config", str(write_config(cfg, tmp / "job.yaml")),
                              *more_steps),
                 cwd=REPO, stdout=open(tmp / "trainer.log", "ab"), stderr=subprocess.STDOUT,
-                env=train_env)
+                env={**train_env, **slow})
             eventually(lambda: _get(f"http://127.0.0.1:{port}/metrics")[0] == 200, 120,
                        "the trainer's /metrics")
             assert trainer.wait(timeout=300) == 0, (tmp / "trainer.log").read_text()[-3000:]
@@ -260,7 +264,15 @@ def test_alert_rules_load_into_the_real_prometheus_and_fire_on_the_run(live, pro
     assert len(rules) == alerts_in_file and all(r["health"] == "ok" for r in rules), rules
     # The failed job; the trained job's NaN step (the guard's skip and transient verdicts).
     expected = {("CrucibleJobFailed", live.failed_job), ("CrucibleLossSpike", live.job)}
-    eventually(lambda: expected <= firing(), 30, f"{expected} firing")
+    try:
+        eventually(lambda: expected <= firing(), 30, f"{expected} firing")
+    except AssertionError as err:
+        # What Prometheus holds, to tell a missing sample from a rule that did not fire.
+        spikes = query_range(prometheus, f'crucible_spikes_total{{job="{live.job}"}}',
+                             live.start, time.time())
+        raise AssertionError(f"{err}; firing: {sorted(firing())}; spike samples: "
+                             f"{[(r['metric'].get('verdict'), r['values']) for r in spikes]}"
+                             ) from None
     # Nothing else for the trained job: its loss fell, its checkpoints are fresh, one restart.
     assert {a for a in firing() if a[1] == live.job} == {("CrucibleLossSpike", live.job)}
 
