@@ -726,6 +726,13 @@ def test_a_step_that_swallows_exceptions_is_still_stopped_and_no_alarm_outlives_
     busy(0.2)   # an alarm left behind would raise here
 
 
+# Nested tags past libxml2's depth limit (nothing extracted), and 200,000 paragraphs (4 MB;
+# 17.6 s and 416 MiB for trafilatura unbounded).
+NESTED_HTML = ("<html><body>" + "<div>" * 100_000 + "deep" + "</div>" * 100_000
+               + "</body></html>").encode()
+WIDE_HTML = ("<html><body>" + "<p>word word word</p>" * 200_000 + "</body></html>").encode()
+
+
 def test_html_bombs_are_counted_and_bounded_in_a_run(tmp_path):
     """Nested tags (libxml2 stops at its depth limit: nothing extracted) and a page of 200,000
     paragraphs (4 MB; 17.6 s and 416 MiB for trafilatura unbounded) stopped by the step time
@@ -734,10 +741,8 @@ def test_html_bombs_are_counted_and_bounded_in_a_run(tmp_path):
 
     raw = tmp_path / "raw"
     raw.mkdir()
-    nested = "<html><body>" + "<div>" * 100_000 + "deep" + "</div>" * 100_000 + "</body></html>"
-    wide = "<html><body>" + "<p>word word word</p>" * 200_000 + "</body></html>"
     (raw / "pages.warc.gz").write_bytes(warc([
-        ("text/html", nested.encode()), ("text/html", wide.encode()),
+        ("text/html", NESTED_HTML), ("text/html", WIDE_HTML),
         ("text/html", page(COOKIES[0]).encode())]))
     output = tmp_path / "out"
     cfg = corpus_config.from_dict({
@@ -816,10 +821,8 @@ def test_every_bomb_class_in_one_run_keeps_the_good_records_within_512_mib(tmp_p
     archive = http_warc([([("Transfer-Encoding", "chunked"), ("Content-Encoding", "gzip")],
                           body), ([], GOOD)])
     (raw / "a-body-bomb.warc.gz").write_bytes(gzip.compress(archive, compresslevel=9))
-    nested = "<html><body>" + "<div>" * 100_000 + "deep" + "</div>" * 100_000 + "</body></html>"
-    wide = "<html><body>" + "<p>word word word</p>" * 200_000 + "</body></html>"
     (raw / "b-html-bombs.warc.gz").write_bytes(warc([
-        ("text/html", nested.encode()), ("text/html", wide.encode()),
+        ("text/html", NESTED_HTML), ("text/html", WIDE_HTML),
         ("text/html", page(COOKIES[0]).encode())]))
     text = pa.DictionaryArray.from_arrays(pa.array([0] * 1024, pa.int32()),
                                           pa.array(["a" * (8 * MiB)]))   # 8 GiB expanded
