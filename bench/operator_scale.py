@@ -206,6 +206,34 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+STACK_PARTS = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "kwok", "kueue")
+
+
+def cpu_by_part(b) -> dict[str, float]:
+    """CPU seconds so far of the operator, this process (the bench's own clients and watches)
+    and each stack component the pods go through (their pids from the stack's state folder)."""
+    pids = {"operator": b.operator.pid, "bench": os.getpid()}
+    folder = Path(b.shell_env["CRUCIBLE_STACK_DIR"]) / "pids"
+    for part in STACK_PARTS:
+        try:
+            pids[part] = int((folder / f"{part}.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    out = {}
+    for part, pid in pids.items():
+        try:
+            out[part] = cpu_seconds(pid)
+        except OSError:
+            continue
+    return out
+
+
+def cpu_between(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Per part, CPU seconds spent between two `cpu_by_part` readings, most first."""
+    spent = {part: round(after[part] - before.get(part, 0.0), 1) for part in after}
+    return dict(sorted(spent.items(), key=lambda kv: -kv[1]))
+
+
 # --- the shared harness: stack, clients, namespace, operator, jobs, nodes, teardown --------------
 class Bench:
     """The bench stack, API clients, a fresh namespace and the operator as a real process.
@@ -450,7 +478,7 @@ def bare_client(b: Bench, count: int, threads: int = 32) -> dict:
         b, done, core.list_namespaced_pod, see, ns), kwargs={"label_selector": BARE_LABEL})
     watcher.start()
     time.sleep(1)
-    writes_before = apiserver_writes(core)
+    writes_before, cpu_before = apiserver_writes(core), cpu_by_part(b)
     start = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         list(pool.map(lambda i: core.create_namespaced_pod(ns, body(i)), range(count)))
@@ -459,6 +487,7 @@ def bare_client(b: Bench, count: int, threads: int = 32) -> dict:
     out = {"pods": count, "threads": threads, "pods_created_s": round(created_s, 1),
            "all_running_s": round(time.monotonic() - start, 1)}
     out["apiserver_writes"] = writes_between(writes_before, apiserver_writes(core))
+    out["cpu_s"] = cpu_between(cpu_before, cpu_by_part(b))
     core.delete_collection_namespaced_pod(ns, label_selector=BARE_LABEL, grace_period_seconds=0)
     deadline = time.monotonic() + 300
     while core.list_namespaced_pod(ns, label_selector=BARE_LABEL).items:
@@ -526,7 +555,7 @@ def scale_case(args) -> int:
             for t in watchers:
                 t.start()
             time.sleep(1)
-            writes_before = apiserver_writes(core)
+            writes_before, cpu_before = apiserver_writes(core), cpu_by_part(b)
             start = time.monotonic()
             created = b.create_jobs(names, body)
             print(f"created {args.jobs} jobs in {time.monotonic() - start:.1f}s")
@@ -554,6 +583,11 @@ def scale_case(args) -> int:
             # status updates and node heartbeats too), from the first job create to all Running.
             writes = writes_between(writes_before, apiserver_writes(core))
             results["apiserver_writes_during_startup"] = writes
+            # Where the machine's two cores went: the apiserver is the shared bottleneck, and
+            # every write or watch event anyone adds is paid for there.
+            results["cpu_s_during_startup"] = cpu_between(cpu_before, cpu_by_part(b))
+            print("CPU seconds during the start-up: " + ", ".join(
+                f"{part} {spent}" for part, spent in results["cpu_s_during_startup"].items()))
             print("apiserver writes during the start-up: " + ", ".join(
                 f"{key} {count}" for key, count in list(writes.items())[:12]))
             time.sleep(5)  # a few resync passes at steady state

@@ -435,12 +435,13 @@ def replace_and_create(p: Pass, current: dict[int, PodView]):
     avoid = bad_nodes(p)
     _recreate_if_trusted_again(p, current, avoid)
     # The adapter posts a "Created" event for each pod the API actually created.
-    for index in _to_create(p, current) if _fenced(p) else ():
+    fenced, after = _fence(p)
+    for index in _to_create(p, current) if fenced else ():
         body = m.pod(p.job.name, p.job.namespace, p.job.uid, p.spec, p.gen, index,
                      avoid_nodes=avoid, instance_metadata=p.cluster_policy.instance_metadata)
         if p.admission is not None:
             body = queueing.admitted_pod(body, p.admission)
-        p.act("create", "Pod", body["metadata"]["name"], body)
+        p.act("create", "Pod", body["metadata"]["name"], body, after=after)
         p.status.setdefault("startTime", format_time(p.now))
     p.track["members"] = {str(i): pod.uid for i, pod in current.items() if i is not None}
 
@@ -460,15 +461,22 @@ def _recreate_if_trusted_again(p: Pass, current: dict[int, PodView], avoid: list
         p.delete(pod)
 
 
-def _fenced(p: Pass) -> bool:
-    """Pods are created only once the job's NetworkPolicy exists: it is all that keeps other
-    pods off pod 0's c10d store, which unpickles what it is sent. Until then (created this very
-    pass, or refused by a quota or an admission policy, which the failed create reports as a
-    Warning event) the pass looks again shortly."""
-    if p.obs.has_child("NetworkPolicy", m.network_policy_name(p.job.name)):
-        return True
+def _fence(p: Pass) -> tuple[bool, tuple[str, str] | None]:
+    """Whether pods may be created, and after what. Pods come only once the job's NetworkPolicy
+    exists: it is all that keeps other pods off pod 0's c10d store, which unpickles what it is
+    sent. A policy this very pass creates (a new job's first pass) fences them if its create
+    lands: the pods then go in the same pass, after it (`Action.after`), which spares every new
+    job a pass and a watch round trip; if it does not land, they are held and the pass is
+    retried. A policy missing that this pass does not create (an earlier create that has not
+    shown up, or was refused by a quota or an admission policy, which the failed create
+    reported as a Warning event): no pod, and the pass looks again shortly."""
+    name = m.network_policy_name(p.job.name)
+    if p.obs.has_child("NetworkPolicy", name):
+        return True, None
+    if p.creates("NetworkPolicy", name):
+        return True, ("NetworkPolicy", name)
     p.wake(2)
-    return False
+    return False, None
 
 
 def _to_create(p: Pass, current: dict[int, PodView]) -> list[int]:

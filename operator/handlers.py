@@ -685,8 +685,9 @@ def retry_delay_s(failures: int) -> float:
 def next_pass(outcome: Outcome, applied: Applied, interval_s: float,
               failures: int = 1) -> NextPass:
     """When to run again after a pass that went through (pure); `failures`: passes in a row,
-    this one included, that met a transient API failure."""
-    if applied.transient:
+    this one included, that met a transient API failure. Actions held because what they
+    come after did not land (a refused NetworkPolicy: no pods) are retried the same way."""
+    if applied.transient or applied.held:
         return NextPass(After.RETRY, retry_delay_s(failures))
     if outcome.requeue:
         return NextPass(After.NOW, 0.0)
@@ -779,6 +780,8 @@ def _log(logger, applied: Applied, events: tuple[Event, ...]):
         logger.error(f"the API refused: {line}")
     for line in applied.transient:
         logger.warning(f"will retry: {line}")
+    for line in applied.held:
+        logger.info(f"held for a later pass: {line}")
 
 
 def _acting(memo) -> Callable[[], bool]:

@@ -51,6 +51,8 @@ class Applied:
     unserved: list[str] = field(default_factory=list)
     transient: list[str] = field(default_factory=list)   # 5xx, 429, timeouts, connection errors
     cordons_limited: list[str] = field(default_factory=list)  # nodes annotated, not cordoned
+    # actions not carried out because what they come after (Action.after) did not land
+    held: list[str] = field(default_factory=list)
 
 
 class CordonLimit:
@@ -241,10 +243,13 @@ class Kube:
         for its ConfigMap on its own). A large job's start or restart is two round trips.
         A create of what an earlier pass created and the watch has not shown is not sent again:
         `in_flight`, the (kind, name)s the job's creates awaited when the pass took its
-        snapshot (`expected.pending`), and any expected since."""
+        snapshot (`expected.pending`), and any expected since. An action `after` an object
+        goes only if that object is there: in flight, or created (or found, ours) by an earlier
+        wave of this pass; otherwise it is `held`."""
         out = Applied()
         actions = []
         owner = (job.namespace, job.name)
+        there = set(in_flight)    # what the actions' `after` may name, growing wave by wave
         for action in outcome.actions:
             if action.verb == "create" and (action.kind, action.name) in in_flight:
                 continue
@@ -258,6 +263,9 @@ class Kube:
         for batch in waves:
             if out.conflicts:  # a child is someone else's (the Service: their DNS): no pods
                 batch = [a for a in batch if a.kind != "Pod"]
+            out.held += [f"{a.verb} {a.kind}/{a.name}: after {'/'.join(a.after)}, which is not "
+                         "there" for a in batch if a.after and a.after not in there]
+            batch = [a for a in batch if not a.after or a.after in there]
             if not batch:
                 continue
             if len(batch) == 1:
@@ -271,7 +279,10 @@ class Kube:
                     kind, detail = error
                     {"transient": out.transient, "rejected": out.rejected,
                      "conflict": out.conflicts, "unserved": out.unserved}[kind].append(detail)
-                elif changed and action.verb == "create" and action.kind == "Pod":
+                    continue
+                if action.verb == "create":
+                    there.add((action.kind, action.name))
+                if changed and action.verb == "create" and action.kind == "Pod":
                     out.created_pods.append(action.name)
         return out
 

@@ -36,6 +36,10 @@ class Action:
     name: str
     body: dict | None = None  # manifest (create, replace) or merge patch (patch_node)
     reason: str = ""
+    # (kind, name) of an object this pass creates that must exist first: the action is carried
+    # out only if that create landed (or found the object there, or an earlier pass's create
+    # of it awaits the watch), else held for a later pass (kube.Kube.apply)
+    after: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -82,8 +86,14 @@ class Pass:
         return self.admission.count if self.admission is not None else self.spec.nodes.max
 
     # -- recording ----------------------------------------------------------------------------
-    def act(self, verb: str, kind: str, name: str, body: dict | None = None, reason: str = ""):
-        self.actions.append(Action(verb, kind, name, body, reason))
+    def act(self, verb: str, kind: str, name: str, body: dict | None = None, reason: str = "",
+            after: tuple[str, str] | None = None):
+        self.actions.append(Action(verb, kind, name, body, reason, after))
+
+    def creates(self, kind: str, name: str) -> bool:
+        """Whether this pass has decided to create that object."""
+        return any(a.verb == "create" and a.kind == kind and a.name == name
+                   for a in self.actions)
 
     def event(self, type_: str, reason: str, message: str):
         self.events.append(Event(type_, reason, message))

@@ -73,6 +73,34 @@ def test_apply_gives_running_pods_owned_children_and_printer_columns(cluster, ru
     assert_clean_exit(runner, "Running: 3/3 pods running (min 2), generation 0")
 
 
+def test_no_pod_is_created_while_a_quota_refuses_the_network_policy(cluster, run_operator):
+    """A new job's first pass creates its pods right after its NetworkPolicy, in the same pass,
+    and only if that create lands: the policy is all that keeps strangers off pod 0's store."""
+    quota = client.V1ResourceQuota(
+        metadata=client.V1ObjectMeta(name="no-policies"),
+        spec=client.V1ResourceQuotaSpec(hard={"count/networkpolicies.networking.k8s.io": "0"}))
+    cluster.core.create_namespaced_resource_quota(cluster.namespace, quota)
+    eventually(lambda: cluster.core.read_namespaced_resource_quota(
+        "no-policies", cluster.namespace).status.hard, 30, "the quota in force")
+    with run_operator(cluster.namespace) as runner:
+        cluster.create_job("gpt", nodes={"min": 2, "max": 2})
+        cluster.wait_event("gpt", "ApiRejected")
+        rejected = " ".join(e.message for e in cluster.events("gpt")
+                            if e.reason == "ApiRejected")
+        assert "create NetworkPolicy/gpt: HTTP 403" in rejected and "Pod/" not in rejected
+        # Retried with a backoff (2, 4, 8 s): several passes, and never a pod.
+        eventually(lambda: max(e.count or 1 for e in cluster.events("gpt")
+                               if e.reason == "ApiRejected") >= 2, 30, "a second refusal")
+        assert cluster.pods("gpt") == []
+        assert cluster.status("gpt")["phase"] == "Pending"
+        cluster.core.delete_namespaced_resource_quota("no-policies", cluster.namespace)
+        cluster.wait_running("gpt", 2, generation=0)
+        assert client.NetworkingV1Api(cluster.api).read_namespaced_network_policy(
+            "gpt", cluster.namespace)
+        cluster.delete_job("gpt")
+    assert_clean_exit(runner, "held for a later pass: create Pod/gpt-0-0: after NetworkPolicy/gpt")
+
+
 def test_suspend_deletes_pods_and_resume_starts_a_new_generation(cluster, run_operator):
     with run_operator(cluster.namespace) as runner:
         cluster.create_job("gpt", nodes={"min": 2, "max": 2})

@@ -24,6 +24,9 @@ INTERVAL_S = 10.0
     (Outcome(wake_in_s=0.0), Applied(), NextPass(After.DUE, DUE_SLACK_S)),
     (Outcome(wake_in_s=30.0), Applied(), NextPass(After.RESYNC, INTERVAL_S)),
     (Outcome(), Applied(rejected=["pods: 422"]), NextPass(After.RESYNC, INTERVAL_S)),
+    # A pod held back because the NetworkPolicy it comes after was refused: retried.
+    (Outcome(), Applied(rejected=["networkpolicies: 403"], held=["create Pod/gpt-0-0"]),
+     NextPass(After.RETRY, RETRY_S)),
 ])
 def test_next_pass(outcome, applied, expected):
     assert next_pass(outcome, applied, INTERVAL_S) == expected
