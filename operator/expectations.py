@@ -72,6 +72,11 @@ class Expectations:
                 if not objects:
                     del self._until[job]
 
+    def forget(self, job: Job) -> None:
+        """Drop everything the job's creates await (a new job of the same name starts)."""
+        with self._lock:
+            self._until.pop(job, None)
+
     def expired(self) -> int:
         """Forget what has run out of time (the housekeeping loop calls this); how many."""
         now = self.clock()

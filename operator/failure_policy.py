@@ -435,8 +435,8 @@ def replace_and_create(p: Pass, current: dict[int, PodView]):
     avoid = bad_nodes(p)
     _recreate_if_trusted_again(p, current, avoid)
     # The adapter posts a "Created" event for each pod the API actually created.
-    fenced, after = _fence(p)
-    for index in _to_create(p, current) if fenced else ():
+    after = _fence(p)
+    for index in _to_create(p, current):
         body = m.pod(p.job.name, p.job.namespace, p.job.uid, p.spec, p.gen, index,
                      avoid_nodes=avoid, instance_metadata=p.cluster_policy.instance_metadata)
         if p.admission is not None:
@@ -461,22 +461,19 @@ def _recreate_if_trusted_again(p: Pass, current: dict[int, PodView], avoid: list
         p.delete(pod)
 
 
-def _fence(p: Pass) -> tuple[bool, tuple[str, str] | None]:
-    """Whether pods may be created, and after what. Pods come only once the job's NetworkPolicy
-    exists: it is all that keeps other pods off pod 0's c10d store, which unpickles what it is
-    sent. A policy this very pass creates (a new job's first pass) fences them if its create
-    lands: the pods then go in the same pass, after it (`Action.after`), which spares every new
-    job a pass and a watch round trip; if it does not land, they are held and the pass is
-    retried. A policy missing that this pass does not create (an earlier create that has not
-    shown up, or was refused by a quota or an admission policy, which the failed create
-    reported as a Warning event): no pod, and the pass looks again shortly."""
+def _fence(p: Pass) -> tuple[str, str] | None:
+    """What the pass's pods must come after. Pods exist only behind the job's NetworkPolicy: it
+    is all that keeps other pods off pod 0's c10d store, which unpickles what it is sent. With
+    the policy in the index as rendered now, nothing (it is there). Otherwise the pass writes
+    it (`_ensure_children`: created when missing, replaced when it drifted) and its pods come
+    after that write, in the same pass, only if it lands (`Action.after`): a new job's first
+    pass starts its pods at once, and a refused or failed write holds them (the pass is
+    retried). An earlier pass's create that the watch has not shown yet does not count: the
+    policy may have gone since."""
     name = m.network_policy_name(p.job.name)
-    if p.obs.has_child("NetworkPolicy", name):
-        return True, None
-    if p.creates("NetworkPolicy", name):
-        return True, ("NetworkPolicy", name)
-    p.wake(2)
-    return False, None
+    if p.obs.has_child("NetworkPolicy", name) and not p.writes("NetworkPolicy", name):
+        return None
+    return ("NetworkPolicy", name)
 
 
 def _to_create(p: Pass, current: dict[int, PodView]) -> list[int]:

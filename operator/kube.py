@@ -34,7 +34,7 @@ from crucible.api.names import PREFIX
 from crucible.operator.decision import Action, Event, Outcome
 from crucible.operator.expectations import Expectations
 from crucible.operator.observed import JobView
-from crucible.operator.manifests import FIELD_MANAGER
+from crucible.operator.manifests import FIELD_MANAGER, child_digest, observed_digest
 
 COMPONENT = "crucible-operator"
 log = logging.getLogger(__name__)
@@ -109,6 +109,12 @@ class NameConflict(Exception):
         self.kind, self.name = kind, name
 
 
+class StaleChild(Exception):
+    """A child this job creates exists, its own, but rendered from an older spec or setting
+    (its digest annotation differs): not what this pass wanted in place. The next pass, once
+    the index shows it, replaces it."""
+
+
 def event_name(job: str, uid: str, event: Event) -> str:
     """The one Event object of a job's (type, reason, message): the same name every time, so a
     repeat is a count on it. A hash keeps it a valid name whatever the message holds."""
@@ -165,9 +171,10 @@ class Kube:
                                     name=r.get("name"), uid=r.get("uid"),
                                     controller=r.get("controller")) for r in refs])
 
-    def _ours(self, ns: str, kind: str, name: str, body: dict) -> bool:
-        """Whether the existing object of a create that met a 409 is this job's: the children
-        carry no label a stranger's object would have, so the index cannot tell; its owner can."""
+    def _existing(self, ns: str, kind: str, name: str) -> dict:
+        """The metadata of the existing object of a create that met a 409: the children carry
+        no label a stranger's object would have, so the index cannot tell whose it is; its
+        owner can, and its digest annotation says what it was rendered from."""
         readers = {
             "Service": self.core.read_namespaced_service,
             "ConfigMap": self.core.read_namespaced_config_map,
@@ -179,8 +186,7 @@ class Kube:
         }
         existing = (self._read_workload(name, ns) if kind == "Workload"
                     else readers[kind](name, ns).metadata)
-        want = body["metadata"]["ownerReferences"][0]["uid"]
-        return any(ref.controller and ref.uid == want for ref in existing.owner_references or [])
+        return self.api.sanitize_for_serialization(existing)
 
     def _do(self, ns: str, action: Action) -> bool:
         """Carry out one action; True if it changed something, False if it was already so."""
@@ -225,8 +231,15 @@ class Kube:
                 raise ValueError(f"no adapter for {verb} {kind}")
         except ApiException as err:
             if verb == "create" and err.status == 409:
-                if kind != "Pod" and not self._ours(ns, kind, name, action.body):
-                    raise NameConflict(kind, name) from None
+                if kind != "Pod":
+                    meta = self._existing(ns, kind, name)
+                    want = action.body["metadata"]["ownerReferences"][0]["uid"]
+                    if not any(ref.get("controller") and ref.get("uid") == want
+                               for ref in meta.get("ownerReferences") or ()):
+                        raise NameConflict(kind, name) from None
+                    digest = child_digest(action.body)
+                    if digest is not None and observed_digest(kind, meta) != digest:
+                        raise StaleChild(f"{kind} {name}") from None
                 return False
             if err.status == 404 and verb != "create":
                 return False
@@ -237,19 +250,22 @@ class Kube:
 
     def apply(self, job: JobView, outcome: Outcome,
               in_flight: frozenset[tuple[str, str]] = frozenset()) -> Applied:
-        """Carry out the actions, independent ones concurrently, in two waves: first all but
-        RoleBindings and pods; then those, because the apiserver's escalation check reads the
-        Role a binding names, and pod admission needs the ServiceAccount to exist (a pod waits
-        for its ConfigMap on its own). A large job's start or restart is two round trips.
-        A create of what an earlier pass created and the watch has not shown is not sent again:
-        `in_flight`, the (kind, name)s the job's creates awaited when the pass took its
-        snapshot (`expected.pending`), and any expected since. An action `after` an object
-        goes only if that object is there: in flight, or created (or found, ours) by an earlier
-        wave of this pass; otherwise it is `held`."""
+        """Carry out the actions, independent ones concurrently, in waves: first all but
+        RoleBindings and pods; then RoleBindings, because the apiserver's escalation check
+        reads the Role a binding names; then pods, which need the ServiceAccount (admission)
+        and must never outrun their NetworkPolicy. A new job's first pass is three round
+        trips; any other, one. A create of what an earlier pass created and the watch has not
+        shown is not sent again: `in_flight`, the (kind, name)s the job's creates awaited when
+        the pass took its snapshot (`expected.pending`), and any expected since.
+
+        Pods go only behind what this pass wrote before them: none once a child turns out to
+        be someone else's (`conflicts`) or a child's create or replace failed (a pod without
+        its ServiceAccount is refused, one without its ConfigMap never starts), and one whose
+        `after` names an object is created only if this pass's write of it landed. Those are
+        `held`: the pass is retried."""
         out = Applied()
         actions = []
         owner = (job.namespace, job.name)
-        there = set(in_flight)    # what the actions' `after` may name, growing wave by wave
         for action in outcome.actions:
             if action.verb == "create" and (action.kind, action.name) in in_flight:
                 continue
@@ -257,31 +273,44 @@ class Kube:
                 action = annotate_only(action, self.cordons.per_minute)
                 out.cordons_limited.append(action.name)
             actions.append(action)
-        later = ("RoleBinding", "Pod")
-        waves = [[a for a in actions if a.kind not in later],
-                 [a for a in actions if a.kind in later]]
+        waves = [[a for a in actions if a.kind not in ("RoleBinding", "Pod")],
+                 [a for a in actions if a.kind == "RoleBinding"],
+                 [a for a in actions if a.kind == "Pod"]]
+        written: set[tuple[str, str]] = set()   # what this pass's writes put in place
+        unwritten: list[str] = []               # children whose create or replace failed
         for batch in waves:
             if out.conflicts:  # a child is someone else's (the Service: their DNS): no pods
                 batch = [a for a in batch if a.kind != "Pod"]
-            out.held += [f"{a.verb} {a.kind}/{a.name}: after {'/'.join(a.after)}, which is not "
-                         "there" for a in batch if a.after and a.after not in there]
-            batch = [a for a in batch if not a.after or a.after in there]
-            if not batch:
+            go = []
+            for a in batch:
+                if a.kind == "Pod" and a.verb == "create" and unwritten:
+                    out.held.append(f"create Pod/{a.name}: {unwritten[0]} did not land")
+                elif a.after and a.after not in written:
+                    out.held.append(f"{a.verb} {a.kind}/{a.name}: after {'/'.join(a.after)}, "
+                                    "which this pass did not put in place")
+                else:
+                    go.append(a)
+            if not go:
                 continue
-            if len(batch) == 1:
-                results = [self._attempt(owner, batch[0])]
+            if len(go) == 1:
+                results = [self._attempt(owner, go[0])]
             else:  # this pass's own threads: a shared queue would make it wait for others'
-                workers = min(self.fan_out, len(batch))
+                workers = min(self.fan_out, len(go))
                 with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-                    results = list(pool.map(lambda a: self._attempt(owner, a), batch))
-            for action, (changed, error) in zip(batch, results):
+                    results = list(pool.map(lambda a: self._attempt(owner, a), go))
+            for action, (changed, error) in zip(go, results):
+                child_write = (action.kind not in ("Pod", "Workload")
+                               and action.verb in ("create", "replace"))
                 if error is not None:
                     kind, detail = error
-                    {"transient": out.transient, "rejected": out.rejected,
-                     "conflict": out.conflicts, "unserved": out.unserved}[kind].append(detail)
+                    if child_write and kind != "in_flight":
+                        unwritten.append(f"{action.kind}/{action.name}")
+                    if kind != "in_flight":
+                        {"transient": out.transient, "rejected": out.rejected,
+                         "conflict": out.conflicts, "unserved": out.unserved}[kind].append(detail)
                     continue
-                if action.verb == "create":
-                    there.add((action.kind, action.name))
+                if action.verb == "create" or (action.verb == "replace" and changed):
+                    written.add((action.kind, action.name))
                 if changed and action.verb == "create" and action.kind == "Pod":
                     out.created_pods.append(action.name)
         return out
@@ -290,7 +319,9 @@ class Kube:
                  ) -> tuple[bool, tuple[str, str] | None]:
         creating = action.verb == "create"
         if creating and not self.expected.expect(owner, action.kind, action.name):
-            return False, None           # sent by an earlier pass; the watch will show it
+            # Sent by an earlier pass; the watch will show it (or, if it has gone since,
+            # nothing will: this pass cannot count on it being there).
+            return False, ("in_flight", f"{action.kind}/{action.name}")
         result = self._try(owner[0], action)
         if creating and result != (True, None):
             # Only a create the API made leaves an expectation: after an error nothing comes,
@@ -305,6 +336,9 @@ class Kube:
             return self._do(namespace, action), None
         except NameConflict as err:
             return False, ("conflict", (err.kind, err.name))
+        except StaleChild as err:
+            return False, ("transient", f"{what}: {err} exists, rendered from an older spec or "
+                           "setting; the next pass replaces it")
         except ApiException as err:
             if err.status == 404 and action.verb == "create" and action.kind == "Workload":
                 return False, ("unserved", action.kind)

@@ -36,9 +36,9 @@ class Action:
     name: str
     body: dict | None = None  # manifest (create, replace) or merge patch (patch_node)
     reason: str = ""
-    # (kind, name) of an object this pass creates that must exist first: the action is carried
-    # out only if that create landed (or found the object there, or an earlier pass's create
-    # of it awaits the watch), else held for a later pass (kube.Kube.apply)
+    # (kind, name) of an object this pass writes that must be in place first: the action is
+    # carried out only if that create (or replace) landed in this very pass, else it is held
+    # for a later pass (kube.Kube.apply)
     after: tuple[str, str] | None = None
 
 
@@ -90,9 +90,9 @@ class Pass:
             after: tuple[str, str] | None = None):
         self.actions.append(Action(verb, kind, name, body, reason, after))
 
-    def creates(self, kind: str, name: str) -> bool:
-        """Whether this pass has decided to create that object."""
-        return any(a.verb == "create" and a.kind == kind and a.name == name
+    def writes(self, kind: str, name: str) -> bool:
+        """Whether this pass has decided to create or replace that object."""
+        return any(a.verb in ("create", "replace") and a.kind == kind and a.name == name
                    for a in self.actions)
 
     def event(self, type_: str, reason: str, message: str):

@@ -25,6 +25,7 @@ from crucible.api.names import progress_lease_name
 from crucible.api.progress import CommitRef, ProgressReport, RestoreRef, Straggler
 
 log = logging.getLogger(__name__)
+REQUEST_TIMEOUT_S = (5.0, 10.0)    # (connect, read) of one patch
 
 
 def _now() -> dt.datetime:
@@ -77,6 +78,7 @@ class ProgressLease:
             self._report = dataclasses.replace(report, **changes)
 
     def flush(self) -> None:
+        import urllib3
         from kubernetes.client.exceptions import ApiException
 
         with self._lock:
@@ -88,8 +90,14 @@ class ProgressLease:
                 "spec": {"holderIdentity": self.holder,
                          "renewTime": _now().strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}
         try:
-            self._api.patch_namespaced_lease(self.name, self.namespace, body)
-        except (ApiException, OSError) as err:
+            # A deadline: without one urllib3 waits on a half-open connection for as long as
+            # the socket does, and the reports stop.
+            self._api.patch_namespaced_lease(self.name, self.namespace, body,
+                                             _request_timeout=REQUEST_TIMEOUT_S)
+        # urllib3's own errors (a refused connection is its MaxRetryError, a read timeout its
+        # ReadTimeoutError) are not OSErrors: without them one apiserver blip ended the thread,
+        # and the operator then saw no progress and restarted the group as hung.
+        except (ApiException, OSError, urllib3.exceptions.HTTPError) as err:
             log.warning("progress Lease %s/%s not updated: %s", self.namespace, self.name,
                         getattr(err, "reason", err))
 

@@ -57,13 +57,19 @@ def test_new_job_creates_children_then_pod_0_and_the_rest_once_pod_0_has_a_node(
     assert first.status["phase"] == "Pending" and first.status["podGeneration"] == 0
     assert first.status["startTime"] == b.ts(0)
     assert first.status["observedGeneration"] == 1
-    # The NetworkPolicy missing and not created by the pass (refused by a quota, say, and the
-    # job's status already written): no pod, and a look again soon.
+    # The NetworkPolicy still missing from the index on a later pass (refused by a quota, say,
+    # or created and not shown yet): written again, and the pod again only after it.
     policy = next(ch for ch in b.observed().children if ch.kind == "NetworkPolicy")
     without = b.observed(children=b.observed().children - {policy})
     again = decide(b.job(status=first.status), without, b.at(0.5))
     assert [a.after for a in again.actions if a.kind == "Pod"] == [("NetworkPolicy", "gpt")]
     assert [a.kind for a in again.actions if a.verb == "create"] == ["NetworkPolicy", "Pod"]
+    # There, but rendered from older settings: replaced, and the pod only after the replace.
+    drifted = b.observed(children=b.observed().children - {policy}
+                         | {dataclasses.replace(policy, digest="0000000000000000")})
+    stale = decide(b.job(status=first.status), drifted, b.at(0.5))
+    assert [(a.verb, a.kind, a.after) for a in stale.actions] == [
+        ("replace", "NetworkPolicy", None), ("create", "Pod", ("NetworkPolicy", "gpt"))]
     # With the policy there, the pod goes unconditionally.
     outcome = decide(b.job(status=first.status), b.observed(), b.at(0))
     assert [(a.name, a.after) for a in outcome.actions] == [("gpt-0-0", None)]
