@@ -327,7 +327,9 @@ def child_view(kind: str, meta: dict):
     """(job key, ChildView) of a child's metadata, in a watch's thread: what the index keeps
     of it, small whatever the metadata holds (metadata_watch.py)."""
     job = (meta.get("labels") or {}).get(m.LABEL_JOB)
-    if not job:
+    # One being deleted is as good as gone: nothing may count on it being in place (pods come
+    # only behind their NetworkPolicy), and the pass creates it again once it has gone.
+    if not job or meta.get("deletionTimestamp"):
         return None
     return ((meta.get("namespace") or "", job),
             ChildView(kind, meta.get("name") or "", m.observed_digest(kind, meta),
@@ -691,10 +693,12 @@ def next_pass(outcome: Outcome, applied: Applied, interval_s: float,
     this one included, that met a transient API failure. Actions held because what they
     come after did not land (a refused NetworkPolicy: no pods) are retried the same way."""
     if applied.transient or applied.held:
-        # A timed decision (a node's grace, a hang) still falls due on time meanwhile.
-        due = (outcome.wake_in_s + DUE_SLACK_S if outcome.wake_in_s is not None
-               else retry_delay_s(failures))
-        return NextPass(After.RETRY, min(retry_delay_s(failures), due))
+        # A timed decision (a node's grace, a hang) still falls due meanwhile, but never
+        # sooner than RETRY_S after a failure: an apiserver that throttles is not hammered.
+        delay = retry_delay_s(failures)
+        if outcome.wake_in_s is not None:
+            delay = min(delay, max(outcome.wake_in_s + DUE_SLACK_S, RETRY_S))
+        return NextPass(After.RETRY, delay)
     if outcome.requeue:
         return NextPass(After.NOW, 0.0)
     if outcome.wake_in_s is not None and outcome.wake_in_s + DUE_SLACK_S < interval_s:
@@ -721,7 +725,8 @@ def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime, queued: 
         applied = kube.apply(job, outcome, in_flight)
         if applied.cordons_limited:
             outcome = not_cordoned(outcome, applied.cordons_limited, kube.cordons.per_minute)
-        if applied.held and not applied.created_pods and "startTime" not in job.status:
+        if (applied.held and not applied.created_pods and "startTime" not in job.status
+                and not any(pod.owner_uid == job.uid for pod in obs.pods)):
             outcome = replace(outcome, status={k: v for k, v in outcome.status.items()
                                                if k != "startTime"})
         written, conflict = _write_status(kube, job, outcome, acting)

@@ -109,10 +109,9 @@ class NameConflict(Exception):
         self.kind, self.name = kind, name
 
 
-class StaleChild(Exception):
-    """A child this job creates exists, its own, but rendered from an older spec or setting
-    (its digest annotation differs): not what this pass wanted in place. The next pass, once
-    the index shows it, replaces it."""
+class ChildGoing(Exception):
+    """A child this job creates exists, its own, but is being deleted: not in place for what
+    comes after it. Created again by a later pass once it is gone."""
 
 
 def event_name(job: str, uid: str, event: Event) -> str:
@@ -194,17 +193,8 @@ class Kube:
         try:
             if verb == "create":
                 self._create(ns, kind, action.body)
-            elif verb == "replace" and kind == "ConfigMap":
-                # A JSON patch: the data whole (a key someone added goes), the annotation, in
-                # the operator's name, so managedFields show the data is its own again.
-                self.core.patch_namespaced_config_map(name, ns, [
-                    {"op": "add", "path": "/metadata/annotations",
-                     "value": action.body["metadata"]["annotations"]},
-                    {"op": "add", "path": "/data", "value": action.body["data"]}],
-                    field_manager=FIELD_MANAGER)
-            elif verb == "replace" and kind == "NetworkPolicy":
-                # A whole new spec (a key it no longer has must go: no merge).
-                self.networking.replace_namespaced_network_policy(name, ns, action.body)
+            elif verb == "replace" and kind in ("ConfigMap", "NetworkPolicy"):
+                self._replace(ns, kind, name, action.body)
             elif verb == "delete" and kind == "Pod":
                 self.core.delete_namespaced_pod(name, ns)
             elif verb == "force_delete" and kind == "Pod":
@@ -237,9 +227,14 @@ class Kube:
                     if not any(ref.get("controller") and ref.get("uid") == want
                                for ref in meta.get("ownerReferences") or ()):
                         raise NameConflict(kind, name) from None
+                    if meta.get("deletionTimestamp"):
+                        raise ChildGoing(f"{kind} {name} is being deleted") from None
                     digest = child_digest(action.body)
                     if digest is not None and observed_digest(kind, meta) != digest:
-                        raise StaleChild(f"{kind} {name}") from None
+                        # Ours, rendered from an older spec or setting, and not in the index
+                        # (which decides replaces): replaced here, or nothing ever would.
+                        self._replace(ns, kind, name, action.body)
+                        return True
                 return False
             if err.status == 404 and verb != "create":
                 return False
@@ -247,6 +242,19 @@ class Kube:
         if kind == "Pod":
             metrics.POD_OPERATIONS.labels(verb).inc()
         return True
+
+    def _replace(self, ns: str, kind: str, name: str, body: dict) -> None:
+        if kind == "ConfigMap":
+            # A JSON patch: the data whole (a key someone added goes), the annotation, in the
+            # operator's name, so managedFields show the data is its own again.
+            self.core.patch_namespaced_config_map(name, ns, [
+                {"op": "add", "path": "/metadata/annotations",
+                 "value": body["metadata"]["annotations"]},
+                {"op": "add", "path": "/data", "value": body["data"]}],
+                field_manager=FIELD_MANAGER)
+        else:
+            # A whole new spec (a key it no longer has must go: no merge).
+            self.networking.replace_namespaced_network_policy(name, ns, body)
 
     def apply(self, job: JobView, outcome: Outcome,
               in_flight: frozenset[tuple[str, str]] = frozenset()) -> Applied:
@@ -280,6 +288,8 @@ class Kube:
         unwritten: list[str] = []               # children whose create or replace failed
         for batch in waves:
             if out.conflicts:  # a child is someone else's (the Service: their DNS): no pods
+                out.held += [f"create Pod/{a.name}: {'/'.join(out.conflicts[0])} is someone "
+                             "else's" for a in batch if a.kind == "Pod" and a.verb == "create"]
                 batch = [a for a in batch if a.kind != "Pod"]
             go = []
             for a in batch:
@@ -336,9 +346,8 @@ class Kube:
             return self._do(namespace, action), None
         except NameConflict as err:
             return False, ("conflict", (err.kind, err.name))
-        except StaleChild as err:
-            return False, ("transient", f"{what}: {err} exists, rendered from an older spec or "
-                           "setting; the next pass replaces it")
+        except ChildGoing as err:
+            return False, ("transient", f"{what}: {err}; created again once it is gone")
         except ApiException as err:
             if err.status == 404 and action.verb == "create" and action.kind == "Workload":
                 return False, ("unserved", action.kind)

@@ -30,3 +30,14 @@ INTERVAL_S = 10.0
 ])
 def test_next_pass(outcome, applied, expected):
     assert next_pass(outcome, applied, INTERVAL_S) == expected
+
+
+def test_a_due_decision_shortens_a_retry_but_never_below_the_first_backoff():
+    failing = Applied(transient=["pods: 429"])
+    # The fifth failure in a row would wait 30 s; a decision due in 5 s comes first.
+    assert next_pass(Outcome(wake_in_s=5.0), failing, INTERVAL_S, failures=5) == \
+        NextPass(After.RETRY, 5.0 + DUE_SLACK_S)
+    # One due now (a pod past its terminating timeout whose force-delete is throttled): not
+    # every 50 ms, but every RETRY_S.
+    assert next_pass(Outcome(wake_in_s=0.0), failing, INTERVAL_S, failures=5) == \
+        NextPass(After.RETRY, RETRY_S)

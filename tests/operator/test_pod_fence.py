@@ -64,20 +64,42 @@ def test_a_strangers_role_binding_of_the_jobs_name_keeps_every_pod_back(fresh):
                                            namespace=cluster.namespace)]))
     applied = kube.apply(job, first_pass(job))
     assert applied.conflicts == [("RoleBinding", "gpt-trainer")]
+    assert applied.held == ["create Pod/gpt-0-0: RoleBinding/gpt-trainer is someone else's"]
     assert applied.created_pods == [] and cluster.pods("gpt") == []
 
 
-def test_an_own_policy_rendered_from_older_settings_keeps_the_pods_back(fresh):
+def test_an_own_policy_rendered_from_older_settings_is_replaced_before_the_pods(fresh):
     cluster, job, kube = fresh
     outcome = first_pass(job)
     wanted = next(a.body for a in outcome.actions if a.kind == "NetworkPolicy")
     old = {**wanted, "metadata": {**wanted["metadata"], "annotations": {
-        **wanted["metadata"]["annotations"], m.ANNOTATION_POLICY_DIGEST: "0123456789abcdef"}}}
+        **wanted["metadata"]["annotations"], m.ANNOTATION_POLICY_DIGEST: "0123456789abcdef"}},
+           "spec": {**wanted["spec"], "ingress": [{}]}}         # open to everyone
     net = client.NetworkingV1Api(cluster.api)
     net.create_namespaced_network_policy(cluster.namespace, old)   # the index has not shown it
     applied = kube.apply(job, outcome)
-    assert any("older spec or setting" in line for line in applied.transient), applied
-    assert applied.held and applied.created_pods == [] and cluster.pods("gpt") == []
+    assert applied.created_pods == ["gpt-0-0"] and not applied.held, applied
+    now = net.read_namespaced_network_policy("gpt", cluster.namespace)
+    assert now.metadata.annotations[m.ANNOTATION_POLICY_DIGEST] == \
+        wanted["metadata"]["annotations"][m.ANNOTATION_POLICY_DIGEST]
+    assert now.spec.ingress[0]._from, "the open policy was left in place"
+
+
+def test_an_own_policy_being_deleted_keeps_the_pods_back(fresh):
+    cluster, job, kube = fresh
+    outcome = first_pass(job)
+    wanted = next(a.body for a in outcome.actions if a.kind == "NetworkPolicy")
+    held = {**wanted, "metadata": {**wanted["metadata"], "finalizers": ["example.com/hold"]}}
+    net = client.NetworkingV1Api(cluster.api)
+    net.create_namespaced_network_policy(cluster.namespace, held)
+    net.delete_namespaced_network_policy("gpt", cluster.namespace)    # Terminating
+    try:
+        applied = kube.apply(job, outcome)
+        assert any("being deleted" in line for line in applied.transient), applied
+        assert applied.held and applied.created_pods == [] and cluster.pods("gpt") == []
+    finally:
+        net.patch_namespaced_network_policy("gpt", cluster.namespace,
+                                            {"metadata": {"finalizers": None}})
 
 
 def test_a_policy_create_only_awaited_from_an_earlier_pass_does_not_count(fresh):
