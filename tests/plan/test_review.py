@@ -14,6 +14,7 @@ import yaml
 from crucible.trainer.cli import main
 from crucible.trainer.hardware import accelerator
 from crucible.trainer.plan import configs
+from crucible.trainer.plan import memory as mem
 from crucible.trainer.plan import review as rv
 
 SOUND = {
@@ -246,3 +247,36 @@ def test_other_frameworks_compile_setting_is_read(tmp_path, source, text, compil
     path = tmp_path / source
     path.write_text(text)
     assert configs.load(path, gpus=8).compiled is compiled
+
+
+def test_pure_bf16_and_the_step_in_backward_are_counted_as_torchtitan_keeps_them(tmp_path):
+    """torchtitan's `training.dtype = "bfloat16"` keeps parameters, gradients and AdamW's
+    moments all in bf16 (8 bytes a parameter, not 16), and `early_step_in_backward` frees each
+    gradient once it is applied. The review says what pure bf16 costs in accuracy, and counts
+    what it saves."""
+    def load(text: str):
+        path = tmp_path / "llama3_8b.toml"
+        path.write_text(text)
+        setup = configs.load(path, gpus=8)
+        return setup, _codes(rv.review(setup, rv.Context(accelerator("h100"))))
+
+    mixed, mixed_codes = load(TORCHTITAN)
+    pure, pure_codes = load(TORCHTITAN.replace("[training]\n", '[training]\ndtype = "bfloat16"\n'))
+    early, _ = load(TORCHTITAN.replace("[optimizer]\n", "[optimizer]\nearly_step_in_backward = true\n"))
+    assert (mixed.precision, pure.precision) == ("bf16", "bf16-pure")
+    assert not mixed.step_in_backward and early.step_in_backward
+    assert "bf16-pure" in pure_codes and "bf16-pure" not in mixed_codes
+    n, dp = pure.params, 8
+
+    def estimate(precision: str, step_in_backward: bool = False):
+        return mem.estimate(pure.model, micro_batch=1, capacity_bytes=80e9, stage=3, dp=dp,
+                            precision=mem.PRECISIONS[precision], recompute="selective",
+                            step_in_backward=step_in_backward)
+    assert estimate("bf16").states.total_bytes == pytest.approx(16 * n / dp)
+    assert estimate("bf16-pure").states.total_bytes == pytest.approx(8 * n / dp)
+    # The gradients a step in backward never keeps: bf16's 2 bytes a parameter, sharded.
+    assert (estimate("bf16-pure").total_bytes - estimate("bf16-pure", True).total_bytes
+            == pytest.approx(2 * n / dp))
+    # FSDP's whole gradient before its reduce-scatter is bf16 too, not fp32.
+    assert (mem.fsdp_working_bytes(pure.model, mem.PRECISIONS["bf16"])
+            > mem.fsdp_working_bytes(pure.model, mem.PRECISIONS["bf16-pure"]))

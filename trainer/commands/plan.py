@@ -56,7 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--price", help="USD per GPU-hour (default: the table's assumption)")
     parser.add_argument("--inference-tokens", help="tokens to be served over the model's life "
                         "(inference-aware sizing, Sardana et al. 2024)")
-    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "bf16-pure", "fp32"],
+                        help="what the states are kept in: bf16 (mixed, with an fp32 master: "
+                        "16 bytes a parameter; Crucible's trainer), bf16-pure (everything bf16, "
+                        "torchtitan's training.dtype = bfloat16: 8 bytes) or fp32 (16 bytes)")
     parser.add_argument("--eager", action="store_true", help="count activations as eager "
                         "PyTorch keeps them (training.compile: false); by default as compiled "
                         "blocks and loss do, the default on GPUs")

@@ -46,7 +46,8 @@ class Setup:
     weight_decay: float | None = None
     beta2: float | None = None
     grad_clip: float | None = None
-    precision: str | None = None  # bf16, fp16 or fp32
+    precision: str | None = None  # bf16 (fp32 master), bf16-pure (no master), fp16 or fp32
+    step_in_backward: bool = False  # the optimizer steps each gradient as it is made
     gpus: int | None = None
     nodes_min: int | None = None
     nodes_max: int | None = None
@@ -207,7 +208,11 @@ def _torchtitan(path: Path, text: str, gpus: int | None) -> Setup:
         schedule=str(sched.get("decay_type", "linear")), min_lr_ratio=float(floor),
         weight_decay=float(opt.get("weight_decay", 0.1)), beta2=opt.get("beta2"),
         grad_clip=float(train.get("max_norm", 1.0)),
-        precision=_DTYPES.get(str(train.get("mixed_precision_param", "bfloat16")), "bf16"),
+        # training.dtype "bfloat16": parameters, gradients and optimizer states all bf16, no
+        # fp32 master (torchtitan's config docs); otherwise mixed precision over fp32 weights.
+        precision=("bf16-pure" if str(train.get("dtype", "float32")) == "bfloat16" else
+                   _DTYPES.get(str(train.get("mixed_precision_param", "bfloat16")), "bf16")),
+        step_in_backward=bool(opt.get("early_step_in_backward", False)),
         gpus=world, dp=dp, tp=tp, pp=pp, zero_stage=3 if dp and shard != 1 else 0,
         recompute=str(ac.get("mode", "selective")),
         # [compile] enable (components model and loss, torchtitan's default when enabled).

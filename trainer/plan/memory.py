@@ -52,6 +52,7 @@ Owns byte arithmetic only; which layout to pick is `parallelism`'s job. Sources:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -72,6 +73,9 @@ class Precision:
     grad_bytes: float
     optimizer_bytes: float  # K in the ZeRO paper
     activation_bytes: int  # bytes per activation value; Korthikanti's formulas assume 2
+    # Bytes a gradient value has while whole, before FSDP reduce-scatters it (its
+    # MixedPrecisionPolicy reduce_dtype: fp32 unless the whole run is in bf16).
+    reduce_bytes: int = 4
 
     @property
     def state_bytes(self) -> float:
@@ -83,6 +87,12 @@ PRECISIONS = {
     "bf16": Precision("bf16", 2, 2, 12, 2),
     # Pure fp32 Adam: weights 4, grads 4, m and v 4 each (no separate master copy).
     "fp32": Precision("fp32", 4, 4, 8, 4),
+    # Everything in bf16, no fp32 master: weights, gradients, m and v 2 bytes each (torchtitan's
+    # `training.dtype = "bfloat16"`: "all parameters, gradients, and optimizer states in
+    # bfloat16, without an extra copy of fp32 weights"); gradients are reduced in bf16 too.
+    # Crucible's trainer does not run this (it keeps the fp32 master); `review` reads it in
+    # other frameworks' configs.
+    "bf16-pure": Precision("bf16-pure", 2, 2, 4, 2, reduce_bytes=2),
 }
 
 
@@ -238,7 +248,8 @@ def fsdp_working_bytes(cfg: GPTConfig, precision: Precision, model_parallel: int
     docstring): the root gathered and its fp32 gradient whole, two blocks gathered, one block's
     fp32 gradient whole."""
     root, block = _root_and_block(cfg, model_parallel)
-    return fsdp_gathered_bytes(cfg, precision, model_parallel) + 4.0 * max(root, block)
+    return (fsdp_gathered_bytes(cfg, precision, model_parallel)
+            + precision.reduce_bytes * max(root, block))
 
 
 def eval_forward_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: int = 1,
@@ -267,9 +278,11 @@ def eval_forward_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: int =
     return seq_len * micro_batch * max(block, logits) / tp
 
 
-def accumulated_grad_bytes(params: float, model_parallel: int = 1) -> float:
-    """`gradientSync: lastMicroBatch`: the whole model's fp32 gradients, on every rank."""
-    return 4.0 * params / model_parallel
+def accumulated_grad_bytes(params: float, model_parallel: int = 1,
+                           bytes_per_value: float = 4.0) -> float:
+    """`gradientSync: lastMicroBatch`: the whole model's gradients (fp32 unless the run is all
+    bf16), on every rank."""
+    return bytes_per_value * params / model_parallel
 
 
 @dataclass(frozen=True)
@@ -312,11 +325,16 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
              tp: int = 1, pp: int = 1, recompute: Recompute = "none",
              precision: Precision = PRECISIONS["bf16"], sequence_parallel: bool = True,
              params: float | None = None, flash_attention: bool = False,
-             accumulate_unsharded: bool = False, compiled: bool = False) -> MemoryEstimate:
+             accumulate_unsharded: bool = False, compiled: bool = False,
+             step_in_backward: bool = False) -> MemoryEstimate:
     """Per-GPU memory of `cfg` trained with this layout (pipelined: the fuller of the first
     stage, with p micro-batches in flight, and the last, with the output layer and loss).
 
     `compiled`: blocks and loss run through torch.compile (module docstring).
+
+    `step_in_backward`: the optimizer steps each parameter as soon as its gradient is ready
+    and frees that gradient (torchtitan's `optimizer.early_step_in_backward`; LOMO, Lv et al.
+    2023, arXiv 2306.09782): no gradient of the whole model is kept, only the working set's.
 
     `accumulate_unsharded`: gradients are reduced once a step, after the last of several
     micro-batches (`gradientSync: lastMicroBatch`), so each rank holds them all in fp32.
@@ -328,6 +346,8 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
     """
     n = params if params is not None else param_count(cfg)
     states = model_states(n, stage, dp, precision, model_parallel=tp * pp)
+    if step_in_backward:
+        states = dataclasses.replace(states, grads_bytes=0.0)
     per_layer = block_activation_bytes(cfg, cfg.seq_len, micro_batch, tp, sequence_parallel,
                                        recompute, precision.activation_bytes, flash_attention,
                                        compiled)
@@ -347,7 +367,8 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
     else:
         acts = cfg.layers / pp * per_layer + head
     working = fsdp_working_bytes(cfg, precision, tp * pp) if stage == 3 else 0.0
-    accumulated = accumulated_grad_bytes(n, tp * pp) if accumulate_unsharded else 0.0
+    accumulated = (accumulated_grad_bytes(n, tp * pp, precision.reduce_bytes)
+                   if accumulate_unsharded else 0.0)
     # The eval runs between a step's backward and its update (the loop evaluates when it
     # finishes a step, with the next one's gradients already made): every state is there.
     evaluation = (states.total_bytes + accumulated

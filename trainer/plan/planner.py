@@ -28,7 +28,6 @@ ASSUMED_RESTART_S = 300.0  # reschedule pods, rendezvous, load the newest checkp
 # never store the s×s scores: "no recomputation" then holds what Korthikanti's selective does.
 FLASH_ATTENTION = True
 # An HGX/DGX node: what `training.sharding: auto` makes a shard group of on a multi-node job.
-GPUS_PER_NODE = 8
 CHINCHILLA = "Hoffmann et al. 2022"
 BESIROGLU = "Besiroglu et al. 2024, Table 1"
 
@@ -129,7 +128,7 @@ def make_plan(inp: PlanInputs) -> Plan:
     rec = par.recommend(cfg, gpu, inp.gpus, global_batch_tokens=batch,
                         micro_batch=inp.micro_batch, mfu=inp.mfu, precision=precision,
                         flash_attention=FLASH_ATTENTION, compiled=inp.compiled)
-    fsdp = _crucible_layout(cfg, gpu, inp, batch, precision)
+    fsdp = _crucible_layout(cfg, gpu, inp, batch, crucible_precision(precision))
     train_flops = flops_per_token(cfg) * d
     price = inp.price_usd_per_gpu_hour
     money = costs.training_cost(train_flops, gpu, inp.gpus, inp.mfu, price)
@@ -148,6 +147,12 @@ def make_plan(inp: PlanInputs) -> Plan:
         _checkpoint_section(plan, inp),
     ]
     return plan
+
+
+def crucible_precision(precision: mem.Precision) -> mem.Precision:
+    """What Crucible's trainer keeps for a plan at `precision`: it runs bf16 with an fp32
+    master, or fp32; never all-bf16 states."""
+    return precision if precision.name in ("bf16", "fp32") else mem.PRECISIONS["bf16"]
 
 
 def _crucible_layout(cfg, gpu, inp, batch, precision) -> par.LayoutCost | None:
@@ -290,6 +295,9 @@ def _memory_section(plan: Plan, inp: PlanInputs, precision: mem.Precision) -> Se
         "false); compiled blocks and loss, the default on CUDA, keep fewer.")
     s.add("capacity", f"{plan.gpu.name} memory (usable {mem.USABLE_FRACTION:.0%})",
           plan.gpu.memory_bytes, "B", "datasheet", "trainer/hardware.py")
+    if crucible_precision(precision) is not precision:
+        s.notes.append(f"Crucible's trainer keeps an fp32 master; its FSDP lines below count "
+                       f"that (16 bytes a parameter), not {precision.name}'s states.")
     if plan.fsdp is not None:
         s.add("crucible_fsdp", "Crucible FSDP total", plan.fsdp.memory.total_bytes, "B",
               f"ZeRO-3 + activation checkpointing {'on' if plan.fsdp.layout.recompute == 'full' else 'off'}",
@@ -301,14 +309,16 @@ def _memory_section(plan: Plan, inp: PlanInputs, precision: mem.Precision) -> Se
     else:
         s.notes.append("Crucible's FSDP layout does not fit even with activation checkpointing: "
                        "add GPUs, or lower --micro-batch / --seq-len.")
-    if plan.fsdp is not None and inp.gpus > GPUS_PER_NODE and inp.gpus % GPUS_PER_NODE == 0:
+    per_node = plan.gpu.gpus_per_node
+    if plan.fsdp is not None and inp.gpus > per_node and inp.gpus % per_node == 0:
         # What `training.sharding: auto` runs on more than one node: the model state sharded
         # within each node and held once per node; activations and logits as under FSDP.
         mesh = sharding.mesh_shape("auto", None, world_size=inp.gpus,
-                                   local_world_size=GPUS_PER_NODE)
+                                   local_world_size=per_node)
         hsdp = mem.estimate(cfg, micro_batch=inp.micro_batch, capacity_bytes=plan.gpu.memory_bytes,
                             stage=3, dp=mesh.shard, recompute=plan.fsdp.layout.recompute,
-                            precision=precision, flash_attention=FLASH_ATTENTION,
+                            precision=crucible_precision(precision),
+                            flash_attention=FLASH_ATTENTION,
                             compiled=inp.compiled)
         s.add("crucible_hsdp", "Crucible HSDP total (sharding: auto)", hsdp.total_bytes, "B",
               f"{mesh.describe()}: ZeRO-3 within a node"

@@ -191,6 +191,14 @@ def _precision(s: Setup, ctx: Context) -> list[Finding]:
         return [_f("warning", "precision", "fp16", "fp16 mixed precision", "fp16's 5-bit exponent "
                    "needs loss scaling and overflows on spikes; bf16 keeps fp32's range at the same "
                    "speed", "Kalamkar et al. 2019 (arXiv 1905.12322); Gopher App. C (Rae et al. 2021)")]
+    if s.precision == "bf16-pure":
+        return [_f("warning", "precision", "bf16-pure", "bf16 weights without an fp32 master "
+                   "(training.dtype = bfloat16)", "an update smaller than about 1/256 of its "
+                   "weight rounds away to nothing in bf16's 8-bit mantissa, so late in a run, at a "
+                   "small learning rate, most of them do and the loss stalls above a mixed-"
+                   "precision run's; it halves the states (8 bytes a parameter, not 16). Keep the "
+                   "fp32 master unless memory forces it, or round stochastically",
+                   "Zamirai et al. 2020, \"Revisiting BFloat16 Training\" (arXiv 2010.06192)")]
     if s.precision == "fp32":
         return [_f("warning", "precision", "fp32", "fp32 compute", f"{ctx.gpu.name} peaks at "
                    f"{ctx.gpu.peak_bf16_flops / 1e12:.0f} TFLOP/s only in bf16 tensor-core "
@@ -219,11 +227,12 @@ def _memory(s: Setup, ctx: Context) -> list[Finding]:
     if not (s.model and s.micro_batch):
         return []
     lay = _layout(s, ctx)
-    prec = mem.PRECISIONS["fp32" if s.precision == "fp32" else "bf16"]
+    prec = mem.PRECISIONS[s.precision if s.precision in ("fp32", "bf16-pure") else "bf16"]
     est = mem.estimate(s.model, micro_batch=s.micro_batch, capacity_bytes=ctx.gpu.memory_bytes,
                        stage=lay.stage, dp=lay.dp, tp=lay.tp, pp=lay.pp, recompute=lay.recompute,
                        precision=prec, flash_attention=s.flash_attention,
-                       accumulate_unsharded=_accumulates_unsharded(s, lay), compiled=s.compiled)
+                       accumulate_unsharded=_accumulates_unsharded(s, lay), compiled=s.compiled,
+                       step_in_backward=s.step_in_backward)
     if est.fits:
         return []
     gib = 2**30
