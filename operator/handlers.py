@@ -718,28 +718,42 @@ def _execute(kube: Kube, job: JobView, obs: Observed, now: dt.datetime, queued: 
     outcome = decide(job, obs, now, cluster_policy)
     if not acting():
         raise NotLeading()
-    if any(is_cordon(action) or action.after for action in outcome.actions):
-        # The cordon limit may hold a cordon back, and the status must then not list that node;
-        # pods that come after their NetworkPolicy may be held, and a job whose first pods
-        # were all held has not started.
+    def unstarted(no_pod: bool) -> Outcome:
+        """The outcome as the status must say it: a job whose first pods were all held (their
+        NetworkPolicy refused, say) has not started, whatever the decision wrote."""
+        if (no_pod and "startTime" not in job.status
+                and not any(pod.owner_uid == job.uid for pod in obs.pods)):
+            return replace(outcome, status={k: v for k, v in outcome.status.items()
+                                            if k != "startTime"})
+        return outcome
+
+    if any(is_cordon(action) for action in outcome.actions):
+        # The cordon limit may hold a cordon back, and the status must then not list that node.
         applied = kube.apply(job, outcome, in_flight)
         if applied.cordons_limited:
             outcome = not_cordoned(outcome, applied.cordons_limited, kube.cordons.per_minute)
-        if (applied.held and not applied.created_pods and "startTime" not in job.status
-                and not any(pod.owner_uid == job.uid for pod in obs.pods)):
-            outcome = replace(outcome, status={k: v for k, v in outcome.status.items()
-                                               if k != "startTime"})
+        outcome = unstarted(bool(applied.held) and not applied.created_pods)
         written, conflict = _write_status(kube, job, outcome, acting)
     else:
         # Otherwise the status is the decision's whatever the actions meet (a refused create is
         # retried by the next pass, which decides from what then exists), so it goes alongside
-        # them: a pass that starts a job is two round trips to the apiserver, not three, and
-        # under a start-up burst each one waits on a busy apiserver. Either may land first;
-        # passes are level-triggered, and the pod watch can lag the job watch anyway.
+        # them: under a start-up burst each round trip waits on a busy apiserver. Either may
+        # land first; passes are level-triggered, and the pod watch can lag the job watch
+        # anyway. Pods that come after a NetworkPolicy this pass writes may be held, which the
+        # status must know: it then goes beside the pod wave, once the adapter knows.
+        gated = any(action.after for action in outcome.actions)
         with concurrent.futures.ThreadPoolExecutor(1, "crucible-status") as side:
-            status_write = side.submit(_write_status, kube, job, outcome, acting)
-            applied = kube.apply(job, outcome, in_flight)
-            written, conflict = status_write.result()
+            writes = []
+
+            def write(no_pod: bool) -> None:
+                writes.append(side.submit(_write_status, kube, job, unstarted(no_pod), acting))
+
+            if not gated:
+                write(False)
+            applied = kube.apply(job, outcome, in_flight, before_pods=write if gated else None)
+            if not writes:     # never reached the pod wave
+                write(bool(applied.held) and not applied.created_pods)
+            written, conflict = writes[0].result()
     # The decision's events only once its status landed; what the API did, always.
     events = [] if conflict else list(outcome.events)
     if applied.created_pods:

@@ -22,6 +22,7 @@ import collections
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from kubernetes import client
@@ -257,7 +258,8 @@ class Kube:
             self.networking.replace_namespaced_network_policy(name, ns, body)
 
     def apply(self, job: JobView, outcome: Outcome,
-              in_flight: frozenset[tuple[str, str]] = frozenset()) -> Applied:
+              in_flight: frozenset[tuple[str, str]] = frozenset(),
+              before_pods: Callable[[bool], None] | None = None) -> Applied:
         """Carry out the actions, independent ones concurrently, in waves: first all but
         RoleBindings and pods; then RoleBindings, because the apiserver's escalation check
         reads the Role a binding names; then pods, which need the ServiceAccount (admission)
@@ -270,7 +272,9 @@ class Kube:
         be someone else's (`conflicts`) or a child's create or replace failed (a pod without
         its ServiceAccount is refused, one without its ConfigMap never starts), and one whose
         `after` names an object is created only if this pass's write of it landed. Those are
-        `held`: the pass is retried."""
+        `held`: the pass is retried. `before_pods` is called once, just before the pod wave
+        goes, with whether no pod create is left to send (the caller's status write can then
+        go beside that wave)."""
         out = Applied()
         actions = []
         owner = (job.namespace, job.name)
@@ -286,7 +290,8 @@ class Kube:
                  [a for a in actions if a.kind == "Pod"]]
         written: set[tuple[str, str]] = set()   # what this pass's writes put in place
         unwritten: list[str] = []               # children whose create or replace failed
-        for batch in waves:
+        for wave in waves:
+            batch = wave
             if out.conflicts:  # a child is someone else's (the Service: their DNS): no pods
                 out.held += [f"create Pod/{a.name}: {'/'.join(out.conflicts[0])} is someone "
                              "else's" for a in batch if a.kind == "Pod" and a.verb == "create"]
@@ -300,6 +305,8 @@ class Kube:
                                     "which this pass did not put in place")
                 else:
                     go.append(a)
+            if wave is waves[-1] and before_pods is not None:
+                before_pods(not any(a.kind == "Pod" and a.verb == "create" for a in go))
             if not go:
                 continue
             if len(go) == 1:
