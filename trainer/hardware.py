@@ -14,7 +14,10 @@ is corrected in one place. Peaks are dense (no 2:4 sparsity) from NVIDIA's datas
   recommending less parallelism across nodes, never more;
 - AMD Instinct MI300X: 1,307 TFLOP/s bf16 dense, 192 GB HBM3, Infinity Fabric 896 GB/s peer to
   peer (7 links of 128 GB/s; MI300X datasheet); MI325X: the same compute and links, 256 GB
-  HBM3E (MI325X datasheet).
+  HBM3E (MI325X datasheet). The links are a full mesh without a switch: a pair of GPUs has one
+  128 GB/s link, where the planner gives a tensor-parallel group the aggregate, so on these it
+  leans towards more tensor parallelism than the hardware repays (not modelled). Their device
+  plugin advertises `amd.com/gpu`.
 Inter-node bandwidth is per GPU, one direction, for the reference 8-GPU servers: DGX A100 has one
 200 Gb/s HDR InfiniBand port per GPU (25 GB/s), DGX H100/H200/B200 and GB200 trays one 400 Gb/s
 ConnectX-7 port per GPU (50 GB/s) (DGX A100, DGX H100 and DGX B200 datasheets); MI300X/MI325X
@@ -40,6 +43,13 @@ class Accelerator:
     gpus_per_node: int = 8
     internode_bytes_per_s: float = 0.0  # per-GPU network bandwidth, one direction (see docstring)
     usd_per_gpu_hour: float = 0.0  # assumption, not a quote (see docstring)
+    resource: str = "nvidia.com/gpu"  # the extended resource its device plugin advertises
+    nvlink_domain: int = 0  # GPUs one NVLink domain spans (0: the node's)
+
+    @property
+    def link_domain(self) -> int:
+        """GPUs tensor parallelism may span without going over the network."""
+        return self.nvlink_domain or self.gpus_per_node
 
     @property
     def nvlink_one_way_bytes_per_s(self) -> float:
@@ -57,13 +67,15 @@ ACCELERATORS: dict[str, Accelerator] = {
                         internode_bytes_per_s=50 * GB, usd_per_gpu_hour=3.5),
     # GB200 before B200: `from_device_name` takes the first entry whose `match` the name holds.
     "gb200": Accelerator("gb200", "GB200", 2.5e15, 186 * GB, 1800 * GB, gpus_per_node=4,
-                         internode_bytes_per_s=50 * GB, usd_per_gpu_hour=6.0),
+                         internode_bytes_per_s=50 * GB, usd_per_gpu_hour=6.0, nvlink_domain=72),
     "b200": Accelerator("b200", "B200", 2.25e15, 180 * GB, 1800 * GB,
                         internode_bytes_per_s=50 * GB, usd_per_gpu_hour=5.0),
     "mi300x": Accelerator("mi300x", "MI300X", 1307.4e12, 192 * GB, 896 * GB,
-                          internode_bytes_per_s=50 * GB, usd_per_gpu_hour=2.5),
+                          internode_bytes_per_s=50 * GB, usd_per_gpu_hour=2.5,
+                          resource="amd.com/gpu"),
     "mi325x": Accelerator("mi325x", "MI325X", 1307.4e12, 256 * GB, 896 * GB,
-                          internode_bytes_per_s=50 * GB, usd_per_gpu_hour=3.0),
+                          internode_bytes_per_s=50 * GB, usd_per_gpu_hour=3.0,
+                          resource="amd.com/gpu"),
 }
 
 

@@ -24,16 +24,19 @@ def test_a_device_name_finds_its_own_entry(device_name, key):
     assert from_device_name(device_name) is ACCELERATORS[key]
 
 
-def test_the_table_orders_the_generations_as_their_datasheets_do():
-    a = {key: accelerator(key) for key in ACCELERATORS}
-    assert a["b200"].peak_bf16_flops > a["mi300x"].peak_bf16_flops > a["h100"].peak_bf16_flops
-    assert a["gb200"].peak_bf16_flops > a["b200"].peak_bf16_flops
-    assert a["mi325x"].memory_bytes > a["mi300x"].memory_bytes > a["gb200"].memory_bytes \
-        > a["b200"].memory_bytes > a["h200"].memory_bytes > a["h100"].memory_bytes
-    assert a["mi325x"].peak_bf16_flops == a["mi300x"].peak_bf16_flops   # same compute die
-    for acc in a.values():
-        assert acc.nvlink_one_way_bytes_per_s * 2 == acc.nvlink_bytes_per_s
-        assert acc.internode_bytes_per_s < acc.nvlink_one_way_bytes_per_s
+@pytest.mark.parametrize("key, peak, memory, link, per_node", [
+    # Dense bf16 FLOP/s, HBM bytes, bidirectional GPU-to-GPU bytes/s, GPUs a node: the
+    # datasheets' figures (trainer/hardware.py names each source).
+    ("b200", 2.25e15, 180e9, 1.8e12, 8),
+    ("gb200", 2.5e15, 186e9, 1.8e12, 4),
+    ("mi300x", 1307.4e12, 192e9, 896e9, 8),
+    ("mi325x", 1307.4e12, 256e9, 896e9, 8),
+])
+def test_the_new_accelerators_carry_their_datasheet_figures(key, peak, memory, link, per_node):
+    acc = accelerator(key)
+    assert (acc.peak_bf16_flops, acc.memory_bytes, acc.nvlink_bytes_per_s, acc.gpus_per_node) \
+        == (peak, memory, link, per_node)
+    assert acc.internode_bytes_per_s == 50e9      # one 400 Gb/s NIC a GPU
 
 
 @pytest.mark.parametrize("gpu", ["b200", "gb200", "mi300x", "mi325x"])
@@ -43,6 +46,9 @@ def test_a_plan_for_each_new_accelerator_emits_a_job_that_fits_its_node(capsys, 
     spec = PretrainJobSpec.model_validate(yaml.safe_load(capsys.readouterr().out)["spec"])
     assert spec.procs_per_node == ACCELERATORS[gpu].gpus_per_node
     assert spec.nodes.max * spec.procs_per_node == 64
+    # What the node's device plugin advertises, or the pods never schedule.
+    expected = "amd.com/gpu" if gpu.startswith("mi") else "nvidia.com/gpu"
+    assert spec.resources["limits"] == {expected: spec.procs_per_node}
 
 
 def test_a_faster_accelerator_with_more_memory_plans_a_shorter_step(capsys):
@@ -56,3 +62,30 @@ def test_a_faster_accelerator_with_more_memory_plans_a_shorter_step(capsys):
     capacity = {gpu: next(f["value"] for key, f in figs.items() if key.endswith(".capacity"))
                 for gpu, figs in (("h100", h100), ("mi325x", mi325x))}
     assert capacity == {"h100": 80e9, "mi325x": 256e9}
+
+
+def test_review_reads_an_amd_jobs_gpus(capsys, tmp_path):
+    from crucible.trainer.plan import configs
+    assert main(["plan", "--params", "1B", "--gpus", "16", "--gpu", "mi300x", "--emit-job",
+                 "--name", "amd"]) == 0
+    path = tmp_path / "job.yaml"
+    path.write_text(capsys.readouterr().out)
+    assert configs.load(path).gpu_limit == 8
+
+
+def test_tensor_parallelism_across_gb200_trays_stays_on_nvlink(tmp_path):
+    from crucible.trainer.plan import configs
+    from crucible.trainer.plan import review as rv
+    from tests.plan.test_review import TORCHTITAN
+    path = tmp_path / "tp8.toml"
+    path.write_text(TORCHTITAN.replace("tensor_parallel_degree = 1", "tensor_parallel_degree = 8"))
+    setup = configs.load(path, gpus=64)
+
+    def codes(gpu):
+        return {f.code for f in rv.review(setup, rv.Context(accelerator(gpu)))}
+    # Two 4-GPU trays of one NVL72 rack share NVLink; two B200 servers talk over the network.
+    assert "tp-across-nodes" not in codes("gb200")
+    assert "tp-across-nodes" not in codes("b200")        # 8 GPUs a B200 node
+    path.write_text(TORCHTITAN.replace("tensor_parallel_degree = 1", "tensor_parallel_degree = 16"))
+    setup = configs.load(path, gpus=64)
+    assert "tp-across-nodes" in codes("b200") and "tp-across-nodes" not in codes("gb200")

@@ -174,6 +174,7 @@ def emit(plan: planner.Plan, inp: planner.PlanInputs, args) -> dict:
         return emit_job.pretrain_job(
             name=name, image=args.image, cfg=plan.model, preset=inp.preset, params=plan.params,
             tokens=plan.tokens, gpus=inp.gpus, gpus_per_node=plan.gpu.gpus_per_node,
+            gpu_resource=plan.gpu.resource,
             micro_batch=inp.micro_batch, checkpoint_minutes=plan.checkpoint.daly_s / 60,
             activation_checkpointing=bool(fsdp and fsdp.layout.recompute == "full"),
             global_batch_tokens=inp.global_batch_tokens, data_train=args.data, data_val=args.val,

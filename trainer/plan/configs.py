@@ -30,6 +30,10 @@ class ConfigReadError(ValueError):
     """The file cannot be read as any supported config; the message says which part failed."""
 
 
+# The extended resources GPUs are advertised as (NVIDIA's and AMD's device plugins).
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+
+
 @dataclass(frozen=True)
 class Setup:
     source: str
@@ -148,7 +152,8 @@ def _pretrain_job(path: Path, spec_doc: dict) -> Setup:
     except ValidationError as err:
         raise ConfigReadError(f"{path}: spec has {err.error_count()} problem(s):\n{explain(err)}") \
             from None
-    limit = (spec.resources.get("limits") or {}).get("nvidia.com/gpu")
+    limits = spec.resources.get("limits") or {}
+    limit = next((limits[name] for name in GPU_RESOURCES if name in limits), None)
     setup = _common(path, spec, "PretrainJob")
     world = spec.nodes.max * spec.procs_per_node
     return replace(setup, gpus=world, dp=world, nodes_min=spec.nodes.min, nodes_max=spec.nodes.max,

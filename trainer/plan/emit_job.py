@@ -39,7 +39,7 @@ def pretrain_job(*, name: str, image: str, cfg: GPTConfig, preset: str | None, p
                  checkpoint_minutes: float, activation_checkpointing: bool,
                  global_batch_tokens: float | None = None, data_train: str, data_val: str | None,
                  checkpoint_uri: str, lr: float | None = None,
-                 tokenizer: str | None = None) -> dict:
+                 tokenizer: str | None = None, gpu_resource: str = "nvidia.com/gpu") -> dict:
     """The manifest as a dict; raises ValueError (with the spec's own words) if it is invalid."""
     problem = job_name_problem(name)
     if problem:
@@ -57,7 +57,7 @@ def pretrain_job(*, name: str, image: str, cfg: GPTConfig, preset: str | None, p
         "image": image,
         "nodes": {"min": nodes, "max": nodes},
         "procsPerNode": per_node,
-        "resources": {"limits": {"nvidia.com/gpu": per_node}},
+        "resources": {"limits": {gpu_resource: per_node}},
         "model": model_fields(cfg, preset),
         "data": {"train": data_train, **({"val": data_val} if data_val else {}),
                  **({"tokenizer": tokenizer} if tokenizer else {})},

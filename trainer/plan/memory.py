@@ -73,9 +73,6 @@ class Precision:
     grad_bytes: float
     optimizer_bytes: float  # K in the ZeRO paper
     activation_bytes: int  # bytes per activation value; Korthikanti's formulas assume 2
-    # Bytes a gradient value has while whole, before FSDP reduce-scatters it (its
-    # MixedPrecisionPolicy reduce_dtype: fp32 unless the whole run is in bf16).
-    reduce_bytes: int = 4
 
     @property
     def state_bytes(self) -> float:
@@ -89,10 +86,12 @@ PRECISIONS = {
     "fp32": Precision("fp32", 4, 4, 8, 4),
     # Everything in bf16, no fp32 master: weights, gradients, m and v 2 bytes each (torchtitan's
     # `training.dtype = "bfloat16"`: "all parameters, gradients, and optimizer states in
-    # bfloat16, without an extra copy of fp32 weights"); gradients are reduced in bf16 too.
+    # bfloat16, without an extra copy of fp32 weights"). FSDP still reduce-scatters the
+    # gradients in fp32 (torchtitan's only `mixed_precision_reduce` is float32), so the whole
+    # gradients of the working set are 4 bytes a value as for the other precisions.
     # Crucible's trainer does not run this (it keeps the fp32 master); `review` reads it in
     # other frameworks' configs.
-    "bf16-pure": Precision("bf16-pure", 2, 2, 4, 2, reduce_bytes=2),
+    "bf16-pure": Precision("bf16-pure", 2, 2, 4, 2),
 }
 
 
@@ -248,8 +247,7 @@ def fsdp_working_bytes(cfg: GPTConfig, precision: Precision, model_parallel: int
     docstring): the root gathered and its fp32 gradient whole, two blocks gathered, one block's
     fp32 gradient whole."""
     root, block = _root_and_block(cfg, model_parallel)
-    return (fsdp_gathered_bytes(cfg, precision, model_parallel)
-            + precision.reduce_bytes * max(root, block))
+    return fsdp_gathered_bytes(cfg, precision, model_parallel) + 4.0 * max(root, block)
 
 
 def eval_forward_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: int = 1,
@@ -278,11 +276,10 @@ def eval_forward_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: int =
     return seq_len * micro_batch * max(block, logits) / tp
 
 
-def accumulated_grad_bytes(params: float, model_parallel: int = 1,
-                           bytes_per_value: float = 4.0) -> float:
-    """`gradientSync: lastMicroBatch`: the whole model's gradients (fp32 unless the run is all
-    bf16), on every rank."""
-    return bytes_per_value * params / model_parallel
+def accumulated_grad_bytes(params: float, model_parallel: int = 1) -> float:
+    """`gradientSync: lastMicroBatch`: the whole model's fp32 gradients, on every rank (FSDP
+    accumulates unsynchronised gradients in its reduce dtype, fp32, whatever the parameters')."""
+    return 4.0 * params / model_parallel
 
 
 @dataclass(frozen=True)
@@ -367,8 +364,7 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
     else:
         acts = cfg.layers / pp * per_layer + head
     working = fsdp_working_bytes(cfg, precision, tp * pp) if stage == 3 else 0.0
-    accumulated = (accumulated_grad_bytes(n, tp * pp, precision.reduce_bytes)
-                   if accumulate_unsharded else 0.0)
+    accumulated = accumulated_grad_bytes(n, tp * pp) if accumulate_unsharded else 0.0
     # The eval runs between a step's backward and its update (the loop evaluates when it
     # finishes a step, with the next one's gradients already made): every state is there.
     evaluation = (states.total_bytes + accumulated

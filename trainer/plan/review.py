@@ -194,7 +194,7 @@ def _precision(s: Setup, ctx: Context) -> list[Finding]:
     if s.precision == "bf16-pure":
         return [_f("warning", "precision", "bf16-pure", "bf16 weights without an fp32 master "
                    "(training.dtype = bfloat16)", "an update smaller than about 1/256 of its "
-                   "weight rounds away to nothing in bf16's 8-bit mantissa, so late in a run, at a "
+                   "weight rounds away to nothing in bf16's 8 significant bits, so late in a run, at a "
                    "small learning rate, most of them do and the loss stalls above a mixed-"
                    "precision run's; it halves the states (8 bytes a parameter, not 16). Keep the "
                    "fp32 master unless memory forces it, or round stochastically",
@@ -270,9 +270,9 @@ def _parallelism(s: Setup, ctx: Context) -> list[Finding]:
         out.append(_f("warning", "parallelism", "procs-per-node", f"{s.procs_per_node} processes per "
                       f"node, but a {g.name} node has {g.gpus_per_node} GPUs", "pods will not "
                       "schedule on standard nodes", "trainer/hardware.py (DGX datasheets)"))
-    if s.tp > g.gpus_per_node:
+    if s.tp > g.link_domain:
         out.append(_f("warning", "parallelism", "tp-across-nodes", f"tensor parallel degree {s.tp} "
-                      f"spans nodes ({g.gpus_per_node} GPUs each)", "TP all-reduces every layer; "
+                      f"spans nodes ({g.link_domain} GPUs share NVLink)", "TP all-reduces every layer; "
                       "over the network instead of NVLink it stalls compute",
                       "Narayanan et al. 2021 §3, takeaway #1"))
     if s.model and s.model.heads % s.tp:
@@ -323,9 +323,14 @@ def _checkpoint(s: Setup, ctx: Context) -> list[Finding]:
                       "so the run barely advances", YOUNG_DALY))
         return out
     if s.params:
-        save = ctx.save_s or 12 * s.params / gpus / 5e9  # async staging, as planner assumes
+        # What a checkpoint holds a parameter: the fp32 master and both moments (12 bytes), or
+        # in an all-bf16 run the bf16 weight and moments (6).
+        per_param = 6 if s.precision == "bf16-pure" else 12
+        save = ctx.save_s or per_param * s.params / gpus / 5e9  # async staging, as planned
         if not s.checkpoint_async and not ctx.save_s:
-            save = 12 * s.params / max(1, gpus // 8) / 1e9  # synchronous upload, ~1 GB/s per node
+            per_node = s.procs_per_node or ctx.gpu.gpus_per_node
+            # synchronous upload, ~1 GB/s per node
+            save = per_param * s.params / max(1, gpus // per_node) / 1e9
         best = reliability.daly_interval_s(save, mtbf)
         if interval > 3 * best:
             got = reliability.plan_checkpoints(3600.0, save, mtbf, interval_s=interval).goodput
