@@ -52,7 +52,9 @@ class Applied:
     unserved: list[str] = field(default_factory=list)
     transient: list[str] = field(default_factory=list)   # 5xx, 429, timeouts, connection errors
     cordons_limited: list[str] = field(default_factory=list)  # nodes annotated, not cordoned
-    # actions not carried out because what they come after (Action.after) did not land
+    # pod creates (and any action `after` an object) not carried out because what they need
+    # did not land in this pass: a child's write failed, a child is someone else's, or the
+    # object they come after was not put in place; the pass is retried
     held: list[str] = field(default_factory=list)
 
 
