@@ -118,9 +118,8 @@ def load(path: str | Path, *, gpus: int | None = None) -> Setup:
 
 
 # The memory model's recompute for each activationCheckpointing mode, erring towards more
-# memory: selective-op keeps fewer activations than "selective" (only half the matmul outputs
-# and attention), and every-k-layers keeps every block's but the k-th's.
-_RECOMPUTE = {"none": "none", "full": "full", "selective-op": "selective",
+# memory: every-k-layers keeps every block's but the k-th's.
+_RECOMPUTE = {"none": "none", "full": "full", "selective-op": "selective-op",
               "every-k-layers": "none"}
 
 
@@ -219,7 +218,11 @@ def _torchtitan(path: Path, text: str, gpus: int | None) -> Setup:
                    _DTYPES.get(str(train.get("mixed_precision_param", "bfloat16")), "bf16")),
         step_in_backward=bool(opt.get("early_step_in_backward", False)),
         gpus=world, dp=dp, tp=tp, pp=pp, zero_stage=3 if dp and shard != 1 else 0,
-        recompute=str(ac.get("mode", "selective")),
+        # selective with selective_ac_option "op": the per-op policy; a number k (selective
+        # layer AC, every k-th block in full) is counted as Korthikanti's selective.
+        recompute=("selective-op" if str(ac.get("mode", "selective")) == "selective"
+                   and str(ac.get("selective_ac_option", "2")) == "op"
+                   else str(ac.get("mode", "selective"))),
         # [compile] enable (components model and loss, torchtitan's default when enabled).
         compiled=bool(doc.get("compile", {}).get("enable", False)),
         checkpoint_enabled=bool(ck.get("enable_checkpoint", ck.get("enable", False))),

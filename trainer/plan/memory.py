@@ -59,8 +59,12 @@ from typing import Literal
 from crucible.api.arch import GPTConfig, block_params, param_count
 
 ZeroStage = Literal[0, 1, 2, 3]
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "selective-op"]
+# What the planner chooses among (Korthikanti's); "selective-op" is what Crucible's
+# activationCheckpointing: selective-op and torchtitan's per-op policy keep, counted for jobs
+# and configs that ask for it.
 RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
+ALL_RECOMPUTE: tuple[Recompute, ...] = RECOMPUTE_MODES + ("selective-op",)
 STAGE_NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3/FSDP"}
 
 
@@ -175,6 +179,19 @@ def block_activation_values(cfg: GPTConfig, compiled: bool = False) -> dict[str,
             "mlp": swiglu if cfg.mlp == "swiglu" else 2 * f}
 
 
+def selective_op_values(cfg: GPTConfig) -> float:
+    """Per-token values a block keeps under the per-op policy (trainer/parallel.py
+    `_op_sac_context`, torchtitan's `_op_sac_save_list`): the block's input, the attention
+    kernel's output and log-sum-exp, and every other matmul's output, counted in the forward's
+    order; everything else is recomputed in the backward. Crucible's block has four matmuls
+    (q|k|v, the attention's projection, the MLP's up (gate|up for SwiGLU), its down): the 1st
+    and 3rd are kept. Measured on CPU against the trainer's own policy
+    (tests/trainer/test_activation_memory.py)."""
+    h, kv, f = cfg.dim, cfg.kv_dim, cfg.ffn_dim
+    up = 2 * f if cfg.mlp == "swiglu" else f
+    return h + (h + 2 * kv) + h + cfg.heads + up
+
+
 def block_activation_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: int = 1,
                            sequence_parallel: bool = True, recompute: Recompute = "none",
                            bytes_per_value: int = 2, flash_attention: bool = True,
@@ -186,11 +203,13 @@ def block_activation_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: i
     full recomputation keeps the block's input."""
     if min(seq_len, micro_batch, tp) < 1:
         raise ValueError("seq_len, micro_batch and tp must be >= 1")
-    if recompute not in RECOMPUTE_MODES:
-        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+    if recompute not in ALL_RECOMPUTE:
+        raise ValueError(f"recompute must be one of {ALL_RECOMPUTE}, got {recompute!r}")
     tokens, t = seq_len * micro_batch, tp
     if recompute == "full":
         return bytes_per_value * tokens * cfg.dim / (t if sequence_parallel else 1)
+    if recompute == "selective-op":
+        return bytes_per_value * tokens * selective_op_values(cfg) / t
     parts = block_activation_values(cfg, compiled)
     rest = parts["attention"] + parts["mlp"]
     per_token = (parts["norms"] + rest) / t if sequence_parallel else parts["norms"] + rest / t

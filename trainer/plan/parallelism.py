@@ -91,6 +91,8 @@ def recompute_overhead(cfg: GPTConfig, recompute: mem.Recompute) -> float:
     train = flops_per_token(cfg)
     if recompute == "full":
         return (train / 3) / train  # one more forward: 2N of the 6N
+    if recompute == "selective-op":
+        return (train / 6) / train  # about every other matmul's forward again: N of the 6N
     # selective: QKᵀ and attention·V again, 4·s·h FLOPs per token per layer (forward)
     return 4 * cfg.seq_len * cfg.dim * cfg.layers / train
 

@@ -70,15 +70,14 @@ class LlamaFlavor:
         return self.n_layers * block + 2 * self.vocab_size * self.dim + self.dim
 
     def to_gpt(self, seq_len: int) -> GPTConfig:
-        """A GPTConfig with the same parameter count and matmul FLOPs per token: the MLP width
-        is chosen so that 4d² + 2·d·d_ff equals the GQA attention + SwiGLU weights of a block."""
-        head_dim = self.dim // self.n_heads
-        attn = 2 * self.dim * self.dim + 2 * self.dim * self.n_kv_heads * head_dim
-        block = attn + 3 * self.dim * self.ffn_dim
-        d_ff = round((block - 4 * self.dim * self.dim) / (2 * self.dim))
+        """The flavour as Crucible's model spells a Llama: grouped-query attention with RoPE
+        (Llama 3's base 500,000), RMSNorm and a SwiGLU MLP of the flavour's width, untied
+        embeddings: what the memory model counts is this very block's."""
         return GPTConfig(layers=self.n_layers, heads=self.n_heads, dim=self.dim,
-                         seq_len=seq_len, vocab_size=self.vocab_size, d_ff=d_ff,
-                         tied_embeddings=False)
+                         seq_len=seq_len, vocab_size=self.vocab_size, d_ff=self.ffn_dim,
+                         tied_embeddings=False, position="rope", bias=False,
+                         rope_theta=500000.0, kv_heads=self.n_kv_heads, norm="rmsnorm",
+                         mlp="swiglu")
 
 
 LLAMA3_FLAVORS = {

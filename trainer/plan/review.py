@@ -210,7 +210,7 @@ def _precision(s: Setup, ctx: Context) -> list[Finding]:
 def _layout(s: Setup, ctx: Context) -> par.Layout:
     dp = s.dp or 1
     return par.Layout(dp, s.tp, s.pp, s.zero_stage if s.zero_stage is not None else 0,
-                      s.recompute if s.recompute in mem.RECOMPUTE_MODES else "none")
+                      s.recompute if s.recompute in mem.ALL_RECOMPUTE else "none")
 
 
 def _accumulates_unsharded(s: Setup, lay: par.Layout) -> bool:
