@@ -286,16 +286,20 @@ def test_pure_bf16_and_the_step_in_backward_are_counted_as_torchtitan_keeps_them
 
 def test_torchtitans_own_8b_memory_figure_is_matched_within_10_percent(tmp_path):
     """torchtitan's docs/performance.md, Table 1: Llama 3.1 8B on 8 H100s (96 GB), FSDP,
-    local batch 2, selective (per-op) AC, no compile: 82.4 GiB. Review counts the config
-    with Llama 3's own block and the per-op policy's kept outputs."""
+    local batch 2, selective (per-op) AC, no compile: 82.4 GiB reserved by the allocator.
+    Review counts the config with torchtitan's own block (separate q, k, v, gate and up
+    matmuls) and what the per-op policy keeps of it: allocated, so at most what is reserved
+    and, the allocator's slack aside, not much less."""
     path = tmp_path / "llama3_8b.toml"
     path.write_text(TORCHTITAN.replace("batch_size = 1", "local_batch_size = 2"))
     setup = configs.load(path, gpus=8)
     assert setup.recompute == "selective-op" and setup.micro_batch == 2
     assert (setup.model.mlp, setup.model.norm, setup.model.kv_heads) == ("swiglu", "rmsnorm", 8)
+    assert setup.unfused_linears
     est = mem.estimate(setup.model, micro_batch=2, capacity_bytes=96e9, stage=3, dp=8,
-                       recompute=setup.recompute, flash_attention=True, compiled=False)
-    assert abs(est.total_bytes / 2**30 - 82.4) / 82.4 < 0.10
+                       recompute=setup.recompute, flash_attention=True, compiled=False,
+                       unfused_linears=True)
+    assert 0.9 * 82.4 <= est.total_bytes / 2**30 <= 82.4
     # The published config itself (local batch 1) is not called an OOM on an 80 GB H100.
     path.write_text(TORCHTITAN)
     codes = _codes(rv.review(configs.load(path, gpus=8), rv.Context(accelerator("h100"))))

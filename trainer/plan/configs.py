@@ -52,6 +52,7 @@ class Setup:
     grad_clip: float | None = None
     precision: str | None = None  # bf16 (fp32 master), bf16-pure (no master), fp16 or fp32
     step_in_backward: bool = False  # the optimizer steps each gradient as it is made
+    unfused_linears: bool = False   # torchtitan's block: q, k, v, gate and up separate matmuls
     gpus: int | None = None
     nodes_min: int | None = None
     nodes_max: int | None = None
@@ -61,7 +62,7 @@ class Setup:
     tp: int = 1
     pp: int = 1
     zero_stage: int | None = None
-    recompute: str | None = None  # none, selective, full
+    recompute: str | None = None  # none, selective, full, selective-op
     gradient_sync: str | None = None  # Crucible's training.gradientSync
     # Fused attention (SDPA/FlashAttention) stores no s×s scores. Crucible's model, nanoGPT
     # (model.py uses F.scaled_dot_product_attention when present) and torchtitan all use it.
@@ -217,9 +218,11 @@ def _torchtitan(path: Path, text: str, gpus: int | None) -> Setup:
         precision=("bf16-pure" if str(train.get("dtype", "float32")) == "bfloat16" else
                    _DTYPES.get(str(train.get("mixed_precision_param", "bfloat16")), "bf16")),
         step_in_backward=bool(opt.get("early_step_in_backward", False)),
+        unfused_linears=True,
         gpus=world, dp=dp, tp=tp, pp=pp, zero_stage=3 if dp and shard != 1 else 0,
         # selective with selective_ac_option "op": the per-op policy; a number k (selective
-        # layer AC, every k-th block in full) is counted as Korthikanti's selective.
+        # layer AC, every k-th block in full) is counted as keeping every block's (Korthikanti's
+        # selective, which under fused attention keeps what no AC keeps): errs towards more.
         recompute=("selective-op" if str(ac.get("mode", "selective")) == "selective"
                    and str(ac.get("selective_ac_option", "2")) == "op"
                    else str(ac.get("mode", "selective"))),

@@ -179,24 +179,29 @@ def block_activation_values(cfg: GPTConfig, compiled: bool = False) -> dict[str,
             "mlp": swiglu if cfg.mlp == "swiglu" else 2 * f}
 
 
-def selective_op_values(cfg: GPTConfig) -> float:
+def selective_op_values(cfg: GPTConfig, unfused: bool = False) -> float:
     """Per-token values a block keeps under the per-op policy (trainer/parallel.py
-    `_op_sac_context`, torchtitan's `_op_sac_save_list`): the block's input, the attention
-    kernel's output and log-sum-exp, and every other matmul's output, counted in the forward's
-    order; everything else is recomputed in the backward. Crucible's block has four matmuls
-    (q|k|v, the attention's projection, the MLP's up (gate|up for SwiGLU), its down): the 1st
-    and 3rd are kept. Measured on CPU against the trainer's own policy
-    (tests/trainer/test_activation_memory.py)."""
+    `_op_sac_context`, the policy of torchtitan's per-op selective AC): the block's input, the
+    attention kernel's output and log-sum-exp, and every other matmul's output in the
+    forward's order (the 1st, 3rd, ...); everything else is recomputed in the backward.
+    Crucible's block has four matmuls: q|k|v fused, the attention's projection, the MLP's up
+    (gate|up for SwiGLU) and down. `unfused`: torchtitan's Llama block, which runs q, k, v,
+    the projection, gate, up and down as separate matmuls (so it keeps q, v, gate and down).
+    Both measured on CPU against the policy itself (tests/trainer/test_activation_memory.py)."""
     h, kv, f = cfg.dim, cfg.kv_dim, cfg.ffn_dim
-    up = 2 * f if cfg.mlp == "swiglu" else f
-    return h + (h + 2 * kv) + h + cfg.heads + up
+    if unfused:
+        matmuls = [h, kv, kv, h] + ([f, f, h] if cfg.mlp == "swiglu" else [f, h])
+    else:
+        matmuls = [h + 2 * kv, h, 2 * f if cfg.mlp == "swiglu" else f, h]
+    return h + h + cfg.heads + sum(matmuls[0::2])
 
 
 def block_activation_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: int = 1,
                            sequence_parallel: bool = True, recompute: Recompute = "none",
                            bytes_per_value: int = 2, flash_attention: bool = True,
-                           compiled: bool = False) -> float:
-    """Activation bytes of one of Crucible's blocks on one GPU (see the module docstring).
+                           compiled: bool = False, unfused_linears: bool = False) -> float:
+    """Activation bytes of one of Crucible's blocks on one GPU (see the module docstring;
+    `unfused_linears`: torchtitan's block, which differs under selective-op only).
 
     Tensor parallelism splits what Korthikanti's §4.1 splits (all but the norms' part without
     sequence parallelism); without fused attention the s×s scores come back as his 5as/h term;
@@ -208,8 +213,8 @@ def block_activation_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: i
     tokens, t = seq_len * micro_batch, tp
     if recompute == "full":
         return bytes_per_value * tokens * cfg.dim / (t if sequence_parallel else 1)
-    if recompute == "selective-op":
-        return bytes_per_value * tokens * selective_op_values(cfg) / t
+    if recompute == "selective-op":   # sequence parallel assumed: torchtitan's TP always is
+        return bytes_per_value * tokens * selective_op_values(cfg, unfused_linears) / t
     parts = block_activation_values(cfg, compiled)
     rest = parts["attention"] + parts["mlp"]
     per_token = (parts["norms"] + rest) / t if sequence_parallel else parts["norms"] + rest / t
@@ -342,7 +347,7 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
              precision: Precision = PRECISIONS["bf16"], sequence_parallel: bool = True,
              params: float | None = None, flash_attention: bool = False,
              accumulate_unsharded: bool = False, compiled: bool = False,
-             step_in_backward: bool = False) -> MemoryEstimate:
+             step_in_backward: bool = False, unfused_linears: bool = False) -> MemoryEstimate:
     """Per-GPU memory of `cfg` trained with this layout (pipelined: the fuller of the first
     stage, with p micro-batches in flight, and the last, with the output layer and loss).
 
@@ -366,7 +371,7 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
         states = dataclasses.replace(states, grads_bytes=0.0)
     per_layer = block_activation_bytes(cfg, cfg.seq_len, micro_batch, tp, sequence_parallel,
                                        recompute, precision.activation_bytes, flash_attention,
-                                       compiled)
+                                       compiled, unfused_linears)
     head = head_activation_bytes(cfg, cfg.seq_len, micro_batch, precision.activation_bytes)
     logits = logits_bytes(cfg.seq_len, micro_batch, cfg.vocab_size, tp, compiled,
                           precision.activation_bytes)

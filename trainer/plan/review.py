@@ -232,7 +232,7 @@ def _memory(s: Setup, ctx: Context) -> list[Finding]:
                        stage=lay.stage, dp=lay.dp, tp=lay.tp, pp=lay.pp, recompute=lay.recompute,
                        precision=prec, flash_attention=s.flash_attention,
                        accumulate_unsharded=_accumulates_unsharded(s, lay), compiled=s.compiled,
-                       step_in_backward=s.step_in_backward)
+                       step_in_backward=s.step_in_backward, unfused_linears=s.unfused_linears)
     if est.fits:
         return []
     gib = 2**30
