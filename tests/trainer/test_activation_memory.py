@@ -255,14 +255,18 @@ def in_a_fresh_process(call: str) -> int:
     """`call` (an expression over this module, `m`) evaluated in a new interpreter: the
     allocator's events must show this block's forward and nothing that global state other
     tests in the session left behind (threads, caches, garbage) does meanwhile."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
-    code = ("import dataclasses; import tests.trainer.test_activation_memory as m; "
+    code = ("import dataclasses, torch; torch.set_num_threads(1); "
+            "import tests.trainer.test_activation_memory as m; "
             f"from crucible.api import arch; print({call})")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "MKL_", "TORCH"))}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[2], timeout=600)
+                          cwd=Path(__file__).resolve().parents[2], timeout=600,
+                          env={**env, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     return int(done.stdout.strip().splitlines()[-1])
 
