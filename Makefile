@@ -1,7 +1,8 @@
 # Crucible: set-up and tests. Everything heavy is cached under ~/.cache/crucible, not in the repo.
 #   make demo    install everything and run `crucible demo` (outputs under runs/demo)
 #   make test    install everything, start the local stack and a Docker engine, build the images, run
-#                the whole test suite; KIND=1 adds the kind end to end with its chaos (e2e/kind/run.sh)
+#                the whole test suite in parallel (PYTEST_WORKERS=2 processes); KIND=1 adds the kind
+#                end to end with its chaos (e2e/kind/run.sh)
 #   make venv    only the Python environment
 #   make stack   only build and start the local stack (e2e/stack.sh up)
 #   make test-data  Debian packages whose real text the corpus tests read (installs only what is missing)
@@ -31,13 +32,28 @@ IMAGE_PREFIX := $(if $(REGISTRY),$(REGISTRY)/,)
 OPERATOR_IMAGE := $(IMAGE_PREFIX)crucible-operator:$(VERSION)
 TRAINER_IMAGE := $(IMAGE_PREFIX)crucible-trainer:$(VERSION)
 
-# The whole suite: pytest against the local stack; with KIND=1 the images are built first (so the
-# `docker` tests check these very images) and pytest is followed by the kind end to end with its chaos
-# (e2e/kind/run.sh; its cluster is kept for the next run). Off by default: a fresh-clone run of
-# this command on a new machine passed in 94.6 min, over CI's 90 (docs/kind.md, "Timings").
+# The whole suite: pytest against the local stack, after the images are built (so the `docker`
+# tests check these very images); with KIND=1 pytest is followed by the kind end to end with its
+# chaos (e2e/kind/run.sh; its cluster is kept for the next run). KIND is off by default: a
+# fresh-clone run of this command on a new machine passed in 94.6 min, over CI's 90 (docs/kind.md,
+# "Timings").
+# Order: what runs apt on this host first, one after the other (apt and dpkg take locks): the
+# test text, the Docker engine, the Debian base (debootstrap); then the stack's Go builds beside
+# the image builds (cold: CPU beside downloads and disk; warm: both are no-ops in seconds; the
+# stack's own apt use, Prometheus's package, then has apt to itself), its lines prefixed [stack];
+# then
+# pytest in PYTEST_WORKERS processes (pytest-xdist, --dist loadgroup: tests/conftest.py keeps the
+# cluster tests in one of them).
 KIND ?= 0
-test: venv stack test-data $(if $(filter 1,$(KIND)),local-images)
-	$(PY) -m pytest $(PYTEST_ARGS)
+PYTEST_WORKERS ?= 2
+test: venv test-data
+	e2e/host/docker.sh
+	$(MAKE) --no-print-directory base
+	@set -o pipefail; e2e/stack.sh up 2>&1 | sed -u 's/^/[stack] /' & stack=$$!; \
+	  MAKEFLAGS=--no-print-directory $(MAKE) --no-print-directory images; built=$$?; \
+	  wait $$stack || { echo "the local stack did not come up (lines marked [stack] above)" >&2; exit 1; }; \
+	  exit $$built
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 ifeq ($(KIND),1)
 	CRUCIBLE_VENV=$(VENV) e2e/kind/run.sh all
 endif

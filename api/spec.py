@@ -348,7 +348,8 @@ class CheckpointSpec(Spec):
     keep: int = Field(3, ge=2, description="Newest checkpoints kept; at least 2, because the "
                       "newest may still be uploading (torchtitan refuses 1 for the same reason).")
     keep_every: int = Field(0, ge=0, description="Also keep every step multiple of this forever "
-                            "(spike rollbacks need older checkpoints); 0: off.")
+                            "(spike rollbacks need older checkpoints; when that step has no "
+                            "commit, the first one after it); 0: off.")
     async_: bool = Field(True, alias="async", description="Stage in memory, upload in the "
                          "background: training blocks only for the copy.")
     in_memory_every_steps: int = Field(0, ge=0, description="Steps between in-memory "

@@ -10,10 +10,19 @@ per session: Python's own documentation (the `pydoc_data.topics` module that shi
 CPython: ~460 kB of reference prose and examples written by the Python documentation authors),
 so it is present on every machine without a download (tests/support/training.py runs training
 on it).
+
+In parallel (`make test` runs pytest-xdist with `--dist loadgroup`), every test that uses the
+cluster runs in one worker, one after the other, as the serial suite does: they share one
+apiserver-wide pool of KWOK nodes (a test kills, cordons and fills them), the CRD, cluster roles
+and Kueue's cluster queues. The other tests (training under torchrun, the corpus, the planner)
+share nothing but the S3 and Prometheus servers, where each uses its own bucket prefix or scrape
+job; they go to whichever worker is free a module at a time, so a module's fixtures (a training
+run several tests read) are made once.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 from pathlib import Path
@@ -25,19 +34,41 @@ from tests.support.text import pydoc_docs
 from tests.support.training import VOCAB, Corpus
 
 REPO = Path(__file__).resolve().parents[1]
+CLUSTER_GROUP = "cluster"
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist reads the marks (its own modifyitems hook)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        uses_cluster = "kube" in getattr(item, "fixturenames", ())
+        item.add_marker(pytest.mark.xdist_group(
+            CLUSTER_GROUP if uses_cluster else item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(scope="session")
-def stack_env() -> dict[str, str]:
+def stack_env(tmp_path_factory) -> dict[str, str]:
     external = os.environ.get("CRUCIBLE_STACK_ENV")
     if external:
         return read_env_file(Path(external))
-    proc = subprocess.run([str(REPO / "e2e" / "stack.sh"), "up"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.fail(f"local stack did not come up: {proc.stderr.strip()}", pytrace=False)
-    env = subprocess.run([str(REPO / "e2e" / "stack.sh"), "env"], capture_output=True, text=True,
-                         check=True)
-    return read_env_file(text=env.stdout)
+    # One `stack.sh up` for the whole run: in parallel every worker asks, and a second `up` would
+    # rewrite the env file and the kubeconfig while the first worker's tests read them. The
+    # first worker to take the lock starts (or checks) the stack and leaves its env in the run's
+    # shared temp folder (each worker's is below it); the others read that. Serially there is
+    # only this process, and its own folder is the run's.
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+    with open(shared / "stack-up.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        env_file = shared / "stack.env"
+        if not env_file.exists():
+            proc = subprocess.run([str(REPO / "e2e" / "stack.sh"), "up"], capture_output=True,
+                                  text=True)
+            if proc.returncode != 0:
+                pytest.fail(f"local stack did not come up: {proc.stderr.strip()}", pytrace=False)
+            env = subprocess.run([str(REPO / "e2e" / "stack.sh"), "env"], capture_output=True,
+                                 text=True, check=True)
+            env_file.write_text(env.stdout)
+        return read_env_file(text=env_file.read_text())
 
 
 @pytest.fixture(scope="session")

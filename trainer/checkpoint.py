@@ -17,7 +17,9 @@ Layout under `checkpoint.uri` (docs/checkpoints.md, "Layout and the commit proto
 Saving follows torchtitan's `CheckpointManager`: `dcp.async_save` on a dedicated gloo group, so
 the training loop blocks only while the state is staged (copied), then the write, the upload
 (S3: staged in a node-local folder, uploaded with retries and backoff) and the commit happen on
-a background thread. At most one save is in flight: a save waits for the previous one. Every
+a background thread. At most one save is in flight: a save due while the previous one is still
+uploading on some rank is skipped, on every rank alike, and the next is due one interval later
+(a store that hangs must not stop training); the last save of a run waits for it. Every
 rank learns whether every part made it from one all-reduce on the checkpoint group, so a save
 that fails on any rank is abandoned everywhere at once, without a manifest; training goes on and
 the next save tries again.
@@ -215,11 +217,18 @@ class Checkpointer:
         # Checkpoint collectives run on their own gloo group, from DCP's background thread,
         # so they never interleave with the training group's collectives.
         self.group = dist.new_group(backend="gloo")
+        # Whether the previous save is done is asked on a group of its own: that save's thread
+        # may be in a collective on `self.group` at that very moment.
+        self._busy_group = dist.new_group(backend="gloo")
         self._inflight: threading.Thread | None = None
+        self._inflight_step = 0
         self.store = CommitStore(self.uri, key)
         self.last_commit: Commit | None = None
         self.last_save_step = 0
         self.last_save_time = time.monotonic()
+        # A save skipped while the previous one was still uploading: the cadence counts from it
+        # (the next try is one interval later, not at every step), but it saved nothing.
+        self.last_skip_step, self.last_skip_time = 0, float("-inf")
         self.last_blocking_s = 0.0
         # Bytes of the last loaded commit each rank fetched (S3) or verified in place (local),
         # by rank; the commit's total is last_commit.bytes.
@@ -326,7 +335,7 @@ class Checkpointer:
             total = sum(f["size"] for f in manifest["files"].values())
             self._report_fetch(step, sum(manifest["files"][n]["size"] for n in needed), total,
                                needed)
-            self.last_save_step = step
+            self.restart_cadence(step)
             self.last_commit = Commit(step, manifest["tokens"], f"{self.uri}/{step_name(step)}",
                                       manifest["time"], total)
             if manifest["config_hash"] != self.config_hash and self.rank == 0:
@@ -424,9 +433,19 @@ class Checkpointer:
         return verify(folder, {name: files[name] for name in names})
 
     # -- save -----------------------------------------------------------------------------------
-    def save(self, app: AppState, step: int, tokens: int, *, wait: bool = False) -> float:
-        """Start saving `step`; returns the seconds training was blocked (waiting + staging)."""
+    def save(self, app: AppState, step: int, tokens: int, *, wait: bool = False) -> float | None:
+        """Start saving `step`; returns the seconds training was blocked (waiting + staging), or
+        None when the save was skipped: the previous one is still uploading on some rank (the
+        store is slow or down), and waiting for it would stop training for as long as the store
+        is away. The next save is due one interval later; `wait` (the last save) always saves."""
         started = time.perf_counter()
+        if not wait and not self._previous_save_done():
+            if self.rank == 0:
+                log.warning("checkpoint of step %d skipped: the save of step %d is still in "
+                            "flight (storage slow or unreachable); training goes on", step,
+                            self._inflight_step)
+            self.last_skip_step, self.last_skip_time = step, time.monotonic()
+            return None
         self.wait()
         if self.remote:
             # One staging folder per rank: each rank uploads and then deletes only its own files.
@@ -434,11 +453,12 @@ class Checkpointer:
             shutil.rmtree(folder, ignore_errors=True)
         else:
             folder = Path(self.uri) / step_name(step)
-        if self.rank == 0:
-            # A save of this step that died earlier may have left shards and rank markers: they
-            # must not be mixed into this attempt's manifest.
-            storage.delete_tree(storage.join(self.uri, step_name(step)))
-        dist.barrier(group=self.group)
+            if self.rank == 0:
+                # A save of this step that died earlier may have left shards and rank markers:
+                # they must not be mixed into this attempt's manifest. (In S3 the save's thread
+                # deletes them: a call to a store that hangs must not stop training.)
+                storage.delete_tree(storage.join(self.uri, step_name(step)))
+            dist.barrier(group=self.group)
         writer = SplitWriter(str(folder), sync_files=not self.remote)
         if self.spec.async_:
             future = dcp.async_save({"app": app}, storage_writer=writer, process_group=self.group)
@@ -447,6 +467,7 @@ class Checkpointer:
             future = None
         blocking_s = time.perf_counter() - started
         self.last_save_step, self.last_save_time = step, time.monotonic()
+        self._inflight_step = step
         self._inflight = threading.Thread(target=self._finish, name=f"checkpoint-{step}",
                                           args=(step, tokens, folder, future, time.perf_counter()),
                                           daemon=True)
@@ -456,6 +477,25 @@ class Checkpointer:
             blocking_s = time.perf_counter() - started
         self.last_blocking_s = blocking_s
         return blocking_s
+
+    def restart_cadence(self, step: int) -> None:
+        """The state is now `step`'s (a load, a rollback, a snapshot from memory): that counts as
+        saved, and skips from before it no longer push the next save back."""
+        self.last_save_step = step
+        self.last_skip_step, self.last_skip_time = 0, float("-inf")
+
+    @property
+    def last_attempt(self) -> tuple[int, float]:
+        """(step, monotonic time) of the newest save started, loaded or skipped: when the next
+        save is due counts from it."""
+        return (max(self.last_save_step, self.last_skip_step),
+                max(self.last_save_time, self.last_skip_time))
+
+    def _previous_save_done(self) -> bool:
+        """Whether every rank's previous save has finished: each rank knows only its own, and
+        all must agree, since a save is collective."""
+        mine = self._inflight is None or not self._inflight.is_alive()
+        return everyone_ok(mine, self._busy_group)
 
     def wait(self) -> None:
         if self._inflight is not None:
@@ -467,10 +507,44 @@ class Checkpointer:
         part made it (one all-reduce on the checkpoint group), and rank 0 commits only if so. A
         rank whose part failed is never waited for: the save is abandoned everywhere."""
         step_uri = storage.join(self.uri, step_name(step))
+        try:
+            problem = self._write_part(step, folder, future, step_uri)
+            if problem is not None:
+                log.error("checkpoint of step %d: rank %d's part failed: %s", step, self.rank,
+                          problem)
+            if not self._everyone_ok(problem is None):
+                log.error("checkpoint of step %d abandoned, not committed: a rank's part failed",
+                          step)
+            elif self.rank == 0:
+                self._commit(step, tokens, step_uri, started)
+        except Exception as err:  # noqa: BLE001 - a failed save must not kill training
+            log.error("checkpoint of step %d abandoned, not committed: %s", step,
+                      storage.explain(err, step_uri))
+        finally:
+            if self.remote:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def _write_part(self, step: int, folder: Path, future, step_uri: str) -> str | None:
+        """This rank's files of `step` written (and in S3 uploaded) and its marker put beside
+        them; what went wrong, or None. Every rank passes the same collectives whatever fails."""
         problem = None
         try:
             if future is not None:
                 future.result()
+            if self.remote and self.rank == 0:
+                # What a save of this step that died earlier left (shards, rank markers) must
+                # not be mixed into this attempt's manifest.
+                storage.delete_tree(step_uri)
+        except Exception as err:  # noqa: BLE001 - a failed save must not kill training
+            problem = storage.explain(err, step_uri)
+        if self.remote:
+            try:
+                dist.barrier(group=self.group)   # no rank uploads before that deletion is done
+            except Exception as err:  # noqa: BLE001 - the all-reduce after it says the rest
+                problem = problem or f"the ranks did not meet before the upload ({err})"
+        if problem is not None:
+            return problem
+        try:
             mine = sorted(folder.glob(f"__{self.rank}_*.distcp"))
             if self.rank == 0:
                 mine.append(folder / ".metadata")
@@ -489,20 +563,8 @@ class Checkpointer:
             with_retries(lambda: storage.write_bytes(storage.join(step_uri, f"rank_{self.rank}.json"),
                                                      marker), "rank marker", self.upload_attempts)
         except Exception as err:  # noqa: BLE001 - a failed save must not kill training
-            problem = storage.explain(err, step_uri)
-            log.error("checkpoint of step %d: rank %d's part failed: %s", step, self.rank, problem)
-        finally:
-            if self.remote:
-                shutil.rmtree(folder, ignore_errors=True)
-        try:
-            if not self._everyone_ok(problem is None):
-                log.error("checkpoint of step %d abandoned, not committed: a rank's part failed",
-                          step)
-            elif self.rank == 0:
-                self._commit(step, tokens, step_uri, started)
-        except Exception as err:  # noqa: BLE001 - a failed save must not kill training
-            log.error("checkpoint of step %d abandoned, not committed: %s", step,
-                      storage.explain(err, step_uri))
+            return storage.explain(err, step_uri)
+        return None
 
     def _commit(self, step: int, tokens: int, step_uri: str, started: float) -> None:
         deadline = time.monotonic() + self.marker_timeout_s

@@ -35,11 +35,18 @@ class StaleIncarnation(RuntimeError):
 
 
 def retention_plan(committed: list[int], keep: int, keep_every: int) -> list[int]:
-    """Committed steps to delete: all but the newest `keep` and the multiples of `keep_every`."""
+    """Committed steps to delete: all but the newest `keep` and, for each multiple of
+    `keep_every`, the first commit at or after it (below the next multiple). Usually that is the
+    multiple itself; when its save was skipped (the store was slow) or failed, the next commit
+    stands in for it, so a long run keeps its milestones for rollbacks whatever the store did."""
     newest = set(sorted(committed)[-keep:]) if keep > 0 else set()
     if committed:
         newest.add(max(committed))  # never the newest commit, whatever keep says
-    kept_forever = {s for s in committed if keep_every and s % keep_every == 0}
+    first_of_span: dict[int, int] = {}
+    for s in sorted(committed):
+        if keep_every and s >= keep_every:
+            first_of_span.setdefault(s // keep_every, s)
+    kept_forever = set(first_of_span.values())
     return sorted(s for s in committed if s not in newest | kept_forever)
 
 

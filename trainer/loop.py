@@ -452,8 +452,9 @@ class Run:
         # A save asked for and not made yet (the loop saves a step after it has launched the
         # next one) counts as made: counting from the older one would ask again at once.
         asked_step, asked_at = self.save_asked
-        wanted = should_save(step, last_save_step=max(self.ckpt.last_save_step, asked_step),
-                             seconds_since_save=now - max(self.ckpt.last_save_time, asked_at),
+        tried_step, tried_at = self.ckpt.last_attempt
+        wanted = should_save(step, last_save_step=max(tried_step, asked_step),
+                             seconds_since_save=now - max(tried_at, asked_at),
                              every_steps=spec.every_steps, every_minutes=spec.every_minutes)
         if wanted:
             self.save_asked = (step, now)
@@ -462,6 +463,9 @@ class Run:
     def save(self, wait: bool = False) -> None:
         self.save_asked = NOT_ASKED
         blocking_s = self.ckpt.save(self.app, self.state.step, self.state.tokens_seen, wait=wait)
+        if blocking_s is None:   # the previous save is still uploading: the checkpointer said why
+            self.metrics.count("skipped_saves")
+            return
         self.metrics.set(checkpoint_blocking_seconds=blocking_s)
         self.log(f"checkpoint of step {self.state.step} started ({blocking_s:.2f}s blocking)")
 

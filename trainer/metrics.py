@@ -100,6 +100,8 @@ COUNTERS = {
     "spikes": ("Loss/gradient-norm anomalies by the stability guard's verdict", ("verdict",)),
     "rollbacks": ("Rollbacks to an earlier checkpoint by the stability guard", ()),
     "skipped_steps": ("Optimizer updates the stability guard did not apply", ()),
+    "skipped_saves": ("Checkpoints not started because the previous save was still uploading "
+                      "(storage slow or unreachable)", ()),
     "stragglers": ("Ranks reported as stragglers (each time one turned slow)", ()),
 }
 # Label values known in advance (the guard's verdicts other than ok, trainer/guard.py): their

@@ -146,7 +146,7 @@ def from_memory(run: Run, max_step: int | None = None) -> dict | None:
     if max_step is None:  # a start: check the batch and data as any resume does
         continue_from(run, restored, f"the in-memory snapshot of step {report.step}")
     if run.ckpt is not None:
-        run.ckpt.last_save_step = report.step  # the next save keeps its schedule
+        run.ckpt.restart_cadence(report.step)  # the next save keeps its schedule
     run.log(f"restored step {report.step} from {report.source} in {report.seconds:.2f}s: "
             f"{report.local_bytes} bytes from the nodes' own memory, {report.peer_bytes} "
             f"from peers, 0 from storage")

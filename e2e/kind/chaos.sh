@@ -1,22 +1,37 @@
 #!/usr/bin/env bash
 # More faults for the example job on the kind cluster, after `run.sh up` (and `run.sh chaos`):
 #   e2e/kind/chaos.sh [fault ...]     default: all, in this order
-#     pod        delete pod 1 (a worker): the survivors re-rendezvous, the operator recreates it
-#     node       `docker kill` the node container under pod 0 (real node loss: its kubelet stops,
+#     pod-delete delete pod 1 (a worker): the survivors re-rendezvous, the operator recreates it
+#     node-kill  `docker kill` the node container under pod 0 (real node loss: its kubelet stops,
 #                the node controller taints it); the operator cordons it and restarts the group;
 #                then the node is started again and uncordoned, and the job must use it again
 #     sigkill    kill -9 the training process (torchrun's worker) in pod 0
 #     sigstop    SIGSTOP the training process in pod 0: a hang (faultTolerance.hangTimeoutSeconds)
-#     pause      `docker pause` the node under pod 0 for $CRUCIBLE_CHAOS_PAUSE_S (60 s), unpause
-#     operator   delete the operator pod (Deployment recreates it); the job should train on
-#     s3         stop the S3 server's container right after a checkpoint is due (kubelet restarts it;
-#                its emptyDir keeps the data)
-#     netpol     a pod in another namespace cannot reach pod 0's c10d store (port 29400)
-# For each fault one line goes to ~/.cache/crucible/kind/logs/chaos-results.tsv: fault, restart
-# causes recorded (status.restarts.byCause, before -> after), seconds from the fault to the first
-# step after it (from the trainer's log), the step at the fault, the step resumed from (trainer log
-# "resumed from"; 0 for a start from scratch), steps lost, whether a node got cordoned, and the most
-# pods of the current generation seen (pending ones included) over nodes.max.
+#     node-pause `docker pause` the node under pod 0 for $CRUCIBLE_CHAOS_PAUSE_S (60 s), unpause
+#     operator-delete  delete the operator pods (Deployment recreates it); the job should train on
+#     s3-restart-mid-save  stop the S3 server's container right after a checkpoint is due (the
+#                kubelet restarts it; its emptyDir keeps the data)
+#     netpol-probe  a pod in another namespace cannot reach pod 0's c10d store (port 29400)
+#     apiserver-restart  stop the control plane's kube-apiserver container mid-step (the kubelet
+#                restarts its static pod): training must go on, nothing restarted
+#     operator-kill-mid-restart  delete pod 0, and delete both operator pods as soon as the group
+#                restart it causes has begun (a new pod generation): the new operator finishes it,
+#                counted once, never more pods than nodes.max
+#     s3-outage-5min  freeze the S3 server (SIGSTOP) for $CRUCIBLE_CHAOS_S3_OUTAGE_S (300 s): saves
+#                fail or hang, training must go on (steps advance, nothing restarted), and the next
+#                save after the outage must commit
+#     node-loss-worker  with nodes.min raised to nodes.max (no elastic slack), `docker kill` the node
+#                under pod 1; no spare node exists: the job must wait, train no step with one pod,
+#                and resume from its newest commit once the node is started again and uncordoned;
+#                nodes.min is put back afterwards
+# For each fault one line goes to ~/.cache/crucible/kind/logs/chaos-results.tsv (a header first
+# when the file is new): the time, the fault's name, the restart causes recorded
+# (status.restarts.byCause, before -> after), seconds from the fault to the first step after it
+# (from the trainer's log; for a fault that must restart, the first step after the restart), the
+# step at the fault, the step resumed from (trainer log "resumed from"; 0 for a start from
+# scratch; - when nothing restarted), steps lost, whether a node got cordoned, the most pods of
+# the current generation seen (pending ones included) over nodes.max, and ok: whether every check
+# below held (the run stops at the first fault that is not ok).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cluster="${CRUCIBLE_KIND_CLUSTER:-crucible-e2e}"
@@ -31,6 +46,15 @@ say() { printf '\n== %s  %s\n' "$(date -u +%T)" "$*"; }
 die() { echo "kind chaos: $*" >&2; exit 1; }
 st() { k -n "$ns" get ptj example -o jsonpath="{.status.$1}" 2>/dev/null || true; }
 max_pods() { k -n "$ns" get ptj example -o jsonpath='{.spec.nodes.max}'; }
+HEADER=$'time\tfault\trestarts_by_cause\tfault_to_resumed_step_s\tstep_at_fault\tresumed_from\tsteps_lost\tcordoned\tpods_seen\tok'
+mkdir -p "$(dirname "$results")"
+# A file of an earlier layout (other columns) is kept aside, not mixed with this one's rows.
+if [[ -s "$results" && "$(head -1 "$results")" != "$HEADER" ]]; then mv "$results" "$results.$(date +%s).old"; fi
+[[ -s "$results" ]] || echo "$HEADER" >"$results"
+# One row of the results: the fields after the time, tab-separated.
+row() { (IFS=$'\t'; printf '%s\t%s\n' "$(date -u +%FT%TZ)" "$*") | tee -a "$results"; }
+# Restarts counted in a status.restarts.byCause map ({"PodDeleted":1,...}), all causes together.
+restart_count() { python3 -c 'import json, sys; print(sum(json.loads(sys.argv[1] or "{}").values()))' "$1"; }
 
 # The training process in a pod: torchrun's worker (a python whose command line is not torchrun's).
 train_pids() {
@@ -109,11 +133,21 @@ measure() {
   local lost="-"
   [[ "$resumed" != "-" ]] && lost=$((step0 > resumed ? step0 - resumed : 0))
   [[ "$resumed" == "-" ]] && lost=0
-  printf '%s\t%s -> %s\t%s\t%s\t%s\t%s\t%s\t%s/%s\n' "$name" "${causes0:-{\}}" "$(st restarts.byCause)" \
-    "${first:-timeout}" "$step0" "$resumed" "$lost" "$cordoned" "$seen" "$(max_pods)" | tee -a "$results"
-  [[ -n "$first" ]] || die "$name: no step after the fault within the wait"
-  check_recovery "$name" "$ckpt0" "$resumed" "$lost" "$seen" "$loss0"
-  if declare -F "$1_post" >/dev/null; then "$1_post"; fi   # e.g. bring a node back
+  local causes1 rc=0; causes1=$(st restarts.byCause)
+  if [[ -z "$first" ]]; then
+    echo "kind chaos: $name: no step after the fault within the wait" >&2; rc=1
+  else
+    # The checks run in a subshell: `die` ends it, and the row still records ok=false.
+    set +e
+    (set -e
+     check_recovery "$name" "$ckpt0" "$resumed" "$lost" "$seen" "$loss0"
+     if declare -F "$1_post" >/dev/null; then "$1_post"; fi)   # its own rule, e.g. a node back
+    rc=$?
+    set -e
+  fi
+  row "$name" "${causes0:-{\}} -> ${causes1:-{\}}" "${first:-timeout}" "$step0" "$resumed" "$lost" \
+    "$cordoned" "$seen/$(max_pods)" "$( ((rc == 0)) && echo true || echo false)"
+  ((rc == 0)) || die "$name: not ok (the lines above say why)"
 }
 
 # What every fault must leave: a restart resumed from the newest commit at the fault (or a newer
@@ -218,6 +252,119 @@ f_s3() {
   docker exec "$cluster-control-plane" crictl stop "$cid" >/dev/null
 }
 
+f_apiserver() {
+  local cid; cid=$(docker exec "$cluster-control-plane" crictl ps --name kube-apiserver -q | head -1)
+  echo "step $(st step): crictl stop kube-apiserver container $cid (the kubelet restarts it)"
+  docker exec "$cluster-control-plane" crictl stop "$cid" >/dev/null
+}
+f_apiserver_post() {
+  # An apiserver restart is no failure of the job: nothing restarted, no node cordoned.
+  local before after; before=$(restart_count "$causes0"); after=$(restart_count "$(st restarts.byCause)")
+  ((after == before)) || die "apiserver restart: $((after - before)) restart(s) of the job"
+  [[ "$cordoned" == no ]] || die "apiserver restart: a node got cordoned"
+}
+
+f_operator_mid_restart() {
+  local gen; gen=$(st podGeneration)
+  # Pod 0 (the c10d store's host): its loss restarts the whole group (a new pod generation).
+  echo "kubectl delete pod example-$gen-0, then the operator pods once generation $gen is replaced"
+  k -n "$ns" delete pod "example-$gen-0" --wait=false
+  for _ in $(seq 300); do [[ "$(st podGeneration)" != "$gen" ]] && break; sleep 0.2; done
+  [[ "$(st podGeneration)" != "$gen" ]] || die "operator kill mid-restart: no group restart within 60 s"
+  echo "generation $gen -> $(st podGeneration): kubectl delete the operator pods"
+  k -n crucible-system delete pod -l app.kubernetes.io/name=crucible-operator --wait=false
+}
+f_operator_mid_restart_post() {
+  # The restart the first operator began is counted once, not again by its successor.
+  local before after; before=$(restart_count "$causes0"); after=$(restart_count "$(st restarts.byCause)")
+  ((after == before + 1)) || die "operator kill mid-restart: $((after - before)) restarts counted, not 1"
+}
+
+f_s3_outage() {
+  local s0 s1 outage=${CRUCIBLE_CHAOS_S3_OUTAGE_S:-300}
+  s0=$(st step)
+  echo "step $s0: SIGSTOP the S3 server (weed) for ${outage}s"
+  docker exec "$cluster-control-plane" pkill -STOP -x weed
+  sleep "$outage"
+  docker exec "$cluster-control-plane" pkill -CONT -x weed
+  s1=$(st step)
+  echo "S3 back after ${outage}s: steps $s0 -> $s1 meanwhile, newest commit $(st lastCheckpoint.step)"
+  echo "$s0 $s1" >"$state/s3-outage-steps"
+}
+f_s3_outage_post() {
+  # Training went on through the outage (more than two checkpoint intervals of steps), nothing
+  # restarted, and a save after the outage commits.
+  local s0 s1 every before after; read -r s0 s1 <"$state/s3-outage-steps"
+  every=$(k -n "$ns" get ptj example -o jsonpath='{.spec.checkpoint.everySteps}')
+  ((s1 > s0 + 2 * every)) || die "S3 outage: training stalled ($s0 -> $s1 during the outage)"
+  before=$(restart_count "$causes0"); after=$(restart_count "$(st restarts.byCause)")
+  ((after == before)) || die "S3 outage: $((after - before)) restart(s) of the job"
+  f_s3_post
+}
+
+# Pods of the current generation Running: all nodes.max of them, and the trainer in pod 0 past a
+# step after its start, within $1 seconds.
+wait_group_training() {
+  local deadline=$((SECONDS + $1)) g running
+  while ((SECONDS < deadline)); do
+    g=$(st podGeneration)
+    running=$(k -n "$ns" get pods -l crucible.dev/job=example --field-selector=status.phase=Running \
+      --no-headers 2>/dev/null | awk -v g="example-$g-" 'index($1, g) == 1' | wc -l)
+    if ((running == $(max_pods))) && (($(steps_since_resume "example-$g-0") > 0)); then
+      echo "generation $g: $running pods Running and training"; return 0
+    fi
+    sleep 3
+  done
+  die "the job's $(max_pods) pods were not all Running and training within $1 s"
+}
+set_min_nodes() {
+  local gen; gen=$(st podGeneration)
+  echo "nodes.min -> $1 (a pod-facing change: the group restarts)"
+  k -n "$ns" patch ptj example --type merge -p "{\"spec\":{\"nodes\":{\"min\":$1}}}" >/dev/null
+  for _ in $(seq 60); do [[ "$(st podGeneration)" != "$gen" ]] && break; sleep 2; done
+  wait_group_training 600
+  settle
+}
+f_node_worker() {
+  local node gen down=${CRUCIBLE_CHAOS_NODE_DOWN_S:-60} s0 seen=0 running g
+  gen=$(st podGeneration); s0=$(st step)
+  node=$(k -n "$ns" get pod "example-$gen-1" -o jsonpath='{.spec.nodeName}')
+  echo "docker kill $node (under pod 1; nodes.min = nodes.max: no spare node)"
+  echo "$node" > "$state/killed-node"
+  docker kill "$node" >/dev/null
+  # The operator judges the node (NodeFailure, cordon) and restarts the group, which cannot be
+  # placed: one schedulable worker for two pods. Nothing may train with one pod meanwhile.
+  local deadline=$((SECONDS + 180))
+  while ((SECONDS < deadline)); do
+    [[ "$(k get node "$node" -o jsonpath='{.spec.unschedulable}')" == true ]] && break
+    sleep 3
+  done
+  [[ "$(k get node "$node" -o jsonpath='{.spec.unschedulable}')" == true ]] \
+    || die "node loss (worker): $node not cordoned within 180 s"
+  # Steps reported until a few seconds after the cordon may still be the lost group's last ones.
+  sleep 10
+  s0=$(st step)
+  echo "$node cordoned; the job waits ${down}s without it (step $s0)"
+  deadline=$((SECONDS + down))
+  while ((SECONDS < deadline)); do
+    g=$(st podGeneration)
+    running=$(k -n "$ns" get pods -l crucible.dev/job=example --field-selector=status.phase=Running \
+      --no-headers 2>/dev/null | awk -v g="example-$g-" 'index($1, g) == 1' | wc -l)
+    ((running > seen)) && seen=$running
+    (($(st step) == s0)) || die "node loss (worker): the job stepped $s0 -> $(st step) with one node, below nodes.min"
+    sleep 3
+  done
+  echo "while $node was down: phase $(st phase), step $s0 held, at most $seen pod(s) of generation $(st podGeneration) Running"
+  docker start "$node" >/dev/null
+  k wait --for=condition=Ready "node/$node" --timeout=180s >/dev/null
+  k uncordon "$node" >/dev/null
+  echo "$node started again and uncordoned"
+}
+f_node_worker_post() {
+  [[ "$(st restarts.byCause)" == *NodeFailure* ]] || die "node loss (worker): no NodeFailure recorded"
+  wait_group_training 300
+}
+
 netpol() {
   local pod0 ip other=crucible-netpol-probe code
   pod0="example-$(st podGeneration)-0"; ip=$(k -n "$ns" get pod "$pod0" -o jsonpath='{.status.podIP}')
@@ -228,23 +375,35 @@ netpol() {
   k -n "$other" wait --for=jsonpath='{.status.phase}'=Succeeded pod/probe --timeout=120s >/dev/null
   code=$(k -n "$other" logs probe | tail -1)
   local s0 s1; s0=$(st step); sleep 20; s1=$(st step)
-  printf 'netpol\tfrom %s to %s:29400: %s; job steps %s -> %s in 20 s\n' "$other" "$ip" "$code" "$s0" "$s1" | tee -a "$results"
+  echo "netpol: from $other to $ip:29400: $code; job steps $s0 -> $s1 in 20 s"
   k delete namespace "$other" --wait=false >/dev/null
-  [[ "$code" == BLOCKED ]] && ((s1 > s0)) || die "netpol: expected BLOCKED from $other and a training job"
+  local ok=false; [[ "$code" == BLOCKED ]] && ((s1 > s0)) && ok=true
+  row netpol-probe "$(st restarts.byCause)" - "$s0" - 0 no - "$ok"
+  [[ "$ok" == true ]] || die "netpol: expected BLOCKED from $other and a training job"
 }
 
-(($#)) || set -- pod node sigkill sigstop pause operator s3 netpol
+ALL=(pod-delete node-kill sigkill sigstop node-pause operator-delete s3-restart-mid-save netpol-probe
+     apiserver-restart operator-kill-mid-restart s3-outage-5min node-loss-worker)
+(($#)) || set -- "${ALL[@]}"
 state=$(mktemp -d); trap 'rm -rf "$state"' EXIT
 for fault in "$@"; do
   case "$fault" in
-    pod) expect_restart=1 measure "worker pod deleted" f_pod ;;
-    node) expect_restart=1 measure "docker kill node" f_node ;;
+    pod-delete) expect_restart=1 measure pod-delete f_pod ;;
+    node-kill) expect_restart=1 measure node-kill f_node ;;
     sigkill) expect_restart=1 measure sigkill f_sigkill ;;
     sigstop) expect_restart=1 measure sigstop f_sigstop ;;
-    pause) expect_restart=1 measure "docker pause ${CRUCIBLE_CHAOS_PAUSE_S:-60}s" f_pause ;;
-    operator) min_quiet=5 measure "operator pod deleted" f_operator ;;
-    s3) min_quiet=5 measure "S3 restarted mid-save" f_s3 ;;
-    netpol) netpol ;;
-    *) die "unknown fault $fault" ;;
+    node-pause) expect_restart=1 measure "node-pause-${CRUCIBLE_CHAOS_PAUSE_S:-60}s" f_pause ;;
+    operator-delete) min_quiet=5 measure operator-delete f_operator ;;
+    s3-restart-mid-save) min_quiet=5 measure s3-restart-mid-save f_s3 ;;
+    netpol-probe) netpol ;;
+    apiserver-restart) min_quiet=10 measure apiserver-restart f_apiserver ;;
+    operator-kill-mid-restart) expect_restart=1 measure operator-kill-mid-restart f_operator_mid_restart ;;
+    s3-outage-5min) min_quiet=5 measure s3-outage-5min f_s3_outage ;;
+    node-loss-worker)
+      max=$(max_pods); min0=$(k -n "$ns" get ptj example -o jsonpath='{.spec.nodes.min}')
+      ((min0 == max)) || set_min_nodes "$max"
+      expect_restart=1 measure node-loss-worker f_node_worker
+      ((min0 == max)) || set_min_nodes "$min0" ;;
+    *) die "unknown fault $fault (one of: ${ALL[*]})" ;;
   esac
 done

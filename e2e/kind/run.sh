@@ -12,7 +12,9 @@
 #         an earlier run's job and its checkpoints are deleted first. Then checks that the
 #         operator's and the trainer's pods run the images `docker images` lists (same image ID);
 # chaos:  every fault of e2e/kind/chaos.sh (pod deletion, node loss, kill -9, a hang, a frozen
-#         node, operator and S3 restarts, the NetworkPolicy probe), each checked from outside;
+#         node, operator and S3 restarts, the NetworkPolicy probe, an apiserver restart, the
+#         operator killed mid-restart, a 5-minute S3 outage, a node lost with no elastic slack),
+#         each checked from outside;
 # pytest: the repository's cluster tests that need only an apiserver, against this cluster
 #         (tests/conftest.py reads CRUCIBLE_STACK_ENV, written here to e2e/kind/.env);
 # down:   delete the cluster.

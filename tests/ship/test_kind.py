@@ -37,6 +37,22 @@ def test_script_parses_and_names_what_exists():
     assert target and "base" in target.group(1) and "images" in target.group(1)
 
 
+def test_chaos_runs_every_fault_it_names_and_records_whether_each_held():
+    script = (KIND / "chaos.sh").read_text()
+    faults = re.search(r"^ALL=\(([^)]*)\)", script, re.M).group(1).split()
+    cases = re.findall(r"^    ([\w-]+)\)", script, re.M)
+    assert sorted(faults) == sorted(cases)       # each default fault has a case, and no case is left out
+    assert {"node-loss-worker", "apiserver-restart", "operator-kill-mid-restart",
+            "s3-outage-5min"} <= set(faults)
+    for fault in faults:                         # a row of the results per fault, named as run
+        body = re.search(rf"^    {fault}\)(.*?);;", script, re.M | re.S).group(1)
+        assert re.search(rf'measure "?{fault}[\w${{}}:-]*"? f_\w+', body) or fault == "netpol-probe", fault
+    for function in set(re.findall(r"measure [\w-]+ (f_\w+)", script)):
+        assert re.search(rf"^{function}\(\) {{", script, re.M), function
+    header = re.search(r"^HEADER=\$'([^']*)'", script, re.M).group(1).split("\\t")
+    assert {"fault", "fault_to_resumed_step_s", "steps_lost", "restarts_by_cause", "ok"} <= set(header)
+
+
 def test_cluster_has_workers_to_lose():
     nodes = yaml.safe_load((KIND / "cluster.yaml").read_text())["nodes"]
     assert [n["role"] for n in nodes].count("control-plane") == 1

@@ -14,7 +14,7 @@ sys.path.insert(0, str(REPO / "e2e"))
 
 from stack import procs  # noqa: E402
 from stack.layout import PORTS, Layout, StackError  # noqa: E402
-from tests.support.private_s3 import PORT_OFFSET  # noqa: E402
+from tests.support.private_s3 import OFFSETS  # noqa: E402
 
 
 @pytest.fixture
@@ -64,7 +64,10 @@ def test_every_port_is_below_the_ephemeral_range():
     # A server restarted on a port in the ephemeral range can find it taken by some outgoing
     # connection's local end; the private S3 that chaos tests kill and restart sits at an offset.
     low, _ = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    assert max(PORTS.values()) + PORT_OFFSET < low, (max(PORTS.values()), PORT_OFFSET, low)
+    assert max(PORTS.values()) + max(OFFSETS) < low, (max(PORTS.values()), max(OFFSETS), low)
+    # Each pytest worker's private S3 has ports of its own, none of them the shared stack's.
+    blocks = [{p + offset for p in PORTS.values()} for offset in [0, *OFFSETS]]
+    assert sum(map(len, blocks)) == len(set().union(*blocks))
     assert min(PORTS.values()) >= 1024  # never a privileged port
 
 

@@ -19,6 +19,7 @@ from crucible.trainer.checkpoint_store import retention_plan
     ([10, 20, 30], 3, 0, []),
     ([10, 20, 30, 40, 50], 3, 0, [10, 20]),
     ([10, 20, 30, 40, 50], 2, 20, [10, 30]),             # 20 and 40 are kept forever
+    ([10, 23, 30, 41, 50, 60], 2, 20, [10, 30]),         # 20's save skipped: 23 stands in; 41 for 40
     ([5, 10, 15, 1000], 2, 0, [5, 10]),
     ([7], 2, 5, []),                                      # the newest commit always survives
     ([100, 200, 300], 0, 0, [100, 200]),                  # even with keep=0

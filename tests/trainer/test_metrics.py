@@ -30,7 +30,7 @@ EXPORTED = {
     "crucible_checkpoint_blocking_seconds", "crucible_checkpoint_upload_seconds",
     "crucible_checkpoint_bytes", "crucible_last_checkpoint_step", "crucible_checkpoint_age_seconds",
     "crucible_restarts_total", "crucible_lr_scale", "crucible_spikes_total",
-    "crucible_rollbacks_total", "crucible_skipped_steps_total",
+    "crucible_rollbacks_total", "crucible_skipped_steps_total", "crucible_skipped_saves_total",
 }
 # Keys of the "train" record that `crucible diagnose`, the demo's plot, the benches and the
 # training tests read, and that metrics.jsonl files already written hold.
