@@ -50,7 +50,7 @@ def restart_needed(p: Pass, current: dict[int, PodView]) -> bool:
                 "InsufficientCapacity", f.INFRASTRUCTURE, f"{failure.message} while {short}"))
             return True
         if failure and failure.counted:
-            peer = _peer_loss_excuse(p)
+            peer = _peer_loss_excuse(p, pod)
             if peer is not None:
                 # torchrun spent its in-pod restarts on peers the cluster took: this exit is
                 # that loss's, and the new generation's pods start with the budget whole.
@@ -65,7 +65,7 @@ def restart_needed(p: Pass, current: dict[int, PodView]) -> bool:
         if int(index) != 0 and (pod is None or pod.uid != uid) and uid not in p.handled:
             failure = f.vanished_failure(m.pod_name(p.job.name, p.gen, int(index)))
             p.mark_handled(uid)
-            replaced(p, failure)
+            replaced(p, failure, int(index))
             p.event("Warning", failure.cause, failure.message + "; replacing it")
     if _node_failures(p, current):
         return True
@@ -112,18 +112,23 @@ STORE_LOSS_WINDOW_S = 120
 PEER_LOSS_WINDOW_S = 600
 
 
-def replaced(p: Pass, failure: f.Failure):
-    """Count the infrastructure failure of one pod that is replaced alone, and remember it for
+def replaced(p: Pass, failure: f.Failure, index: int):
+    """Count the infrastructure failure of pod `index`, replaced alone, and remember it for
     `_peer_loss_excuse`: each such loss costs the survivors one of torchrun's in-pod restarts
     (their workers fail with the lost peer), and once those are spent their agents exit 1."""
     p.count(failure)
     p.track["peerLost"] = {"generation": p.gen, "at": format_time(p.now),
-                           "message": failure.message}
+                           "message": failure.message, "index": index}
 
 
-def _peer_loss_excuse(p: Pass) -> str | None:
-    """Why a program exit of this generation is a peer's loss (said once per loss), or None."""
-    lost = p.track.pop("peerLost", None)
+def _peer_loss_excuse(p: Pass, exited: PodView) -> str | None:
+    """Why a program exit of this generation is a peer's loss (said once per loss), or None.
+    The lost pod's replacement (same index) never survived that loss: it joined after it, so
+    its exit is something else's (a later failure), and the loss stays for its survivors."""
+    lost = p.track.get("peerLost")
+    if lost and lost.get("index") == exited.index:
+        return None
+    p.track.pop("peerLost", None)
     if not lost or lost.get("generation") != p.gen:
         return None
     at = parse_time(lost.get("at"))
@@ -250,7 +255,7 @@ def _node_failures(p: Pass, current: dict[int, PodView]) -> bool:
         if pod.index == 0:
             p.bump("NodeFailure", failure.message + "; it hosted the c10d store", failure)
             return True
-        replaced(p, failure)
+        replaced(p, failure, pod.index)
         p.act("force_delete", "Pod", pod.name, reason=broken.reason)
         p.event("Warning", "NodeFailure", f"{failure.message}: force-deleted it to recreate it "
                 "elsewhere; the others re-rendezvous on pod 0's store meanwhile")
@@ -421,7 +426,7 @@ def replace_and_create(p: Pass, current: dict[int, PodView]):
             failure = f.deleted_failure(pod)
         if failure is not None and pod.uid not in p.handled:
             p.mark_handled(pod.uid)
-            replaced(p, failure)
+            replaced(p, failure, pod.index)
             p.event("Warning", failure.cause, failure.message + "; replacing it")
         if pod.phase == "Failed" or pod.deleting:
             p.delete(pod)

@@ -86,7 +86,7 @@ def act(p: Pass, current: dict[int, PodView]) -> bool:
         if pod.index == 0:
             p.bump(REASON, failure.message + "; it hosted the c10d store", failure)
             return True
-        replaced(p, failure)
+        replaced(p, failure, pod.index)
         p.act("force_delete", "Pod", pod.name, reason=REASON)
         p.event("Warning", REASON, f"{failure.message}: force-deleted it to recreate it "
                 "elsewhere")

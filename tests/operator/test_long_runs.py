@@ -5,7 +5,8 @@ Pure scenarios (no cluster, no clock), as in test_decision.py:
 - a pool short once: the shortage is forgotten as soon as nodes.min pods hold a node, so a
   crash loop afterwards spends the budget instead of reading as a capacity wait forever;
 - a peer lost to the cluster costs the survivors one of torchrun's in-pod restarts; their exit
-  within the window after it is that loss's (one exit per loss), and restarts uncounted;
+  within the window after it is that loss's (one exit per loss), and restarts uncounted; the
+  lost pod's replacement is no survivor of it;
 - a peer's node found dead soon after an exit: the exit is recounted as that node's failure;
 - node failures count toward an infrastructure loop per node: twenty nodes failing one after
   another are no loop, one node failing ten times is.
@@ -109,6 +110,18 @@ def test_a_survivors_exit_after_a_peer_was_lost_is_that_loss_and_is_not_counted(
     # One exit per loss: the next generation's crash, with no loss before it, is the program's.
     again = _decide(out.status, _crash(1, 200), 200)
     assert again.status["restarts"]["application"] == 1
+
+
+def test_the_lost_pods_replacement_is_no_survivor_of_that_loss():
+    """Pod 1's replacement joined after pod 1 was lost: its own exit (here, seen on kind, when
+    pod 0's node died 40 s after pod 1 was deleted) is not that loss's, and counts."""
+    status = _node_lost_under_pod_1(running_status(0, members={}), 0, 100)
+    pods = [b.pod(0, 0, node="gpu-node-0", spec_hash=H),
+            b.pod(0, 1, node="gpu-node-2", spec_hash=H, uid="uid-replacement", phase="Failed",
+                  exit_code=1, finished=139)]
+    out = _decide(status, pods, 140)
+    assert "PeerLost" not in reasons(out)
+    assert out.status["restarts"]["application"] == 1
 
 
 def test_an_exit_long_after_a_peer_was_lost_is_the_programs():

@@ -4,8 +4,8 @@ On a GPU the default process group is NCCL, which takes CUDA tensors only ("No b
 associated with device type cpu"); the checkpointer's own collectives run on its gloo group.
 This machine has no GPU, so the test records every tensor collective that save, load, a
 fallback past a quarantined commit and a rollback's `discard_after` issue from Crucible's code
-(and the in-memory tier's snapshot, restore and discard)
-(not from torch's own object collectives, which pick the group's device themselves) and fails
+(and the in-memory tier's snapshot, restore and discard, and the agreement to skip a save
+while the previous one is still uploading) (not from torch's own object collectives, which pick the group's device themselves) and fails
 if any of them uses the default group. A real NCCL group is not available here; the rule it
 would enforce is checked instead.
 """
@@ -61,8 +61,23 @@ PROBE = textwrap.dedent("""
     tier.snapshot(app, 12)
     report = tier.restore(app, None, torch.device("cpu"))
     tier.discard_after(11)
+    # A save due while the previous one is still uploading (a thread standing in for it): the
+    # ranks agree to skip it, the cadence counts from it, the state saved stays the last one;
+    # a restore restarts the cadence.
+    import threading, time
+    busy = Checkpointer(CheckpointSpec(uri=uri + "-busy", keep=2), job="probe", rank=0,
+                        world_size=1, local_rank=0, model_hash="m", config_hash="c")
+    busy.save(app, 4, 400, wait=True)
+    busy._inflight = threading.Thread(target=time.sleep, args=(3,))
+    busy._inflight.start()
+    skipped = busy.save(app, 8, 800)
+    cadence = [busy.last_save_step, busy.last_attempt[0]]
+    busy.restart_cadence(4)
+    cadence += [busy.last_attempt[0]]
+    busy.wait()
     print(json.dumps({"restored": restored["step"], "committed": ckpt.store.committed_steps(),
-                      "memory": report.step, "calls": calls}))
+                      "memory": report.step, "calls": calls, "skipped": skipped,
+                      "cadence": cadence, "busy_committed": busy.store.committed_steps()}))
     dist.destroy_process_group()
 """)
 
@@ -76,6 +91,8 @@ def test_checkpoint_collectives_never_put_a_tensor_on_the_default_group(tmp_path
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["restored"] == 4 and out["committed"] == [4]   # step 8 quarantined, then discarded
     assert out["memory"] == 12
+    assert out["skipped"] is None and out["busy_committed"] == [4]
+    assert out["cadence"] == [4, 8, 4]   # saved 4; next due counted from the skip at 8; reset
     ours = [c for c in out["calls"] if c[3] in ("checkpoint.py", "memory_checkpoint.py")]
     assert {c[3] for c in ours} == {"checkpoint.py", "memory_checkpoint.py"}, \
         "a checkpoint module issued no tensor collective: the probe saw nothing of it"
