@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from tests.conftest import CLUSTER_GROUP
+from tests.conftest import CLUSTER_GROUP, math_threads_per_worker
 
 
 def group(item) -> str:
@@ -29,3 +29,16 @@ def test_cluster_tests_share_one_group_and_the_rest_go_by_module(request):
         if in_loadgroup_worker:
             assert item.nodeid.endswith(f"@{group(item)}"), item.nodeid
     assert group(request.node) == "tests/test_parallel_groups.py"
+
+
+def test_parallel_workers_split_the_cores_between_them():
+    assert math_threads_per_worker(2, 2) == 1
+    assert math_threads_per_worker(16, 2) == 8
+    assert math_threads_per_worker(2, 4) == 1     # never zero threads
+    assert math_threads_per_worker(8, 1) is None  # serial: the default stays
+    assert math_threads_per_worker(8, 0) is None
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        import torch
+
+        # This worker's own math and the training processes it starts agree on the count.
+        assert torch.get_num_threads() == int(os.environ["OMP_NUM_THREADS"])
