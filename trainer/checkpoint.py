@@ -300,9 +300,12 @@ class Checkpointer:
         self.wait()  # a save in flight uses the checkpoint group too, and may yet commit
         box = [None]
         if self.rank == 0:
-            box[0] = [s for s in self.store.manifest_steps()
-                      if max_step is None or s <= max_step]
+            box[0] = self._listed_commits(max_step)
         dist.broadcast_object_list(box, src=0)
+        if isinstance(box[0], str):   # every rank stops with rank 0's reason, none waits on it
+            raise CheckpointError(f"cannot list the checkpoints: {box[0]}; the model is "
+                                  "unchanged, and a restart loads the newest commit once the "
+                                  "storage answers")
         other_key = []   # (step, why): commits this run's key cannot vouch for, left as they are
         for step in reversed(box[0]):
             read_box = [self.store.read_commit(step) if self.rank == 0 else None]
@@ -387,6 +390,18 @@ class Checkpointer:
     def _clear_restore(self) -> None:
         if self.remote:
             shutil.rmtree(self._restore_folder(), ignore_errors=True)
+
+    def _listed_commits(self, max_step: int | None) -> list[int] | str:
+        """Rank 0: the commit steps a load may try, oldest first, or what stopped the listing.
+        A store that is restarting answers errors for a while (SeaweedFS, restarted under load
+        on kind: 404 on ListObjectsV2 for minutes): the listing is retried with backoff."""
+        steps: list[int] = []
+        try:
+            with_retries(lambda: steps.extend(self.store.manifest_steps()),
+                         "listing the checkpoints", self.upload_attempts)
+        except Exception as err:  # noqa: BLE001 - told to every rank as one line, not raised here
+            return storage.explain(err, self.uri)
+        return [s for s in steps if max_step is None or s <= max_step]
 
     def _fetch(self, step: int, manifest: dict,
                app: AppState) -> tuple[Path, list[str], str | None]:

@@ -10,9 +10,13 @@ import json
 import os
 import pickle
 import re
+import secrets
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -390,3 +394,50 @@ def test_bad_credentials_fail_before_any_training_step(corpus, tmp_path, ckpt):
     assert "not-the-secret" not in run.stderr + run.stdout  # never echo a secret
     jsonl = tmp_path / "creds" / "metrics.jsonl"
     assert "\nstep " not in run.stdout and (not jsonl.exists() or not train_records(jsonl))
+
+
+LISTING_PROBE = textwrap.dedent("""
+    import json, socket, sys, threading, time
+    import boto3, torch
+    import torch.distributed as dist
+    from crucible.api.spec import CheckpointSpec
+    from crucible.trainer.checkpoint import AppState, Checkpointer, CheckpointError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    model = torch.nn.Linear(4, 4)
+    app = AppState(model, torch.optim.AdamW(model.parameters()), {})
+    out = {}
+    for case, bucket in (("comes back", sys.argv[1]), ("stays away", sys.argv[2])):
+        ckpt = Checkpointer(CheckpointSpec(uri=f"s3://{bucket}/run"), job="probe", rank=0,
+                            world_size=1, local_rank=0, model_hash="m", config_hash="c",
+                            upload_attempts=4)
+        if case == "comes back":   # the bucket appears 1 s into the listing's 7 s of retries
+            threading.Timer(1.0, boto3.client("s3").create_bucket, kwargs={"Bucket": bucket}).start()
+        try:
+            out[case] = ckpt.load(app)
+        except CheckpointError as err:
+            out[case] = str(err)
+    print(json.dumps(out))
+    dist.destroy_process_group()
+""")
+
+
+def test_a_load_waits_out_a_store_that_is_briefly_away_and_names_one_that_stays_away(ckpt, s3):
+    """The listing a load (a start, a rollback) begins with is retried with backoff: a store that
+    answers errors for a while (restarting) is waited for; one that stays away stops every rank
+    with one line that says what is wrong, not a traceback on rank 0 and a hang on the rest."""
+    _, env = ckpt
+    late, never = f"late-{secrets.token_hex(4)}", f"never-{secrets.token_hex(4)}"
+    run = subprocess.run([sys.executable, "-c", LISTING_PROBE, late, never], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, **env})
+    if late in {b["Name"] for b in s3.client().list_buckets()["Buckets"]}:
+        s3.client().delete_bucket(Bucket=late)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["comes back"] is None, out   # listed once the bucket was there: nothing to load
+    assert "listing the checkpoints failed" in run.stderr   # ... after at least one retry
+    assert out["stays away"].startswith("cannot list the checkpoints: bucket of "
+                                        f"s3://{never}/run does not exist"), out
+    assert "retry 3/3" in run.stderr and "Traceback" not in run.stderr
