@@ -303,8 +303,8 @@ def test_a_stolen_operator_token_cannot_delegate_shape_pods_or_write_what_is_not
         if doc["kind"] == "ServiceAccount":
             continue   # made above, as the pod needs it
         kind = doc["kind"]
-        # The Role for real: the RoleBinding's escalation check reads it.
-        create = {"Role": lambda d: rbac_api.create_namespaced_role(namespace, d),
+        create = {"Role": lambda d: rbac_api.create_namespaced_role(namespace, d,
+                                                                    dry_run="All"),
                   "RoleBinding": lambda d: rbac_api.create_namespaced_role_binding(
                       namespace, d, dry_run="All"),
                   "Lease": lambda d: coordination.create_namespaced_lease(namespace, d,
@@ -316,6 +316,13 @@ def test_a_stolen_operator_token_cannot_delegate_shape_pods_or_write_what_is_not
                   "NetworkPolicy": lambda d: net.create_namespaced_network_policy(
                       namespace, d, dry_run="All")}[kind]
         assert _status(lambda: create(doc)) == 200, kind
+        if kind == "Role":
+            # The RoleBinding's escalation check reads the Role, so one must exist: made by the
+            # admin without the owner reference, which names no real PretrainJob here and the
+            # garbage collector would act on (it deleted the Role before the binding's check).
+            client.RbacAuthorizationV1Api(kube.client()).create_namespaced_role(namespace, {
+                **doc, "metadata": {k: v for k, v in doc["metadata"].items()
+                                    if k != "ownerReferences"}})
 
 
 def test_a_stolen_operator_token_cannot_touch_a_workload_or_a_pod_that_is_not_a_jobs(
