@@ -271,12 +271,7 @@ class Checkpointer:
     def newest_committed(self, max_step: int | None = None) -> int:
         """The newest committed step (at or below `max_step`), 0 if none: rank 0 lists, every
         rank learns it. Reads no checkpoint bytes."""
-        box = [None]
-        if self.rank == 0:
-            box[0] = max((s for s in self.store.committed_steps()
-                          if max_step is None or s <= max_step), default=0)
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+        return max(self._listed(self.store.committed_steps, max_step), default=0)
 
     def _quarantine(self, step: int, problem: str) -> None:
         """Every rank logs it; rank 0 marks the commit (CommitStore.quarantine)."""
@@ -298,16 +293,9 @@ class Checkpointer:
         rank of this world size reads goes unnoticed: it cannot affect this load, and a later
         load that does read it (another world size) finds it and falls back then."""
         self.wait()  # a save in flight uses the checkpoint group too, and may yet commit
-        box = [None]
-        if self.rank == 0:
-            box[0] = self._listed_commits(max_step)
-        dist.broadcast_object_list(box, src=0)
-        if isinstance(box[0], str):   # every rank stops with rank 0's reason, none waits on it
-            raise CheckpointError(f"cannot list the checkpoints: {box[0]}; the model is "
-                                  "unchanged, and a restart loads the newest commit once the "
-                                  "storage answers")
+        steps = self._listed(self.store.manifest_steps, max_step)
         other_key = []   # (step, why): commits this run's key cannot vouch for, left as they are
-        for step in reversed(box[0]):
+        for step in reversed(steps):
             read_box = [self.store.read_commit(step) if self.rank == 0 else None]
             dist.broadcast_object_list(read_box, src=0)
             manifest, problem, key_in_question = read_box[0]
@@ -391,17 +379,30 @@ class Checkpointer:
         if self.remote:
             shutil.rmtree(self._restore_folder(), ignore_errors=True)
 
-    def _listed_commits(self, max_step: int | None) -> list[int] | str:
-        """Rank 0: the commit steps a load may try, oldest first, or what stopped the listing.
-        A store that is restarting answers errors for a while (SeaweedFS, restarted under load
-        on kind: 404 on ListObjectsV2 for minutes): the listing is retried with backoff."""
-        steps: list[int] = []
-        try:
-            with_retries(lambda: steps.extend(self.store.manifest_steps()),
-                         "listing the checkpoints", self.upload_attempts)
-        except Exception as err:  # noqa: BLE001 - told to every rank as one line, not raised here
-            return storage.explain(err, self.uri)
-        return [s for s in steps if max_step is None or s <= max_step]
+    def _listed(self, listing: Callable[[], list[int]], max_step: int | None) -> list[int]:
+        """Commit steps from `listing` (a CommitStore method, oldest first) at or below
+        `max_step`, on every rank: rank 0 lists and broadcasts. A store that is restarting
+        answers errors for a while (SeaweedFS, restarted under load on kind: 404 on ListObjectsV2
+        for minutes), so the listing is retried with backoff; if it still fails every rank stops
+        with rank 0's reason, none is left waiting for a broadcast that never comes."""
+        box: list = [None]
+        if self.rank == 0:
+            steps: list[int] = []
+            try:
+                with_retries(lambda: steps.extend(listing()), "listing the checkpoints",
+                             self.upload_attempts)
+                box[0] = [s for s in steps if max_step is None or s <= max_step]
+            except Exception as err:  # noqa: BLE001 - told to every rank as one line below
+                try:
+                    box[0] = storage.explain(err, self.uri)
+                except Exception:  # noqa: BLE001 - the reason must reach the other ranks
+                    box[0] = f"{self.uri}: {type(err).__name__}: {err}"
+        dist.broadcast_object_list(box, src=0)
+        if isinstance(box[0], str):
+            raise CheckpointError(f"cannot list the checkpoints: {box[0]}; the model is "
+                                  "unchanged, and a restart loads the newest commit once the "
+                                  "storage answers")
+        return box[0]
 
     def _fetch(self, step: int, manifest: dict,
                app: AppState) -> tuple[Path, list[str], str | None]:

@@ -283,7 +283,9 @@ def list_dirs(uri: str) -> list[str]:
 def explain(err: BaseException, uri: str) -> str:
     """A one-line description of a storage failure with what to check, never the secret."""
     name = type(err).__name__
-    code = getattr(err, "response", {}).get("Error", {}).get("Code", "")
+    # botocore's HTTPClientError family (ReadTimeoutError, ConnectionClosedError: a store frozen
+    # or restarting) has `response = None`.
+    code = (getattr(err, "response", None) or {}).get("Error", {}).get("Code", "")
     if name in ("NoCredentialsError", "PartialCredentialsError"):
         return (f"no S3 credentials for {uri}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
                 "(in a PretrainJob: checkpoint.credentialsSecret), or give the pods a workload "

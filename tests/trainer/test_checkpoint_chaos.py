@@ -413,12 +413,16 @@ LISTING_PROBE = textwrap.dedent("""
         ckpt = Checkpointer(CheckpointSpec(uri=f"s3://{bucket}/run"), job="probe", rank=0,
                             world_size=1, local_rank=0, model_hash="m", config_hash="c",
                             upload_attempts=4)
+        print(f"=== {case}", file=sys.stderr, flush=True)
         if case == "comes back":   # the bucket appears 1 s into the listing's 7 s of retries
             threading.Timer(1.0, boto3.client("s3").create_bucket, kwargs={"Bucket": bucket}).start()
-        try:
             out[case] = ckpt.load(app)
-        except CheckpointError as err:
-            out[case] = str(err)
+            continue
+        for name, call in (("load", ckpt.load), ("newest", ckpt.newest_committed)):
+            try:
+                out[f"{case}: {name}"] = call(app) if name == "load" else call()
+            except CheckpointError as err:
+                out[f"{case}: {name}"] = str(err)
     print(json.dumps(out))
     dist.destroy_process_group()
 """)
@@ -436,8 +440,10 @@ def test_a_load_waits_out_a_store_that_is_briefly_away_and_names_one_that_stays_
         s3.client().delete_bucket(Bucket=late)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
+    came_back, stayed_away = run.stderr.split("=== stays away")
     assert out["comes back"] is None, out   # listed once the bucket was there: nothing to load
-    assert "listing the checkpoints failed" in run.stderr   # ... after at least one retry
-    assert out["stays away"].startswith("cannot list the checkpoints: bucket of "
-                                        f"s3://{never}/run does not exist"), out
-    assert "retry 3/3" in run.stderr and "Traceback" not in run.stderr
+    assert "listing the checkpoints failed" in came_back   # ... after at least one retry
+    for call in ("load", "newest"):   # a start, a rollback; the memory tier's newest commit
+        assert out[f"stays away: {call}"].startswith(
+            f"cannot list the checkpoints: bucket of s3://{never}/run does not exist"), out
+    assert stayed_away.count("retry 3/3") == 2 and "Traceback" not in run.stderr

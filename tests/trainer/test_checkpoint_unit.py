@@ -88,6 +88,14 @@ def test_storage_errors_are_explained_without_secrets():
     gone = ClientError({"Error": {"Code": "404", "Message": "Not Found"}}, "HeadObject")
     assert storage.explain(gone, "s3://b/p/x") == \
         "s3://b/p/x is not there (404: no such object, or no such bucket)"
+    # A frozen or restarting store: botocore raises these with `response = None`.
+    from botocore.exceptions import ConnectionClosedError, ReadTimeoutError
+
+    for err in (ReadTimeoutError(endpoint_url="http://s3:8333"),
+                ConnectionClosedError(endpoint_url="http://s3:8333")):
+        assert err.response is None
+        assert storage.explain(err, "s3://b/p").startswith("cannot reach the S3 endpoint for "
+                                                           "s3://b/p")
 
 
 def test_local_storage_tree_operations(tmp_path):
