@@ -51,7 +51,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -72,6 +72,7 @@ from crucible.trainer.checkpoint_manifest import (FORMAT_VERSION, MANIFEST, SIGN
 from crucible.trainer.checkpoint_store import CommitStore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 class CheckpointError(RuntimeError):
     """Checkpoint storage cannot be used, or a checkpoint cannot be loaded into this model."""
@@ -122,11 +123,11 @@ def job_hashes(cfg) -> tuple[str, str]:
     return stable_hash(cfg.model.to_arch().fingerprint()), stable_hash(settings)
 
 
-def with_retries(action: Callable[[], None], what: str, attempts: int = 6, base_delay_s: float = 1.0,
+def with_retries(action: Callable[[], T], what: str, attempts: int = 6, base_delay_s: float = 1.0,
                  sleep: Callable[[float], None] = time.sleep,
-                 retry_if: Callable[[BaseException], bool] = lambda err: True) -> None:
-    """Run `action`, retrying with exponential backoff (1, 2, 4, ... s) the errors `retry_if`
-    accepts; re-raise the last error (or the first one it refuses)."""
+                 retry_if: Callable[[BaseException], bool] = lambda err: True) -> T:
+    """Run `action` and return its result, retrying with exponential backoff (1, 2, 4, ... s)
+    the errors `retry_if` accepts; re-raise the last error (or the first one it refuses)."""
     for attempt in range(attempts):
         try:
             return action()
@@ -296,9 +297,8 @@ class Checkpointer:
         steps = self._listed(self.store.manifest_steps, max_step)
         other_key = []   # (step, why): commits this run's key cannot vouch for, left as they are
         for step in reversed(steps):
-            read_box = [self.store.read_commit(step) if self.rank == 0 else None]
-            dist.broadcast_object_list(read_box, src=0)
-            manifest, problem, key_in_question = read_box[0]
+            manifest, problem, key_in_question = self._on_rank0(
+                lambda s=step: self.store.read_commit(s), f"read {step_name(step)}'s manifest")
             if key_in_question:
                 # Unsigned, or signed with another key: perhaps planted, perhaps genuine and this
                 # job holds the wrong key (or turned signing on over older commits). Skipped, not
@@ -381,28 +381,31 @@ class Checkpointer:
 
     def _listed(self, listing: Callable[[], list[int]], max_step: int | None) -> list[int]:
         """Commit steps from `listing` (a CommitStore method, oldest first) at or below
-        `max_step`, on every rank: rank 0 lists and broadcasts. A store that is restarting
-        answers errors for a while (SeaweedFS, restarted under load on kind: 404 on ListObjectsV2
-        for minutes), so the listing is retried with backoff; if it still fails every rank stops
-        with rank 0's reason, none is left waiting for a broadcast that never comes."""
+        `max_step`, on every rank (`_on_rank0`)."""
+        return self._on_rank0(lambda: [s for s in listing() if max_step is None or s <= max_step],
+                              "list the checkpoints")
+
+    def _on_rank0(self, read: Callable[[], T], what: str) -> T:
+        """`read` done by rank 0 and its result broadcast to every rank. A store that is
+        restarting answers errors for a while (SeaweedFS, restarted under load on kind: 404 on
+        ListObjectsV2 for minutes), so it is retried with backoff; if it still fails every rank
+        stops with rank 0's reason (CheckpointError), none is left waiting for a broadcast that
+        never comes, and nothing is quarantined for the store's fault."""
         box: list = [None]
         if self.rank == 0:
-            steps: list[int] = []
             try:
-                with_retries(lambda: steps.extend(listing()), "listing the checkpoints",
-                             self.upload_attempts)
-                box[0] = [s for s in steps if max_step is None or s <= max_step]
+                box[0] = ("ok", with_retries(read, what, self.upload_attempts))
             except Exception as err:  # noqa: BLE001 - told to every rank as one line below
                 try:
-                    box[0] = storage.explain(err, self.uri)
+                    box[0] = ("failed", storage.explain(err, self.uri))
                 except Exception:  # noqa: BLE001 - the reason must reach the other ranks
-                    box[0] = f"{self.uri}: {type(err).__name__}: {err}"
+                    box[0] = ("failed", f"{self.uri}: {type(err).__name__}: {err}")
         dist.broadcast_object_list(box, src=0)
-        if isinstance(box[0], str):
-            raise CheckpointError(f"cannot list the checkpoints: {box[0]}; the model is "
-                                  "unchanged, and a restart loads the newest commit once the "
-                                  "storage answers")
-        return box[0]
+        outcome, value = box[0]
+        if outcome == "failed":
+            raise CheckpointError(f"cannot {what}: {value}; the model is unchanged, and a "
+                                  "restart loads the newest commit once the storage answers")
+        return value
 
     def _fetch(self, step: int, manifest: dict,
                app: AppState) -> tuple[Path, list[str], str | None]:

@@ -203,14 +203,19 @@ class CommitStore:
 
     def read_commit(self, step: int) -> tuple[dict | None, str | None, bool]:
         """(manifest, None, False), or (None, why the commit cannot be read, whether only the key
-        is in question: unsigned, or signed with another key than this run holds)."""
+        is in question: unsigned, or signed with another key than this run holds). A storage
+        error other than "not there" is raised: it says nothing about the commit."""
         try:
             manifest = json.loads(storage.read_bytes(storage.join(self.uri, step_name(step),
                                                                   MANIFEST)))
         except (ValueError, RecursionError) as err:
             # With a key, nothing unsigned is judged: skipped as the key's question.
             return None, f"the manifest is not valid JSON ({err})", self.key is not None
-        except Exception as err:  # noqa: BLE001 - any storage error: the reason is kept
+        except Exception as err:  # noqa: BLE001 - storage errors come in many classes
+            if not storage.not_found(err):
+                # The store failed, not the commit (a timeout, a 503, a store restarting): the
+                # caller retries or stops; quarantining a good commit for it would lose it.
+                raise
             return None, f"the manifest cannot be read ({storage.explain(err, self.uri)})", False
         if self.key is not None:
             # The signature first: a malformed manifest that is not validly signed was not

@@ -442,8 +442,66 @@ def test_a_load_waits_out_a_store_that_is_briefly_away_and_names_one_that_stays_
     out = json.loads(run.stdout.strip().splitlines()[-1])
     came_back, stayed_away = run.stderr.split("=== stays away")
     assert out["comes back"] is None, out   # listed once the bucket was there: nothing to load
-    assert "listing the checkpoints failed" in came_back   # ... after at least one retry
+    assert "list the checkpoints failed" in came_back   # ... after at least one retry
     for call in ("load", "newest"):   # a start, a rollback; the memory tier's newest commit
         assert out[f"stays away: {call}"].startswith(
             f"cannot list the checkpoints: bucket of s3://{never}/run does not exist"), out
     assert stayed_away.count("retry 3/3") == 2 and "Traceback" not in run.stderr
+
+
+MANIFEST_READ_PROBE = textwrap.dedent("""
+    import json, socket, sys
+    import torch
+    import torch.distributed as dist
+    from botocore.exceptions import ReadTimeoutError
+    from crucible.api.spec import CheckpointSpec
+    from crucible.trainer import storage
+    from crucible.trainer.checkpoint import AppState, Checkpointer, CheckpointError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    model = torch.nn.Linear(4, 4)
+    app = AppState(model, torch.optim.AdamW(model.parameters()), {})
+    ckpt = Checkpointer(CheckpointSpec(uri=sys.argv[1], keep=3, **{"async": False}), job="probe",
+                        rank=0, world_size=1, local_rank=0, model_hash="m", config_hash="c",
+                        upload_attempts=3)
+    ckpt.save(app, 4, 400, wait=True)
+    ckpt.save(app, 8, 800, wait=True)
+    real_read, failures = storage.read_bytes, {"left": 2}
+    def flaky(uri):
+        if "step_8/manifest" in uri and failures["left"] > 0:
+            failures["left"] -= 1
+            raise ReadTimeoutError(endpoint_url="http://s3:8333")
+        return real_read(uri)
+    storage.read_bytes = flaky
+    out = {"blip": ckpt.load(app)["step"]}
+    failures["left"] = 10**6
+    try:
+        ckpt.load(app)
+    except CheckpointError as err:
+        out["outage"] = str(err)
+    storage.read_bytes = real_read
+    out["committed"] = ckpt.store.committed_steps()
+    out["loaded after"] = ckpt.load(app)["step"]
+    print(json.dumps(out))
+    dist.destroy_process_group()
+""")
+
+
+def test_a_store_failing_a_manifest_read_quarantines_nothing(tmp_path):
+    """A manifest read that fails for the store's sake (a timeout, a restart) says nothing about
+    the commit: it is retried, and if the store stays away the run stops in one line, the commit
+    kept; quarantining it, as a corrupt one, would lose it for good. A real store cannot be made
+    to time out on one object on cue here: `storage.read_bytes` raises botocore's own
+    ReadTimeoutError for that manifest instead (the rest is real: files, manifests, markers)."""
+    uri = tmp_path / "ckpt"
+    run = subprocess.run([sys.executable, "-c", MANIFEST_READ_PROBE, str(uri)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["blip"] == 8 and "read step_8's manifest failed" in run.stderr
+    assert out["outage"].startswith("cannot read step_8's manifest: cannot reach the S3 "
+                                    "endpoint"), out
+    assert out["committed"] == [4, 8] and out["loaded after"] == 8
+    assert not list(uri.glob("*/quarantine*")) and "quarantined" not in run.stderr
