@@ -396,9 +396,10 @@ def test_bad_credentials_fail_before_any_training_step(corpus, tmp_path, ckpt):
     assert "\nstep " not in run.stdout and (not jsonl.exists() or not train_records(jsonl))
 
 
-LISTING_PROBE = textwrap.dedent("""
-    import json, socket, sys, threading, time
-    import boto3, torch
+# The start of a probe script: a one-rank gloo world and a small model's state to checkpoint.
+ONE_RANK_APP = textwrap.dedent("""
+    import json, socket, sys
+    import torch
     import torch.distributed as dist
     from crucible.api.spec import CheckpointSpec
     from crucible.trainer.checkpoint import AppState, Checkpointer, CheckpointError
@@ -408,6 +409,11 @@ LISTING_PROBE = textwrap.dedent("""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     model = torch.nn.Linear(4, 4)
     app = AppState(model, torch.optim.AdamW(model.parameters()), {})
+""")
+
+LISTING_PROBE = ONE_RANK_APP + textwrap.dedent("""
+    import threading
+    import boto3
     out = {}
     for case, bucket in (("comes back", sys.argv[1]), ("stays away", sys.argv[2])):
         ckpt = Checkpointer(CheckpointSpec(uri=f"s3://{bucket}/run"), job="probe", rank=0,
@@ -418,9 +424,9 @@ LISTING_PROBE = textwrap.dedent("""
             threading.Timer(1.0, boto3.client("s3").create_bucket, kwargs={"Bucket": bucket}).start()
             out[case] = ckpt.load(app)
             continue
-        for name, call in (("load", ckpt.load), ("newest", ckpt.newest_committed)):
+        for name, call in (("load", lambda: ckpt.load(app)), ("newest", ckpt.newest_committed)):
             try:
-                out[f"{case}: {name}"] = call(app) if name == "load" else call()
+                out[f"{case}: {name}"] = call()
             except CheckpointError as err:
                 out[f"{case}: {name}"] = str(err)
     print(json.dumps(out))
@@ -449,20 +455,9 @@ def test_a_load_waits_out_a_store_that_is_briefly_away_and_names_one_that_stays_
     assert stayed_away.count("retry 3/3") == 2 and "Traceback" not in run.stderr
 
 
-MANIFEST_READ_PROBE = textwrap.dedent("""
-    import json, socket, sys
-    import torch
-    import torch.distributed as dist
+MANIFEST_READ_PROBE = ONE_RANK_APP + textwrap.dedent("""
     from botocore.exceptions import ReadTimeoutError
-    from crucible.api.spec import CheckpointSpec
     from crucible.trainer import storage
-    from crucible.trainer.checkpoint import AppState, Checkpointer, CheckpointError
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    model = torch.nn.Linear(4, 4)
-    app = AppState(model, torch.optim.AdamW(model.parameters()), {})
     ckpt = Checkpointer(CheckpointSpec(uri=sys.argv[1], keep=3, **{"async": False}), job="probe",
                         rank=0, world_size=1, local_rank=0, model_hash="m", config_hash="c",
                         upload_attempts=3)
