@@ -25,6 +25,17 @@
 #                and train no step with one pod, and resume from its newest commit with both pods
 #                once the node is started again and uncordoned;
 #                nodes.min is put back afterwards
+#     leader-node-kill  two operator replicas, the leader on the worker under pod 0 and the standby
+#                on the control plane: `docker kill` that worker. The standby must take the Lease,
+#                judge the node (NodeFailure, cordon) and restart the job, which resumes from its
+#                newest commit; the node is started again and uncordoned and the job fills it. The
+#                operator's placement is put back afterwards
+#     kueue      (Kueue installed by run.sh up) the example job suspended; a job queued through a
+#                LocalQueue (e2e/kind/kueue-queues.yaml) at low priority commits a checkpoint, then
+#                a high-priority job of 60 steps is queued: Kueue must preempt the first, whose
+#                pods go as one unit (never more pods of the two than the quota's 2), the second
+#                must run and succeed, and the first must be admitted again and resume from its
+#                newest commit, its preemption counted once (Preempted); the example resumes
 # For each fault one line goes to ~/.cache/crucible/kind/logs/chaos-results.tsv (a header first
 # when the file is new): the time, the fault's name, the restart causes recorded
 # (status.restarts.byCause, before -> after), seconds from the fault to the first step after it
@@ -56,6 +67,9 @@ if [[ -s "$results" && "$(head -1 "$results")" != "$HEADER" ]]; then mv "$result
 row() { (IFS=$'\t'; printf '%s\t%s\n' "$(date -u +%FT%TZ)" "$*") | tee -a "$results"; }
 # Restarts counted in a status.restarts.byCause map ({"PodDeleted":1,...}), all causes together.
 restart_count() { python3 -c 'import json, sys; print(sum(json.loads(sys.argv[1] or "{}").values()))' "$1"; }
+
+# NodeFailure restarts in such a map.
+node_failures() { python3 -c 'import json, sys; print(json.loads(sys.argv[1] or "{}").get("NodeFailure", 0))' "$1"; }
 
 # The training process in a pod: torchrun's worker (a python whose command line is not torchrun's).
 train_pids() {
@@ -188,14 +202,17 @@ f_node_post() {
   # was down is recreated without the constraint).
   # The survivor may exit (its connections to the dead node reset) before the node controller
   # marks the node: the operator then counts the restart again once the node is judged.
-  local node causes cordoned; node=$(cat "$state/killed-node")
+  # (An earlier fault's NodeFailure is no evidence: the count must grow past the one at the fault,
+  # $causes0 of measure.)
+  local node causes cordoned before; node=$(cat "$state/killed-node")
+  before=$(node_failures "$causes0")
   for _ in $(seq 60); do
     causes=$(st restarts.byCause)
     cordoned=$(k get node "$node" -o jsonpath='{.spec.unschedulable}')
-    [[ "$causes" == *NodeFailure* && "$cordoned" == true ]] && break
+    (($(node_failures "$causes") > before)) && [[ "$cordoned" == true ]] && break
     sleep 3
   done
-  [[ "$causes" == *NodeFailure* ]] || die "node kill: no NodeFailure restart recorded ($causes)"
+  (($(node_failures "$causes") > before)) || die "node kill: no NodeFailure restart recorded ($causes0 -> $causes)"
   [[ "$cordoned" == true ]] || die "node kill: $node not cordoned"
   echo "node kill: restarts by cause $causes; $node cordoned"
   docker start "$node" >/dev/null
@@ -372,6 +389,176 @@ f_node_worker_post() {
   wait_group_training 300
 }
 
+# The operator's replicas: the Deployment, the pod holding the leader Lease (its holderIdentity
+# is "<pod name>-<pid>", operator/leader.py) and the node a pod runs on.
+operator_deploy() {
+  k -n crucible-system get deploy -l app.kubernetes.io/name=crucible-operator -o jsonpath='{.items[0].metadata.name}'
+}
+leader_pod() {
+  local h; h=$(k -n crucible-system get lease crucible-operator-leader -o jsonpath='{.spec.holderIdentity}' 2>/dev/null)
+  echo "${h%-*}"
+}
+pod_node() { k -n "$1" get pod "$2" -o jsonpath='{.spec.nodeName}' 2>/dev/null || true; }
+
+lead_from_pod0_node() {
+  # Before the fault: one operator replica on the worker under pod 0, the other on the control
+  # plane (required anti-affinity: never both on one node), and the one on the worker leading.
+  local d node cp sel leader deleted=" " deadline
+  d=$(operator_deploy); cp="$cluster-control-plane"
+  node=$(pod_node "$ns" "example-$(st podGeneration)-0")
+  sel=$(k -n crucible-system get deploy "$d" -o jsonpath='{.spec.selector.matchLabels}')
+  k -n crucible-system get deploy "$d" -o jsonpath='{.spec.template.spec.nodeSelector}' >"$state/operator-node-selector"
+  k -n crucible-system get deploy "$d" -o jsonpath='{.spec.template.spec.affinity}' >"$state/operator-affinity"
+  echo "operator replicas: one on $node (under pod 0), one on $cp"
+  k -n crucible-system patch deploy "$d" --type merge -p "{\"spec\":{\"template\":{\"spec\":{
+    \"nodeSelector\":null,
+    \"affinity\":{
+      \"nodeAffinity\":{\"requiredDuringSchedulingIgnoredDuringExecution\":{\"nodeSelectorTerms\":[
+        {\"matchExpressions\":[{\"key\":\"kubernetes.io/hostname\",\"operator\":\"In\",\"values\":[\"$node\",\"$cp\"]}]}]}},
+      \"podAntiAffinity\":{\"requiredDuringSchedulingIgnoredDuringExecution\":[
+        {\"topologyKey\":\"kubernetes.io/hostname\",\"labelSelector\":{\"matchLabels\":$sel}}]}}}}}}" >/dev/null
+  k -n crucible-system rollout status deploy "$d" --timeout=300s >/dev/null
+  # A leader elsewhere is deleted until the replica on $node holds the Lease (its successor on the
+  # control plane is then the standby).
+  deadline=$((SECONDS + 300))
+  while ((SECONDS < deadline)); do
+    leader=$(leader_pod)
+    if [[ -n "$leader" && "$(pod_node crucible-system "$leader")" == "$node" ]]; then break; fi
+    if [[ -n "$leader" && "$deleted" != *" $leader "* && -n "$(pod_node crucible-system "$leader")" ]]; then
+      echo "leader $leader is on $(pod_node crucible-system "$leader"): deleting it"
+      k -n crucible-system delete pod "$leader" --wait=false >/dev/null; deleted+="$leader "
+    fi
+    sleep 2
+  done
+  [[ "$(pod_node crucible-system "$leader")" == "$node" ]] || die "leader node kill: no leader on $node within 300 s"
+  k -n crucible-system rollout status deploy "$d" --timeout=300s >/dev/null
+  echo "$node" >"$state/killed-node"; echo "$leader" >"$state/old-leader"
+  echo "leader $leader on $node; standby: $(k -n crucible-system get pod -l app.kubernetes.io/name=crucible-operator \
+    --field-selector spec.nodeName="$cp",status.phase=Running -o jsonpath='{.items[*].metadata.name}') on $cp"
+}
+f_leader_node() {
+  local node old t leader=""
+  node=$(cat "$state/killed-node"); old=$(cat "$state/old-leader"); t=$SECONDS
+  echo "docker kill $node (under the operator leader $old and pod 0)"
+  docker kill "$node" >/dev/null
+  # The standby takes the Lease once it has not changed for its duration (operator/leader.py).
+  while ((SECONDS - t < 120)); do
+    leader=$(leader_pod)
+    [[ -n "$leader" && "$leader" != "$old" ]] && break
+    sleep 1
+  done
+  [[ -n "$leader" && "$leader" != "$old" ]] || die "leader node kill: the Lease still names $old after 120 s"
+  echo "new leader $leader on $(pod_node crucible-system "$leader") $((SECONDS - t)) s after the kill"
+}
+f_leader_node_post() {
+  # The new leader judged the node (NodeFailure, cordon) and, once it is back, the job uses it.
+  f_node_post
+}
+restore_operator() {
+  # The operator's placement before leader-node-kill (the chart's nodeSelector and affinity).
+  local d sel aff; d=$(operator_deploy)
+  sel=$(cat "$state/operator-node-selector"); aff=$(cat "$state/operator-affinity")
+  k -n crucible-system patch deploy "$d" --type merge \
+    -p "{\"spec\":{\"template\":{\"spec\":{\"nodeSelector\":${sel:-null},\"affinity\":${aff:-null}}}}}" >/dev/null
+  k -n crucible-system rollout status deploy "$d" --timeout=300s >/dev/null
+  echo "operator replicas back on: $(k -n crucible-system get pod -l app.kubernetes.io/name=crucible-operator \
+    -o jsonpath='{range .items[*]}{.spec.nodeName}{" "}{end}')"
+}
+
+# --- kueue ---------------------------------------------------------------------------------------
+jst() { k -n "$ns" get ptj "$1" -o jsonpath="{.status.$2}" 2>/dev/null || true; }
+# A job of the example's spec in the LocalQueue `team` (e2e/kind/kueue-queues.yaml): $1 its name,
+# $2 its WorkloadPriorityClass, $3 its training tokens; 2 pods, no elastic slack; its checkpoints
+# under a prefix of this run's own (an earlier run's commits must not be what it resumes).
+queued_job() {
+  k create --dry-run=client -o json -f "$here/pretrainjob.yaml" | python3 -c '
+import json, sys
+job = json.load(sys.stdin)
+name, priority, tokens, run = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+job["metadata"] = {"name": name, "namespace": job["metadata"]["namespace"], "labels": {
+    "kueue.x-k8s.io/queue-name": "team", "kueue.x-k8s.io/priority-class": priority}}
+job["spec"]["nodes"] = {"min": 2, "max": 2}
+job["spec"]["training"]["tokens"] = tokens
+job["spec"]["checkpoint"]["uri"] = f"s3://crucible/runs/{name}-{run}"
+print(json.dumps(job))' "$1" "$2" "$3" "$state_run" | k apply -f - >/dev/null
+}
+# Pods of the two queued jobs that hold or may take node room: not yet Succeeded or Failed
+# (pending and terminating ones included).
+queued_pods() {
+  k -n "$ns" get pods -l 'crucible.dev/job in (queued-low,queued-high)' \
+    --field-selector=status.phase!=Succeeded,status.phase!=Failed --no-headers 2>/dev/null | wc -l
+}
+preemptions() { python3 -c 'import json, sys; print(json.loads(sys.argv[1] or "{}").get("Preempted", 0))' "$1"; }
+
+f_kueue() {
+  # The example job is suspended meanwhile: the queue's quota is the room it takes.
+  local state_run every s0 c0 g0 causes0 causes1 loss0 loss1 cq resumed="-" first="" seen=0 high_done=no
+  local n g r deadline t0 lost="-" ok=true why=()
+  state_run=$(date +%s); every=$(k -n "$ns" get ptj example -o jsonpath='{.spec.checkpoint.everySteps}')
+  k apply -f "$here/kueue-queues.yaml" >/dev/null
+  echo "example suspended; queued-low (WorkloadPriorityClass crucible-kind-low) applied to LocalQueue team"
+  k -n "$ns" patch ptj example --type merge -p '{"spec":{"suspend":true}}' >/dev/null
+  k -n "$ns" wait --for=delete pod -l crucible.dev/job=example --timeout=300s >/dev/null 2>&1 || true
+  queued_job queued-low crucible-kind-low 40000000
+  deadline=$((SECONDS + 600))
+  while ((SECONDS < deadline)); do
+    [[ "$(jst queued-low phase)" == Running && -n "$(jst queued-low lastCheckpoint.step)" ]] && break
+    sleep 3
+  done
+  [[ -n "$(jst queued-low lastCheckpoint.step)" ]] \
+    || die "kueue: queued-low has no commit within 600 s (phase $(jst queued-low phase): $(k -n "$ns" get ptj queued-low -o jsonpath='{.status.conditions[?(@.type=="Admitted")].message}'))"
+  cq=$(k -n "$ns" get workloads.kueue.x-k8s.io -l crucible.dev/job=queued-low -o jsonpath='{.items[0].status.admission.clusterQueue}')
+  g0=$(jst queued-low podGeneration); s0=$(jst queued-low step); c0=$(jst queued-low lastCheckpoint.step)
+  causes0=$(jst queued-low restarts.byCause); loss0=$(jst queued-low loss)
+  echo "queued-low admitted by ClusterQueue '$cq', generation $g0, step $s0, newest commit $c0: queued-high (crucible-kind-high, 60 steps) applied"
+  t0=$SECONDS
+  queued_job queued-high crucible-kind-high $((60 * 4096))
+  # Kueue preempts queued-low; the operator deletes its pods as one unit and releases the quota;
+  # queued-high is admitted, trains its 60 steps and succeeds; queued-low is admitted again and
+  # resumes from its newest commit. The two jobs' pods never take more than the quota's 2.
+  deadline=$((SECONDS + 900))
+  while ((SECONDS < deadline)); do
+    n=$(queued_pods); ((n > seen)) && seen=$n
+    [[ "$(jst queued-high phase)" == Succeeded ]] && high_done=yes
+    g=$(jst queued-low podGeneration)
+    if [[ "$g" != "$g0" ]]; then
+      mapfile -t r < <(resumes "queued-low-$g-0")
+      if ((${#r[@]})) && (($(steps_since_resume "queued-low-$g-0") > 0)); then
+        resumed=${r[-1]}; first=$((SECONDS - t0)); break
+      fi
+    fi
+    sleep 2
+  done
+  causes1=$(jst queued-low restarts.byCause)
+  echo "queued-high: $(jst queued-high phase); queued-low: generation $g0 -> $(jst queued-low podGeneration), resumed from $resumed, restarts $causes0 -> $causes1"
+  if [[ -z "$first" ]]; then
+    why+=("queued-low did not resume within 900 s (its Admitted condition: $(k -n "$ns" get ptj queued-low -o jsonpath='{.status.conditions[?(@.type=="Admitted")].message}'))")
+  else
+    lost=$((s0 > resumed ? s0 - resumed : 0))
+    ((resumed >= c0)) || why+=("resumed from step $resumed, older than the newest commit $c0")
+    ((lost <= every)) || why+=("$lost steps lost, more than one checkpoint interval ($every)")
+  fi
+  [[ "$cq" == crucible-kind ]] || why+=("queued-low was not admitted through ClusterQueue crucible-kind ('$cq')")
+  [[ "$high_done" == yes ]] || why+=("queued-high did not succeed before queued-low resumed")
+  (($(preemptions "$causes1") == $(preemptions "$causes0") + 1)) \
+    || why+=("restarts by cause $causes0 -> $causes1: not one Preempted")
+  ((seen <= 2)) || why+=("$seen pods of the two jobs at once, over the quota's 2")
+  if [[ -n "$first" ]]; then
+    for _ in $(seq 150); do (($(jst queued-low step) >= resumed + 10)) && break; sleep 2; done
+    loss1=$(jst queued-low loss)
+    python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(not b < 1.5 * a)' "$loss0" "$loss1" \
+      || why+=("loss $loss1 after the preemption, from $loss0 before it")
+    echo "queued-low: loss $loss0 -> $loss1"
+  fi
+  ((${#why[@]} == 0)) || ok=false
+  row kueue-preempt "${causes0:-{\}} -> ${causes1:-{\}}" "${first:-timeout}" "$s0" "$resumed" "$lost" no "$seen/2" "$ok"
+  # Put back: the queued jobs gone, the example resumed.
+  k -n "$ns" delete ptj queued-low queued-high --wait=true --timeout=180s >/dev/null
+  k -n "$ns" patch ptj example --type merge -p '{"spec":{"suspend":false}}' >/dev/null
+  wait_group_training 600
+  ((${#why[@]} == 0)) || die "kueue-preempt: $(IFS=';'; echo "${why[*]}")"
+}
+
 netpol() {
   local pod0 ip other=crucible-netpol-probe code
   pod0="example-$(st podGeneration)-0"; ip=$(k -n "$ns" get pod "$pod0" -o jsonpath='{.status.podIP}')
@@ -390,7 +577,7 @@ netpol() {
 }
 
 ALL=(pod-delete node-kill sigkill sigstop node-pause operator-delete s3-restart-mid-save netpol-probe
-     apiserver-restart operator-kill-mid-restart s3-outage-5min node-loss-worker)
+     apiserver-restart operator-kill-mid-restart s3-outage-5min node-loss-worker leader-node-kill kueue)
 (($#)) || set -- "${ALL[@]}"
 state=$(mktemp -d); trap 'rm -rf "$state"' EXIT
 for fault in "$@"; do
@@ -411,6 +598,11 @@ for fault in "$@"; do
       ((min0 == max)) || set_min_nodes "$max"
       expect_restart=1 measure node-loss-worker f_node_worker
       ((min0 == max)) || set_min_nodes "$min0" ;;
+    leader-node-kill)
+      lead_from_pod0_node
+      expect_restart=1 measure leader-node-kill f_leader_node
+      restore_operator ;;
+    kueue) f_kueue ;;
     *) die "unknown fault $fault (one of: ${ALL[*]})" ;;
   esac
 done

@@ -7,19 +7,21 @@
 #         local-images, as `make test KIND=1` does: the Debian base made here unless it exists,
 #         used where the Dockerfiles' public base is not in the image store; Docker's layer
 #         cache makes a rebuild seconds when nothing changed), load those
-#         the nodes lack, install the chart (operator on the control-plane node), start S3
+#         the nodes lack, install Kueue (its own chart, e2e/kind/kueue-values.yaml) and the
+#         chart (operator and Kueue on the control-plane node), start S3
 #         (SeaweedFS), and start the CPU example PretrainJob (e2e/kind/pretrainjob.yaml) afresh:
 #         an earlier run's job and its checkpoints are deleted first. Then checks that the
 #         operator's and the trainer's pods run the images `docker images` lists (same image ID);
 # chaos:  every fault of e2e/kind/chaos.sh (pod deletion, node loss, kill -9, a hang, a frozen
 #         node, operator and S3 restarts, the NetworkPolicy probe, an apiserver restart, the
-#         operator killed mid-restart, a 5-minute S3 outage, a node lost with no elastic slack),
+#         operator killed mid-restart, a 5-minute S3 outage, a node lost with no elastic slack,
+#         the operator leader's node killed, a Kueue preemption and re-admission),
 #         each checked from outside;
 # pytest: the repository's cluster tests that need only an apiserver, against this cluster
 #         (tests/conftest.py reads CRUCIBLE_STACK_ENV, written here to e2e/kind/.env);
 # down:   delete the cluster.
 # The cluster is kept after a run, so the next one reuses it (and the images its nodes hold).
-# S3 is the local stack's weed on the kind slim base (e2e/kind/s3-image.sh); the example image
+# S3 is the local stack's weed on the kind slim base (e2e/kind/binary-image.sh); the example image
 # goes to the workers only, gzipped (e2e/kind/load-image.sh). Seconds per part are appended to
 # ~/.cache/crucible/kind/logs/timings.
 # Needs: root (the Docker engine, debootstrap), Go >= 1.26, the local stack's binaries
@@ -108,9 +110,10 @@ build_images() {
   MAKEFLAGS=--no-print-directory make -C "$repo" local-images
   docker build -q -f "$here/Dockerfile.example" --build-arg "TRAINER_IMAGE=$trainer_image" \
     -t "$example_image" "$here"
-  s3_image="$("$here/s3-image.sh")"
+  s3_image="$("$here/binary-image.sh" weed)"
+  kueue_image="$("$here/binary-image.sh" kueue)"
   docker images --format '{{.Repository}}:{{.Tag}} {{.ID}} {{.Size}}' \
-    | grep -E "^(${operator_image%:*}|${trainer_image%:*}|${example_image%:*}|${s3_image%:*}):"
+    | grep -E "^(${operator_image%:*}|${trainer_image%:*}|${example_image%:*}|${s3_image%:*}|${kueue_image%:*}):"
 }
 
 # The example job and its checkpoints from an earlier run, gone (its pods too: the image they
@@ -137,9 +140,9 @@ clean_leases() {
 load_images() {
   local node id
   # The trainer image (6.6 GB unpacked) only on the workers, where training runs: loading it into
-  # the control plane too would cost another ~10 GB of disk for nothing. The operator and S3 run
-  # on the control-plane node; they are small and go everywhere.
-  for image in "$operator_image" "$s3_image"; do
+  # the control plane too would cost another ~10 GB of disk for nothing. The operator, S3 and
+  # Kueue run on the control-plane node; they are small and go everywhere.
+  for image in "$operator_image" "$s3_image" "$kueue_image"; do
     images_loaded "$image" "$(k get nodes -o jsonpath='{range .items[*]}{.metadata.name},{end}')" \
       || kind load docker-image --name "$cluster" "$image"
   done
@@ -157,6 +160,25 @@ load_images() {
     # Not `kind load`: its uncompressed layers cost ~13 GB a node (e2e/kind/load-image.sh).
     "$here/load-image.sh" "$example_image" $w
   fi
+}
+
+# Kueue, with its own Helm chart from the Kueue module the local stack pins (e2e/stack/build.py;
+# the Go module cache has it once the stack is built) and e2e/kind/kueue-values.yaml. Before the
+# operator's chart: the operator watches Kueue's Workloads when their API exists at its start.
+install_kueue() {
+  local version chart
+  version="${kueue_image#*:}"
+  chart="$(go mod download -json "sigs.k8s.io/kueue@$version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')/charts/kueue"
+  [[ -f "$chart/Chart.yaml" ]] || die "no Kueue chart at $chart"
+  helm --kube-context "$ctx" upgrade --install kueue "$chart" --namespace kueue-system \
+    --create-namespace --wait --timeout 300s -f "$here/kueue-values.yaml" \
+    --set controllerManager.manager.image.repository="${kueue_image%:*}" \
+    --set controllerManager.manager.image.tag="$version"
+  # Its webhooks answer once its internal certificate is in place: a dry-run object they admit.
+  wait_for 180 "Kueue's webhooks" bash -c "kubectl --context $ctx apply --dry-run=server -f - <<<'
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {name: crucible-webhook-probe}' >/dev/null && echo ok"
 }
 
 install_chart() {
@@ -226,7 +248,8 @@ up() {
   part app-images build_images
   part reset-job reset_job
   part load-images load_images
-  say "chart"
+  say "Kueue and the chart"
+  part kueue install_kueue
   part chart install_chart
   say "S3 and the example job"
   part start-job start_job
