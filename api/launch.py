@@ -55,6 +55,12 @@ EXIT_FAILED = 1              # an unexpected error (a traceback)
 EXIT_USER_ERROR = 2          # a config, data or credentials problem, told in one line
 EXIT_GUARD_ABORT = 3         # the stability guard gave up: rollbacks did not get past a spike
 EXIT_TERMINATED = 128 + 15   # stopped by SIGTERM after the save in flight: 128+n, infrastructure
+# The termination message's first word when `crucible train` stopped because its checkpoint store
+# did not answer through the retries (timeouts, refused connections, 5xx: an outage, not the
+# job's fault): the operator restarts such a pod as an infrastructure failure, which no restart
+# budget counts, so a store down for longer than a few restarts does not fail the run. A message,
+# not an exit code: torchrun exits 1 whatever code its worker exited with.
+STORAGE_UNAVAILABLE = "StorageUnavailable"
 
 
 def output_dir(job: str) -> str:

@@ -27,6 +27,7 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 
+from crucible.api.launch import STORAGE_UNAVAILABLE
 from crucible.api.spec import FaultToleranceSpec
 from crucible.operator.observed import UNREACHABLE_TAINTS, NodeView, PodView
 
@@ -86,6 +87,14 @@ def pod_failure(pod: PodView, ft: FaultToleranceSpec) -> Failure | None:
                        f"{where} exited with {code}, listed in retryableExitCodes")
     if code == 0:
         return None  # phase Failed with exit 0: another container failed; not ours to judge
+    message = (pod.terminated_message or "").strip()
+    if message.startswith(f"{STORAGE_UNAVAILABLE}:"):
+        # The trainer's checkpoint store did not answer through its retries: an outage of a
+        # service the job depends on, not the job's fault. A tenant's own code writes this
+        # message, so it can only spare its own job's budget, as retryableExitCodes can.
+        why = message[len(STORAGE_UNAVAILABLE) + 1:].strip()[:200]
+        return Failure(STORAGE_UNAVAILABLE, INFRASTRUCTURE,
+                       f"{where} stopped: its checkpoint storage did not answer ({why})")
     detail = f": {pod.terminated_message.strip()[:200]}" if pod.terminated_message else ""
     return Failure("ApplicationError", APPLICATION, f"{where} exited with {code}{detail}")
 

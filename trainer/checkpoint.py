@@ -78,6 +78,11 @@ class CheckpointError(RuntimeError):
     """Checkpoint storage cannot be used, or a checkpoint cannot be loaded into this model."""
 
 
+class StoreUnavailable(CheckpointError):
+    """The store did not answer through the retries (`storage.unavailable`): nothing is wrong
+    with the job or its checkpoints, and a restart once the store is back gets on with it."""
+
+
 class InjectedFailure(RuntimeError):
     """Raised by a `fail@<rank>` failpoint."""
 
@@ -397,15 +402,16 @@ class Checkpointer:
                 box[0] = ("ok", with_retries(read, what, self.upload_attempts))
             except Exception as err:  # noqa: BLE001 - told to every rank as one line below
                 try:
-                    box[0] = ("failed", storage.explain(err, self.uri))
+                    box[0] = ("failed", storage.explain(err, self.uri), storage.unavailable(err))
                 except Exception:  # noqa: BLE001 - the reason must reach the other ranks
-                    box[0] = ("failed", f"{self.uri}: {type(err).__name__}: {err}")
+                    box[0] = ("failed", f"{self.uri}: {type(err).__name__}: {err}", False)
         dist.broadcast_object_list(box, src=0)
-        outcome, value = box[0]
-        if outcome == "failed":
-            raise CheckpointError(f"cannot {what}: {value}; the model is unchanged, and a "
-                                  "restart loads the newest commit once the storage answers")
-        return value
+        if box[0][0] == "failed":
+            _, reason, away = box[0]
+            error = StoreUnavailable if away else CheckpointError
+            raise error(f"cannot {what}: {reason}; the model is unchanged, and a restart loads "
+                        "the newest commit once the storage answers")
+        return box[0][1]
 
     def _fetch(self, step: int, manifest: dict,
                app: AppState) -> tuple[Path, list[str], str | None]:

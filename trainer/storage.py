@@ -280,6 +280,23 @@ def list_dirs(uri: str) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
 
 
+# botocore's errors for a store that did not answer: unreachable, refused, cut off, or too slow.
+_UNREACHABLE = frozenset({"EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError",
+                          "ReadTimeoutError", "ConnectionError", "ProxyConnectionError"})
+# What a store answers while it is overloaded or restarting (S3's documented 5xx codes).
+_UNAVAILABLE_CODES = frozenset({"500", "502", "503", "504", "InternalError", "ServiceUnavailable",
+                                "SlowDown", "RequestTimeout"})
+
+
+def unavailable(err: BaseException) -> bool:
+    """Whether a storage failure is the store's absence rather than a problem a person must fix
+    (credentials, a missing bucket or object, a bad URI): a later try may succeed as it is."""
+    if type(err).__name__ in _UNREACHABLE or isinstance(err, (ConnectionError, TimeoutError)):
+        return True
+    code = str((getattr(err, "response", None) or {}).get("Error", {}).get("Code", ""))
+    return code in _UNAVAILABLE_CODES
+
+
 def explain(err: BaseException, uri: str) -> str:
     """A one-line description of a storage failure with what to check, never the secret."""
     name = type(err).__name__

@@ -65,7 +65,8 @@ def pod_body(gen: int, index: int, *, phase: str = "Running", node: str | None =
              disruption: str | None = None, unschedulable: str | None = None,
              waiting: str | None = None, waiting_message: str | None = None,
              created: float = 0, spec_hash: str | None = "same",
-             owner: str | None = UID, finished: float | None = None, grace: int | None = None):
+             owner: str | None = UID, finished: float | None = None, grace: int | None = None,
+             terminated_message: str | None = None):
     name = m.pod_name(JOB, gen, index)
     body = {"metadata": {"name": name, "namespace": NS, "uid": uid or f"uid-{name}",
                          "creationTimestamp": ts(created),
@@ -91,7 +92,8 @@ def pod_body(gen: int, index: int, *, phase: str = "Running", node: str | None =
     if exit_code is not None:
         status["containerStatuses"] = [{"name": m.CONTAINER, "state": {"terminated": {
             "exitCode": exit_code, "reason": terminated_reason or "Error",
-            **({"finishedAt": ts(finished)} if finished is not None else {})}}}]
+            **({"finishedAt": ts(finished)} if finished is not None else {}),
+            **({"message": terminated_message} if terminated_message else {})}}}]
     elif waiting:
         status["containerStatuses"] = [{"name": m.CONTAINER, "state": {"waiting": {
             "reason": waiting, "message": waiting_message or f"{waiting} for the image"}}}]

@@ -16,6 +16,13 @@ FT = b.spec(faultTolerance={"retryableExitCodes": [75],
     (dict(exit_code=2), "ApplicationError", "application"),
     (dict(exit_code=127), "ApplicationError", "application"),
     (dict(exit_code=75), "RetryableExitCode", "infrastructure"),
+    # The trainer's checkpoint store did not answer (its termination message says so): an outage.
+    (dict(exit_code=1, terminated_message="StorageUnavailable: cannot list the checkpoints: "
+          "cannot reach the S3 endpoint"), "StorageUnavailable", "infrastructure"),
+    (dict(exit_code=1, terminated_message="oops: StorageUnavailable: quoted"), "ApplicationError",
+     "application"),
+    (dict(exit_code=1, terminated_message="stopped by the stability guard: ..."),
+     "ApplicationError", "application"),
     (dict(exit_code=128), "Signal", "infrastructure"),
     (dict(exit_code=137), "Signal", "infrastructure"),      # SIGKILL
     (dict(exit_code=143), "Signal", "infrastructure"),      # SIGTERM

@@ -412,8 +412,9 @@ ONE_RANK_APP = textwrap.dedent("""
 """)
 
 LISTING_PROBE = ONE_RANK_APP + textwrap.dedent("""
-    import threading
+    import os, threading
     import boto3
+    from crucible.trainer import storage
     out = {}
     for case, bucket in (("comes back", sys.argv[1]), ("stays away", sys.argv[2])):
         ckpt = Checkpointer(CheckpointSpec(uri=f"s3://{bucket}/run"), job="probe", rank=0,
@@ -428,7 +429,19 @@ LISTING_PROBE = ONE_RANK_APP + textwrap.dedent("""
             try:
                 out[f"{case}: {name}"] = call()
             except CheckpointError as err:
-                out[f"{case}: {name}"] = str(err)
+                out[f"{case}: {name}"] = f"{type(err).__name__}: {err}"
+    # A store that does not answer at all (nothing listens on the endpoint's port): an outage.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); closed = s.getsockname()[1]
+    os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{closed}"
+    storage.s3_client.cache_clear()
+    ckpt = Checkpointer(CheckpointSpec(uri=f"s3://{sys.argv[2]}/run"), job="probe", rank=0,
+                        world_size=1, local_rank=0, model_hash="m", config_hash="c",
+                        upload_attempts=2)
+    try:
+        ckpt.load(app)
+    except CheckpointError as err:
+        out["unreachable"] = f"{type(err).__name__}: {err}"
     print(json.dumps(out))
     dist.destroy_process_group()
 """)
@@ -450,9 +463,15 @@ def test_a_load_waits_out_a_store_that_is_briefly_away_and_names_one_that_stays_
     assert out["comes back"] is None, out   # listed once the bucket was there: nothing to load
     assert "list the checkpoints failed" in came_back   # ... after at least one retry
     for call in ("load", "newest"):   # a start, a rollback; the memory tier's newest commit
+        # A missing bucket is for a person to fix: a plain CheckpointError (the operator counts
+        # the failure), not an outage.
         assert out[f"stays away: {call}"].startswith(
-            f"cannot list the checkpoints: bucket of s3://{never}/run does not exist"), out
+            f"CheckpointError: cannot list the checkpoints: bucket of s3://{never}/run does not "
+            "exist"), out
     assert stayed_away.count("retry 3/3") == 2 and "Traceback" not in run.stderr
+    # No store at the endpoint: StoreUnavailable, which `crucible train` reports as an outage.
+    assert out["unreachable"].startswith("StoreUnavailable: cannot list the checkpoints: cannot "
+                                         "reach the S3 endpoint"), out
 
 
 MANIFEST_READ_PROBE = ONE_RANK_APP + textwrap.dedent("""

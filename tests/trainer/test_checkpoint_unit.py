@@ -98,6 +98,28 @@ def test_storage_errors_are_explained_without_secrets():
                                                            "s3://b/p")
 
 
+def test_a_store_that_does_not_answer_is_told_from_one_a_person_must_fix():
+    """`storage.unavailable`: the store away (unreachable, cut off, too slow, answering 5xx) is an
+    outage a later try may get past; credentials, a missing bucket or object are not."""
+    from botocore.exceptions import (ClientError, ConnectionClosedError, ConnectTimeoutError,
+                                     EndpointConnectionError, NoCredentialsError, ReadTimeoutError)
+
+    def answered(code: str) -> ClientError:
+        return ClientError({"Error": {"Code": code, "Message": "x"}}, "ListObjectsV2")
+
+    away = [ReadTimeoutError(endpoint_url="http://s3:8333"),
+            ConnectionClosedError(endpoint_url="http://s3:8333"),
+            ConnectTimeoutError(endpoint_url="http://s3:8333"),
+            EndpointConnectionError(endpoint_url="http://s3:8333"),
+            ConnectionRefusedError(111, "refused"),
+            answered("503"), answered("SlowDown"), answered("InternalError")]
+    to_fix = [NoCredentialsError(), answered("AccessDenied"), answered("NoSuchBucket"),
+              answered("404"), answered("NoSuchKey"), answered("InvalidAccessKeyId"),
+              PermissionError(13, "denied"), ValueError("bad manifest")]
+    assert [storage.unavailable(err) for err in away] == [True] * len(away)
+    assert [storage.unavailable(err) for err in to_fix] == [False] * len(to_fix)
+
+
 def test_local_storage_tree_operations(tmp_path):
     root = str(tmp_path / "ck")
     storage.write_bytes(storage.join(root, "step_1", ".metadata"), b"m")
@@ -155,3 +177,39 @@ def test_a_missing_file_is_not_retried():
 
     assert storage.not_found(ClientError({"Error": {"Code": "NoSuchKey"}}, "GetObject"))
     assert not storage.not_found(ClientError({"Error": {"Code": "SlowDown"}}, "GetObject"))
+
+
+@pytest.mark.parametrize("error, message", [
+    ("StoreUnavailable", "StorageUnavailable: cannot list the checkpoints: cannot reach the S3 "
+     "endpoint"),
+    ("CheckpointError", None),   # a problem a person must fix: no outage for the operator
+])
+def test_a_run_stopped_by_a_store_outage_tells_the_operator_so(tmp_path, monkeypatch, capsys,
+                                                               error, message):
+    """`crucible train` stopped by the store's absence (StoreUnavailable, raised by the load's
+    retries: the listing probe of test_checkpoint_chaos.py raises it against a real endpoint
+    nobody listens on) leaves `StorageUnavailable: <why>` as the pod's termination message, which
+    the operator restarts as an outage; other checkpoint errors leave none. The loop is replaced
+    by one that raises at once; the command, its config and the message file are real."""
+    import argparse
+
+    from crucible.trainer import checkpoint, loop
+    from crucible.trainer.commands import train
+    from tests.support.training import Corpus, job_config, write_config
+
+    corpus = Corpus(tmp_path / "tok.json", tmp_path / "train", tmp_path / "val", 2048)
+    cfg = job_config(corpus, tmp_path / "out")
+    cfg["checkpoint"] = {"uri": "s3://crucible-test/run"}
+    log = tmp_path / "termination-log"
+    log.touch()   # Kubernetes creates it; the trainer writes only into one that exists
+    monkeypatch.setattr(train, "TERMINATION_LOG", str(log))
+
+    def stopped(*_, **__):
+        raise getattr(checkpoint, error)("cannot list the checkpoints: cannot reach the S3 "
+                                         "endpoint for s3://crucible-test/run")
+    monkeypatch.setattr(loop, "train", stopped)
+    args = argparse.Namespace(config=str(write_config(cfg, tmp_path / "job.yaml")),
+                              progress=False, summary_json=None, max_steps=None)
+    assert train.run(args) == 2
+    assert "crucible train: error: cannot list the checkpoints" in capsys.readouterr().err
+    assert (log.read_text() or None) == (message and message + " for s3://crucible-test/run")

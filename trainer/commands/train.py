@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from crucible.api.launch import EXIT_GUARD_ABORT, EXIT_OK, EXIT_TERMINATED
+from crucible.api.launch import EXIT_GUARD_ABORT, EXIT_OK, EXIT_TERMINATED, STORAGE_UNAVAILABLE
 
 TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
 
@@ -73,11 +73,16 @@ def _train(args: argparse.Namespace) -> int:
         logging.getLogger(chatty).setLevel(logging.WARNING)
     from crucible.api.sharding import ShardingError
     from crucible.trainer import loop
-    from crucible.trainer.checkpoint import CheckpointError
+    from crucible.trainer.checkpoint import CheckpointError, StoreUnavailable
     from crucible.trainer.data import DataError
 
     try:
         summary = loop.train(cfg, progress=args.progress, max_steps=args.max_steps)
+    except StoreUnavailable as err:
+        # Told to the operator through the termination message: an outage, restarted without
+        # spending the job's restart budget.
+        _termination_message(f"{STORAGE_UNAVAILABLE}: {err}")
+        raise UserError(str(err)) from None
     except (DataError, loop.BatchError, ShardingError, CheckpointError) as err:
         raise UserError(str(err)) from None
     except loop.Terminated as err:
