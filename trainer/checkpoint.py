@@ -197,8 +197,12 @@ class Checkpointer:
                  local_rank: int, model_hash: str, config_hash: str,
                  on_commit: Callable[[Commit, float], None] | None = None,
                  marker_timeout_s: float = 600.0, upload_attempts: int = 6,
-                 batch_tokens: int | None = None):
+                 batch_tokens: int | None = None, read_only: bool = False):
         assert spec.uri, "Checkpointer needs checkpoint.uri"
+        # A reader beside the run (`crucible eval`, `export`): a commit it cannot load is skipped,
+        # never quarantined. What failed may be the reader's own (its node, disk or network), and
+        # a marker would take the commit from the training run, whose retention then deletes it.
+        self.read_only = read_only
         # Manifests are signed and a load demands a valid signature when a key is set; private:
         # no message, marker or manifest ever holds it, only its key id.
         key = signing_key_from_env()
@@ -280,7 +284,13 @@ class Checkpointer:
         return max(self._listed(self.store.committed_steps, max_step), default=0)
 
     def _quarantine(self, step: int, problem: str) -> None:
-        """Every rank logs it; rank 0 marks the commit (CommitStore.quarantine)."""
+        """Every rank logs it; rank 0 marks the commit (CommitStore.quarantine), unless this
+        Checkpointer only reads."""
+        if self.read_only:
+            log.error("checkpoint %s/%s cannot be loaded: %s; skipped (a read-only load marks "
+                      "nothing), falling back to the previous commit", self.uri, step_name(step),
+                      problem)
+            return
         log.error("checkpoint %s/%s is corrupt: %s; quarantined, falling back to the previous "
                   "commit", self.uri, step_name(step), problem)
         if self.rank == 0:

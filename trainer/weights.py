@@ -45,7 +45,8 @@ def load_committed(cfg, env: parallel.DistEnv, *, step: int | None = None,
     uri = cfg.checkpoint.uri
     model_hash, config_hash = job_hashes(cfg)
     ckpt = Checkpointer(cfg.checkpoint, job=cfg.name, rank=env.rank, world_size=env.world_size,
-                        local_rank=env.local_rank, model_hash=model_hash, config_hash=config_hash)
+                        local_rank=env.local_rank, model_hash=model_hash, config_hash=config_hash,
+                        read_only=True)
     if exact and step is not None:
         found = ckpt.newest_committed(step)  # the listing only: no bytes read yet
         if found != step:
@@ -58,8 +59,7 @@ def load_committed(cfg, env: parallel.DistEnv, *, step: int | None = None,
         raise NoCommit(f"no committed checkpoint under {uri}"
                        + (f" at or below step {step}" if step is not None else ""))
     if exact and step is not None and manifest["step"] != step:
-        raise NoCommit(f"step {step} under {uri} cannot be loaded and was quarantined (the log "
-                       "says why)")
+        raise NoCommit(f"step {step} under {uri} cannot be loaded (the log says why)")
     return model, manifest
 
 

@@ -503,6 +503,43 @@ MANIFEST_READ_PROBE = ONE_RANK_APP + textwrap.dedent("""
 """)
 
 
+READ_ONLY_PROBE = ONE_RANK_APP + textwrap.dedent("""
+    from pathlib import Path
+    def checkpointer(**kw):
+        return Checkpointer(CheckpointSpec(uri=sys.argv[1], keep=3, **{"async": False}),
+                            job="probe", rank=0, world_size=1, local_rank=0, model_hash="m",
+                            config_hash="c", **kw)
+    writer = checkpointer()
+    writer.save(app, 4, 400, wait=True)
+    writer.save(app, 8, 800, wait=True)
+    data = max((p for p in (Path(sys.argv[1]) / "step_8").rglob("*") if p.is_file()
+                and p.name not in ("manifest.json", ".metadata")), key=lambda p: p.stat().st_size)
+    data.write_bytes(data.read_bytes()[:-16])   # step 8 damaged
+    out = {"reader": checkpointer(read_only=True).load(app)["step"],
+           "after the reader": checkpointer().store.committed_steps()}
+    out["run"] = checkpointer().load(app)["step"]
+    out["after the run"] = checkpointer().store.committed_steps()
+    print(json.dumps(out))
+    dist.destroy_process_group()
+""")
+
+
+def test_a_read_only_load_beside_the_run_marks_nothing(tmp_path):
+    """`crucible eval` / `export` load with read_only: a commit they cannot load is skipped, not
+    quarantined. Their failure may be their own (node, disk, network), and a marker would take the
+    commit from the training run, whose retention then deletes it. The run's own load still
+    quarantines a commit that really is damaged."""
+    uri = tmp_path / "ckpt"
+    run = subprocess.run([sys.executable, "-c", READ_ONLY_PROBE, str(uri)], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["reader"] == 4 and out["after the reader"] == [4, 8], out
+    assert "skipped (a read-only load marks nothing)" in run.stderr
+    assert out["run"] == 4 and out["after the run"] == [4], out
+    assert (uri / "step_8" / "quarantine.json").exists()
+
+
 def test_a_store_failing_a_manifest_read_quarantines_nothing(tmp_path):
     """A manifest read that fails for the store's sake (a timeout, a restart) says nothing about
     the commit: it is retried, and if the store stays away the run stops in one line, the commit
