@@ -70,7 +70,7 @@ class CommitStore:
     def _read_doc(self, uri: str, kind: str) -> dict | None:
         """The JSON document at `uri`; with a key, None when it is not validly signed (ignored
         and reported once, never acted on). Storage errors propagate."""
-        data = storage.read_bytes(uri)
+        data = storage.read_bytes(uri, metadata=True)
         if self.key is None:
             return json.loads(data)
         try:
@@ -194,8 +194,8 @@ class CommitStore:
         """The step's manifest is well-formed and validly signed with the key (quietly: the
         load reports what is wrong with a commit it tries)."""
         try:
-            manifest = json.loads(storage.read_bytes(storage.join(self.uri, step_name(step),
-                                                                  MANIFEST)))
+            manifest = json.loads(storage.read_bytes(
+                storage.join(self.uri, step_name(step), MANIFEST), metadata=True))
         except Exception:  # noqa: BLE001 - not verifiable
             return False
         return (manifest_problem(manifest, step) is None
@@ -206,8 +206,8 @@ class CommitStore:
         is in question: unsigned, or signed with another key than this run holds). A storage
         error other than "not there" is raised: it says nothing about the commit."""
         try:
-            manifest = json.loads(storage.read_bytes(storage.join(self.uri, step_name(step),
-                                                                  MANIFEST)))
+            manifest = json.loads(storage.read_bytes(
+                storage.join(self.uri, step_name(step), MANIFEST), metadata=True))
         except (ValueError, RecursionError) as err:
             # With a key, nothing unsigned is judged: skipped as the key's question.
             return None, f"the manifest is not valid JSON ({err})", self.key is not None

@@ -42,13 +42,26 @@ def _split_s3(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
+# Metadata calls (listings, existence checks, small documents such as manifests and markers) get
+# short timeouts and fewer attempts, so a frozen store (connections accepted, nothing answered)
+# fails one within about a minute. A checkpoint load's listing and manifest reads run on rank 0,
+# retried around that (Checkpointer), while every other rank waits in a collective the process
+# group's timeout bounds (600 s): with botocore's defaults (60 s read timeout) and 6 attempts
+# one call could take 6 minutes, and the retries around it over half an hour. (botocore's
+# `max_attempts` counts retries: 2 is 3 attempts in all.)
+METADATA_CONFIG = {"connect_timeout": 5, "read_timeout": 20,
+                   "retries": {"max_attempts": 2, "mode": "standard"}}
+# Bulk transfers keep botocore's timeouts: the read timeout is per socket read, not per object.
+TRANSFER_CONFIG = {"retries": {"max_attempts": 5, "mode": "standard"}}
+
+
 @cache
-def s3_client():
+def s3_client(metadata: bool = False):
     import boto3
     from botocore.config import Config
 
     return boto3.client("s3", config=Config(s3={"addressing_style": "path"},
-                                            retries={"max_attempts": 5, "mode": "standard"}))
+                                            **(METADATA_CONFIG if metadata else TRANSFER_CONFIG)))
 
 
 def list_files(uri: str) -> list[str]:
@@ -115,16 +128,17 @@ def buffered(body) -> IO[bytes]:
     return io.BufferedReader(_RawStream(body), buffer_size=1 << 20)
 
 
-def open_read(uri: str) -> IO[bytes]:
-    """A buffered binary stream of the file's bytes (S3 objects stream; not seekable)."""
+def open_read(uri: str, metadata: bool = False) -> IO[bytes]:
+    """A buffered binary stream of the file's bytes (S3 objects stream; not seekable).
+    `metadata`: a small document, read with the metadata client's short timeouts."""
     if is_s3(uri):
         bucket, key = _split_s3(uri)
-        return buffered(s3_client().get_object(Bucket=bucket, Key=key)["Body"])
+        return buffered(s3_client(metadata).get_object(Bucket=bucket, Key=key)["Body"])
     return open(uri, "rb")
 
 
-def read_bytes(uri: str) -> bytes:
-    with contextlib.closing(open_read(uri)) as stream:
+def read_bytes(uri: str, metadata: bool = False) -> bytes:
+    with contextlib.closing(open_read(uri, metadata)) as stream:
         return stream.read()
 
 
@@ -157,7 +171,7 @@ def exists(uri: str) -> bool:
         from botocore.exceptions import ClientError
 
         try:
-            s3_client().head_object(Bucket=bucket, Key=key)
+            s3_client(metadata=True).head_object(Bucket=bucket, Key=key)
         except ClientError as err:
             if not_found(err):
                 return False
@@ -272,7 +286,7 @@ def list_dirs(uri: str) -> list[str]:
         bucket, prefix = _split_s3(uri)
         prefix = prefix.rstrip("/") + "/" if prefix else ""
         names = []
-        for page in s3_client().get_paginator("list_objects_v2").paginate(
+        for page in s3_client(metadata=True).get_paginator("list_objects_v2").paginate(
                 Bucket=bucket, Prefix=prefix, Delimiter="/"):
             names += [p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", [])]
         return sorted(names)

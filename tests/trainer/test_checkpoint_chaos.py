@@ -483,11 +483,11 @@ MANIFEST_READ_PROBE = ONE_RANK_APP + textwrap.dedent("""
     ckpt.save(app, 4, 400, wait=True)
     ckpt.save(app, 8, 800, wait=True)
     real_read, failures = storage.read_bytes, {"left": 2}
-    def flaky(uri):
+    def flaky(uri, **kw):
         if "step_8/manifest" in uri and failures["left"] > 0:
             failures["left"] -= 1
             raise ReadTimeoutError(endpoint_url="http://s3:8333")
-        return real_read(uri)
+        return real_read(uri, **kw)
     storage.read_bytes = flaky
     out = {"blip": ckpt.load(app)["step"]}
     failures["left"] = 10**6

@@ -213,3 +213,61 @@ def test_a_run_stopped_by_a_store_outage_tells_the_operator_so(tmp_path, monkeyp
     assert train.run(args) == 2
     assert "crucible train: error: cannot list the checkpoints" in capsys.readouterr().err
     assert (log.read_text() or None) == (message and message + " for s3://crucible-test/run")
+
+
+def test_a_frozen_store_fails_a_load_before_the_other_ranks_give_up_waiting():
+    """Rank 0 lists and reads manifests, retried (Checkpointer's attempts, 1-2-4-8-16 s apart),
+    while every other rank waits in a broadcast the process group's timeout bounds. Against a
+    frozen store (connections accepted, nothing answered) each metadata call lasts at most its
+    attempts x (connect + read timeout) plus botocore's backoff between them: all of that must end
+    before the wait does, or the other ranks die in a collective timeout instead of stopping
+    with the reason. The figures are the real clients' and the real defaults."""
+    import inspect
+
+    from crucible.trainer import parallel
+    from crucible.trainer.checkpoint import Checkpointer
+
+    config = storage.s3_client(metadata=True).meta.config
+    attempts = config.retries["total_max_attempts"]   # botocore's: the first try and retries
+    # botocore's standard mode: attempt n waits up to 2**n s before the next (capped at 20 s).
+    per_call = attempts * (config.connect_timeout + config.read_timeout) + \
+        sum(min(2 ** n, 20) for n in range(1, attempts))
+    tries = inspect.signature(Checkpointer).parameters["upload_attempts"].default
+    worst = tries * per_call + sum(2 ** n for n in range(tries - 1))   # with_retries' backoff
+    wait = inspect.signature(parallel.init_distributed).parameters["timeout_s"].default
+    assert worst < 0.9 * wait, (worst, wait)
+    # ... while transfers keep botocore's own read timeout (per socket read, not per object).
+    assert storage.s3_client().meta.config.read_timeout == 60
+
+
+def test_listings_existence_checks_and_documents_use_the_metadata_client(monkeypatch):
+    """What a load asks the store before any checkpoint bytes (listing, HEAD, manifests and
+    markers) goes through the client with short timeouts; the calls are real (to a port nobody
+    listens on), the clients are recorded on the way."""
+    import socket
+
+    asked = []
+    real = storage.s3_client
+
+    def recorded(metadata=False):
+        asked.append(metadata)
+        return real(metadata)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    real.cache_clear()
+    monkeypatch.setattr(storage, "s3_client", recorded)
+    try:
+        for call in (lambda: storage.list_dirs("s3://bucket/run"),
+                     lambda: storage.exists("s3://bucket/run/step_4/manifest.json"),
+                     lambda: storage.read_bytes("s3://bucket/run/step_4/manifest.json",
+                                                metadata=True)):
+            with pytest.raises(Exception) as err:
+                call()
+            assert storage.unavailable(err.value), err.value
+    finally:
+        real.cache_clear()
+    assert asked == [True, True, True]
