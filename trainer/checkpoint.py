@@ -231,6 +231,7 @@ class Checkpointer:
         # may be in a collective on `self.group` at that very moment.
         self._busy_group = dist.new_group(backend="gloo")
         self._inflight: threading.Thread | None = None
+        self._fetch_outage = False
         self._inflight_step = 0
         self.store = CommitStore(self.uri, key)
         self.last_commit: Commit | None = None
@@ -328,12 +329,22 @@ class Checkpointer:
                     f"(hash {manifest['model_hash']} != {self.model_hash}); use a new "
                     "checkpoint.uri for a new model, or restore the model fields")
             folder, needed = None, []
+            self._fetch_outage = False   # set by _get when the store, not the commit, failed
             if problem is None:
                 folder, needed, problem = self._fetch(step, manifest, app)
             # One all-reduce decides for every rank at once: a rank must never quarantine a
             # commit that another rank loads. Only then are the reasons gathered, for the log.
             if not self._everyone_ok(problem is None):
-                self._quarantine(step, describe_problems(self._gather(problem)))
+                reports = self._gather((problem, self._fetch_outage))
+                outages = [why for why, away in reports if away]
+                if outages:
+                    # A download the store failed (through the retries) says nothing about the
+                    # commit: stop, quarantine nothing, as a listing the store fails does.
+                    self._clear_restore()
+                    raise StoreUnavailable(
+                        f"cannot fetch {step_name(step)}: {outages[0]}; the model is unchanged, "
+                        "and a restart loads the newest commit once the storage answers")
+                self._quarantine(step, describe_problems([why for why, _ in reports]))
                 continue
             dcp.load({"app": app}, storage_reader=SafeReader(str(folder)),
                      planner=load_planner())
@@ -464,6 +475,7 @@ class Checkpointer:
                     retry_if=lambda err: not storage.not_found(err))
             except Exception as err:  # noqa: BLE001 - becomes the commit's problem
                 uri = storage.join(self.uri, step_name(step), name)
+                self._fetch_outage = storage.unavailable(err)
                 return f"{name} cannot be downloaded ({storage.explain(err, uri)})"
         return verify(folder, {name: files[name] for name in names})
 

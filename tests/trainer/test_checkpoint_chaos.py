@@ -556,3 +556,49 @@ def test_a_store_failing_a_manifest_read_quarantines_nothing(tmp_path):
                                     "endpoint"), out
     assert out["committed"] == [4, 8] and out["loaded after"] == 8
     assert not list(uri.glob("*/quarantine*")) and "quarantined" not in run.stderr
+
+
+DOWNLOAD_PROBE = ONE_RANK_APP + textwrap.dedent("""
+    from botocore.exceptions import ReadTimeoutError
+    from crucible.trainer import storage
+    from crucible.trainer.checkpoint import StoreUnavailable
+    ckpt = Checkpointer(CheckpointSpec(uri=sys.argv[1], keep=3, **{"async": False}), job="probe",
+                        rank=0, world_size=1, local_rank=0, model_hash="m", config_hash="c",
+                        upload_attempts=2)
+    ckpt.save(app, 4, 400, wait=True)
+    ckpt.save(app, 8, 800, wait=True)
+    real_download = storage.download_file
+    def frozen(uri, local):
+        if "/step_8/" in uri:
+            raise ReadTimeoutError(endpoint_url="http://s3:8333")
+        return real_download(uri, local)
+    storage.download_file = frozen
+    out = {}
+    try:
+        out["loaded"] = ckpt.load(app)["step"]
+    except StoreUnavailable as err:
+        out["outage"] = str(err)
+    storage.download_file = real_download
+    out["committed"] = ckpt.store.committed_steps()
+    out["loaded after"] = ckpt.load(app)["step"]
+    print(json.dumps(out))
+    dist.destroy_process_group()
+""")
+
+
+def test_a_store_failing_a_download_stops_the_load_and_quarantines_nothing(ckpt):
+    """A checkpoint file the store fails to serve through the retries (a timeout: the store
+    frozen) says nothing about the commit: the load stops with StoreUnavailable, the model
+    unchanged, and the commit stays; once the store answers it loads. A real store cannot be
+    made to time out on one object on cue here: `storage.download_file` raises botocore's own
+    ReadTimeoutError for that step's files instead (the store, files and manifests are real)."""
+    uri, env = ckpt
+    run = subprocess.run([sys.executable, "-c", DOWNLOAD_PROBE, uri], capture_output=True,
+                         text=True, timeout=180, env={**os.environ, **env})
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert "loaded" not in out, out          # not a fall back to step 4: step 8 is not corrupt
+    assert out["outage"].startswith("cannot fetch step_8: .metadata cannot be downloaded "
+                                    "(cannot reach the S3 endpoint"), out
+    assert out["committed"] == [4, 8] and out["loaded after"] == 8, out
+    assert "quarantined" not in run.stderr
