@@ -255,21 +255,22 @@ class Checkpointer:
 
     # -- start-up checks ----------------------------------------------------------------------
     def probe(self) -> None:
-        """Prove the storage is writable before any step is spent (rank 0 tries, all learn)."""
-        problem = None
-        if self.rank == 0:
+        """Prove the storage is writable before any step is spent (rank 0 tries, all learn). A
+        store that does not answer is retried and then stops every rank with StoreUnavailable
+        (a restart during an outage must not read as the job's own failure); credentials or a
+        missing bucket fail at once (CheckpointError)."""
+        def write_and_read_back() -> str | None:
             key = storage.join(self.uri, f".probe-{os.uname().nodename}-{os.getpid()}")
-            try:
-                storage.write_bytes(key, b"crucible")
-                if storage.read_bytes(key) != b"crucible":
-                    problem = f"{key} did not read back what was written"
-                storage.delete_file(key)
-            except Exception as err:  # noqa: BLE001 - turned into one clear message below
-                problem = storage.explain(err, self.uri)
-        box = [problem]
-        dist.broadcast_object_list(box, src=0)
-        if box[0]:
-            raise CheckpointError(f"checkpoint storage is not usable: {box[0]}")
+            storage.write_bytes(key, b"crucible")
+            back = storage.read_bytes(key, metadata=True)
+            storage.delete_file(key)
+            return None if back == b"crucible" else f"{key} did not read back what was written"
+        outcome = self._rank0_outcome(write_and_read_back, "the storage probe",
+                                      retry_if=storage.unavailable)
+        if outcome[0] == "failed" or outcome[1] is not None:
+            away = outcome[0] == "failed" and outcome[2]
+            raise (StoreUnavailable if away else CheckpointError)(
+                f"checkpoint storage is not usable: {outcome[1]}")
 
     # -- fencing and listing --------------------------------------------------------------------
     def claim(self) -> None:
@@ -277,7 +278,10 @@ class Checkpointer:
         0 draws a fresh token and records it, every rank learns it."""
         box = [os.urandom(8).hex() if self.rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
-        self.store.claim(box[0], write=self.rank == 0)
+        self.store.claim(box[0], write=False)
+        # Rank 0's write is retried, and a store that stays away stops every rank (none waits
+        # in a later collective for a rank 0 that died here).
+        self._on_rank0(lambda: self.store.claim(box[0], write=True), "claim the checkpoints")
 
     def newest_committed(self, max_step: int | None = None) -> int:
         """The newest committed step (at or below `max_step`), 0 if none: rank 0 lists, every
@@ -417,22 +421,30 @@ class Checkpointer:
         ListObjectsV2 for minutes), so it is retried with backoff; if it still fails every rank
         stops with rank 0's reason (CheckpointError), none is left waiting for a broadcast that
         never comes, and nothing is quarantined for the store's fault."""
+        outcome = self._rank0_outcome(read, what)
+        if outcome[0] == "failed":
+            _, reason, away = outcome
+            error = StoreUnavailable if away else CheckpointError
+            raise error(f"cannot {what}: {reason}; the model is unchanged, and a restart loads "
+                        "the newest commit once the storage answers")
+        return outcome[1]
+
+    def _rank0_outcome(self, action: Callable[[], T], what: str,
+                       retry_if: Callable[[BaseException], bool] = lambda err: True) -> tuple:
+        """`action` run by rank 0 with retries, told to every rank: ("ok", its result), or
+        ("failed", the reason in one line, whether it was the store's absence)."""
         box: list = [None]
         if self.rank == 0:
             try:
-                box[0] = ("ok", with_retries(read, what, self.upload_attempts))
+                box[0] = ("ok", with_retries(action, what, self.upload_attempts,
+                                             retry_if=retry_if))
             except Exception as err:  # noqa: BLE001 - told to every rank as one line below
                 try:
                     box[0] = ("failed", storage.explain(err, self.uri), storage.unavailable(err))
                 except Exception:  # noqa: BLE001 - the reason must reach the other ranks
                     box[0] = ("failed", f"{self.uri}: {type(err).__name__}: {err}", False)
         dist.broadcast_object_list(box, src=0)
-        if box[0][0] == "failed":
-            _, reason, away = box[0]
-            error = StoreUnavailable if away else CheckpointError
-            raise error(f"cannot {what}: {reason}; the model is unchanged, and a restart loads "
-                        "the newest commit once the storage answers")
-        return box[0][1]
+        return box[0]
 
     def _fetch(self, step: int, manifest: dict,
                app: AppState) -> tuple[Path, list[str], str | None]:

@@ -442,6 +442,13 @@ LISTING_PROBE = ONE_RANK_APP + textwrap.dedent("""
         ckpt.load(app)
     except CheckpointError as err:
         out["unreachable"] = f"{type(err).__name__}: {err}"
+    # A start's storage probe and claim, each tried once here (botocore's own retries inside).
+    ckpt.upload_attempts = 1
+    for name, call in (("probe", ckpt.probe), ("claim", ckpt.claim)):
+        try:
+            call()
+        except CheckpointError as err:
+            out[f"unreachable: {name}"] = f"{type(err).__name__}: {err}"
     print(json.dumps(out))
     dist.destroy_process_group()
 """)
@@ -469,9 +476,14 @@ def test_a_load_waits_out_a_store_that_is_briefly_away_and_names_one_that_stays_
             f"CheckpointError: cannot list the checkpoints: bucket of s3://{never}/run does not "
             "exist"), out
     assert stayed_away.count("retry 3/3") == 2 and "Traceback" not in run.stderr
-    # No store at the endpoint: StoreUnavailable, which `crucible train` reports as an outage.
+    # No store at the endpoint: StoreUnavailable, which `crucible train` reports as an outage,
+    # from the listing, the start's storage probe and its claim alike.
     assert out["unreachable"].startswith("StoreUnavailable: cannot list the checkpoints: cannot "
                                          "reach the S3 endpoint"), out
+    assert out["unreachable: probe"].startswith("StoreUnavailable: checkpoint storage is not "
+                                                "usable: cannot reach the S3 endpoint"), out
+    assert out["unreachable: claim"].startswith("StoreUnavailable: cannot claim the checkpoints: "
+                                                "cannot reach the S3 endpoint"), out
 
 
 MANIFEST_READ_PROBE = ONE_RANK_APP + textwrap.dedent("""
