@@ -27,7 +27,7 @@ MAX_BAD_NODES = 32     # anti-affinity list per job; older entries drop off
 
 def restart_needed(p: Pass, current: dict[int, PodView]) -> bool:
     """Checks that restart the group (or fail the job), in order; True if one fired."""
-    ft, want = p.spec.fault_tolerance, m.spec_hash(p.spec)
+    want = m.spec_hash(p.spec)
     if any(pod.spec_hash and pod.spec_hash != want and not pod.deleting
            for pod in current.values()):
         p.bump("SpecChanged", "the spec changed what the pods run")
@@ -41,7 +41,7 @@ def restart_needed(p: Pass, current: dict[int, PodView]) -> bool:
     fresh = [pod for pod in current.values() if pod.uid not in p.handled]
     short = capacity.short_of_capacity(p, current)
     for pod in fresh:
-        failure = f.pod_failure(pod, ft)
+        failure = pod_failure(p, pod)
         if failure and failure.counted and short:
             # Fewer than nodes.min pods ever had a node: the rendezvous could not complete, so
             # this exit is the survivors giving up on it (rendezvousTimeoutSeconds), not the
@@ -72,14 +72,21 @@ def restart_needed(p: Pass, current: dict[int, PodView]) -> bool:
     return _hang(p)
 
 
+def pod_failure(p: Pass, pod: PodView) -> f.Failure | None:
+    """`failures.pod_failure` for this job: whether its checkpoint storage has answered it (a
+    commit is recorded) decides how a stop for the store's outage counts."""
+    return f.pod_failure(pod, p.spec.fault_tolerance,
+                         store_answered=bool(p.status.get("lastCheckpoint")))
+
+
 def _store_lost(p: Pass, current: dict[int, PodView]) -> f.Failure | None:
     """Why pod 0, the c10d store's host, is gone or going for a reason not the program's: it
     failed for infrastructure (deleted, evicted, OOMKilled, a signal), vanished, or sits on a
     node that has failed while another pod has already exited (the survivors do once the
     store stops answering, long before the node's grace ends)."""
-    ft, pod = p.spec.fault_tolerance, current.get(0)
+    pod = current.get(0)
     if pod is not None and pod.uid not in p.handled:
-        failure = f.pod_failure(pod, ft)
+        failure = pod_failure(p, pod)
         if failure is None and pod.deleting:
             failure = f.deleted_failure(pod)
         if failure is not None:
@@ -92,7 +99,7 @@ def _store_lost(p: Pass, current: dict[int, PodView]) -> f.Failure | None:
         return None
     broken = p.node_broken(pod.node)
     exited = [other for other in current.values() if other.index != 0
-              and other.uid not in p.handled and f.pod_failure(other, ft) is not None]
+              and other.uid not in p.handled and pod_failure(p, other) is not None]
     if broken is not None and exited and not pod.terminated:
         # Restart without waiting out the grace; the node itself is judged only after it
         # (a new pod 0 lands elsewhere anyway: the scheduler avoids a NotReady node).
@@ -421,7 +428,7 @@ def _hang(p: Pass) -> bool:
 def replace_and_create(p: Pass, current: dict[int, PodView]):
     ft = p.spec.fault_tolerance
     for pod in current.values():
-        failure = f.pod_failure(pod, ft)
+        failure = pod_failure(p, pod)
         if failure is None and pod.deleting and pod.uid not in p.handled:
             failure = f.deleted_failure(pod)
         if failure is not None and pod.uid not in p.handled:

@@ -56,8 +56,10 @@ class Failure:
         return self.kind == APPLICATION
 
 
-def pod_failure(pod: PodView, ft: FaultToleranceSpec) -> Failure | None:
-    """Why a pod in phase Failed failed; None for a pod that has not failed."""
+def pod_failure(pod: PodView, ft: FaultToleranceSpec, *,
+                store_answered: bool = False) -> Failure | None:
+    """Why a pod in phase Failed failed; None for a pod that has not failed. `store_answered`:
+    the job has committed a checkpoint, so its storage settings have worked."""
     if pod.phase != "Failed":
         return None
     where = f"pod {pod.name}" + (f" on {pod.node}" if pod.node else "")
@@ -90,11 +92,17 @@ def pod_failure(pod: PodView, ft: FaultToleranceSpec) -> Failure | None:
     message = (pod.terminated_message or "").strip()
     if message.startswith(f"{STORAGE_UNAVAILABLE}:"):
         # The trainer's checkpoint store did not answer through its retries: an outage of a
-        # service the job depends on, not the job's fault. A tenant's own code writes this
-        # message, so it can only spare its own job's budget, as retryableExitCodes can.
+        # service the job depends on, not the job's fault, once the job has committed there
+        # (its endpoint and network have worked). Before that it is as likely a wrong endpoint
+        # or a blocked egress, which no restart fixes: counted, so such a job fails rather than
+        # restarting for ever. A tenant's own code writes this message, so it can only spare
+        # its own job's budget, as retryableExitCodes can.
         why = message[len(STORAGE_UNAVAILABLE) + 1:].strip()[:200]
-        return Failure(STORAGE_UNAVAILABLE, INFRASTRUCTURE,
-                       f"{where} stopped: its checkpoint storage did not answer ({why})")
+        said = f"{where} stopped: its checkpoint storage did not answer ({why})"
+        if store_answered:
+            return Failure(STORAGE_UNAVAILABLE, INFRASTRUCTURE, said)
+        return Failure(STORAGE_UNAVAILABLE, APPLICATION, said + "; counted: the job has no "
+                       "commit there yet, so check checkpoint.uri, AWS_ENDPOINT_URL and egress")
     detail = f": {pod.terminated_message.strip()[:200]}" if pod.terminated_message else ""
     return Failure("ApplicationError", APPLICATION, f"{where} exited with {code}{detail}")
 

@@ -261,9 +261,9 @@ class Checkpointer:
         missing bucket fail at once (CheckpointError)."""
         def write_and_read_back() -> str | None:
             key = storage.join(self.uri, f".probe-{os.uname().nodename}-{os.getpid()}")
-            storage.write_bytes(key, b"crucible")
+            storage.write_bytes(key, b"crucible", metadata=True)
             back = storage.read_bytes(key, metadata=True)
-            storage.delete_file(key)
+            storage.delete_file(key, metadata=True)
             return None if back == b"crucible" else f"{key} did not read back what was written"
         outcome = self._rank0_outcome(write_and_read_back, "the storage probe",
                                       retry_if=storage.unavailable)

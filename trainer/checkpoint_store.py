@@ -108,14 +108,20 @@ class CommitStore:
     def _write_token(self) -> None:
         storage.write_bytes(storage.join(self.uri, INCARNATION), self._doc(
             {"token": self.incarnation, "time": time.time(), "generation": self.generation},
-            "incarnation"))
+            "incarnation"), metadata=True)
 
     def _owner_generation(self) -> int:
         """The generation of the token under the URI now (0: none, or none this run trusts)."""
         try:
             doc = self._read_doc(storage.join(self.uri, INCARNATION), "incarnation")
-        except Exception:  # noqa: BLE001 - no token (the first start), or an unreadable one
+        except (ValueError, RecursionError):   # an unreadable token: none this run trusts
             return 0
+        except Exception as err:  # noqa: BLE001 - storage errors come in many classes
+            if storage.not_found(err):   # no token: the first start
+                return 0
+            # The store failed: counting from 0 would make an older start still running take
+            # this claim for a replay (the caller retries the claim).
+            raise
         generation = doc.get("generation") if isinstance(doc, dict) else None
         return generation if isinstance(generation, int) and generation >= 0 else 0
 
@@ -150,9 +156,10 @@ class CommitStore:
     def manifest_steps(self) -> list[int]:
         """Steps with a commit manifest and no quarantine marker (with a key: no validly signed
         one), oldest first: what a load tries, verifying each."""
-        steps = [parse_step(name) for name in storage.list_dirs(self.uri)]
+        steps = [parse_step(name) for name in storage.list_dirs(self.uri, metadata=True)]
         return sorted(s for s in steps if s is not None
-                      and storage.exists(storage.join(self.uri, step_name(s), MANIFEST))
+                      and storage.exists(storage.join(self.uri, step_name(s), MANIFEST),
+                                         metadata=True)
                       and not self._quarantined(s))
 
     def committed_steps(self) -> list[int]:
@@ -166,7 +173,7 @@ class CommitStore:
         it, for this very step (a signed marker copied to another folder is a replay); anything
         else is ignored, whatever makes it unreadable."""
         marker = storage.join(self.uri, step_name(step), QUARANTINE)
-        if not storage.exists(marker):
+        if not storage.exists(marker, metadata=True):
             return False
         if self.key is None:
             return True
@@ -196,8 +203,14 @@ class CommitStore:
         try:
             manifest = json.loads(storage.read_bytes(
                 storage.join(self.uri, step_name(step), MANIFEST), metadata=True))
-        except Exception:  # noqa: BLE001 - not verifiable
+        except (ValueError, RecursionError):   # not JSON: not verifiable
             return False
+        except Exception as err:  # noqa: BLE001 - storage errors come in many classes
+            if storage.not_found(err):
+                return False
+            # The store failed, not the manifest: a commit left out of the list for a timeout
+            # would be pruned as an abandoned save. The caller retries, or skips this pass.
+            raise
         return (manifest_problem(manifest, step) is None
                 and signature_problem(manifest, self.key) is None)
 

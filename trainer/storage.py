@@ -55,13 +55,21 @@ METADATA_CONFIG = {"connect_timeout": 5, "read_timeout": 20,
 TRANSFER_CONFIG = {"retries": {"max_attempts": 5, "mode": "standard"}}
 
 
-@cache
 def s3_client(metadata: bool = False):
+    """The process's S3 client: the metadata one (short timeouts) or the transfer one."""
+    return _client(bool(metadata))
+
+
+@cache
+def _client(metadata: bool):
     import boto3
     from botocore.config import Config
 
     return boto3.client("s3", config=Config(s3={"addressing_style": "path"},
                                             **(METADATA_CONFIG if metadata else TRANSFER_CONFIG)))
+
+
+s3_client.cache_clear = _client.cache_clear   # a test's new endpoint needs new clients
 
 
 def list_files(uri: str) -> list[str]:
@@ -165,13 +173,14 @@ def not_found(err: BaseException) -> bool:
     return response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
 
 
-def exists(uri: str) -> bool:
+def exists(uri: str, metadata: bool = False) -> bool:
+    """Whether the file is there (`metadata`: with the short-timeout client, as `read_bytes`)."""
     if is_s3(uri):
         bucket, key = _split_s3(uri)
         from botocore.exceptions import ClientError
 
         try:
-            s3_client(metadata=True).head_object(Bucket=bucket, Key=key)
+            s3_client(metadata).head_object(Bucket=bucket, Key=key)
         except ClientError as err:
             if not_found(err):
                 return False
@@ -181,14 +190,14 @@ def exists(uri: str) -> bool:
 
 
 @contextlib.contextmanager
-def open_write(uri: str) -> Iterator[IO[bytes]]:
+def open_write(uri: str, metadata: bool = False) -> Iterator[IO[bytes]]:
     """Write `uri` atomically: readers see the old file (or none) until the block succeeds."""
     if is_s3(uri):
         with tempfile.TemporaryFile() as spool:
             yield spool
             spool.seek(0)
             bucket, key = _split_s3(uri)
-            s3_client().upload_fileobj(spool, bucket, key)
+            s3_client(metadata).upload_fileobj(spool, bucket, key)
         return
     target = Path(uri)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -216,8 +225,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_bytes(uri: str, data: bytes) -> None:
-    with open_write(uri) as out:
+def write_bytes(uri: str, data: bytes, metadata: bool = False) -> None:
+    """Write a whole file atomically (`metadata`: a small document, short-timeout client)."""
+    with open_write(uri, metadata) as out:
         out.write(data)
 
 
@@ -251,10 +261,10 @@ def download_file(uri: str, local: str | Path) -> None:
             out.write(chunk)
 
 
-def delete_file(uri: str) -> None:
+def delete_file(uri: str, metadata: bool = False) -> None:
     if is_s3(uri):
         bucket, key = _split_s3(uri)
-        s3_client().delete_object(Bucket=bucket, Key=key)
+        s3_client(metadata).delete_object(Bucket=bucket, Key=key)
     else:
         Path(uri).unlink(missing_ok=True)
 
@@ -280,13 +290,14 @@ def delete_tree(uri: str) -> int:
     return count
 
 
-def list_dirs(uri: str) -> list[str]:
-    """Immediate sub-folder names under `uri` (S3: common prefixes), sorted."""
+def list_dirs(uri: str, metadata: bool = False) -> list[str]:
+    """Immediate sub-folder names under `uri` (S3: common prefixes), sorted (`metadata`: with
+    the short-timeout client)."""
     if is_s3(uri):
         bucket, prefix = _split_s3(uri)
         prefix = prefix.rstrip("/") + "/" if prefix else ""
         names = []
-        for page in s3_client(metadata=True).get_paginator("list_objects_v2").paginate(
+        for page in s3_client(metadata).get_paginator("list_objects_v2").paginate(
                 Bucket=bucket, Prefix=prefix, Delimiter="/"):
             names += [p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", [])]
         return sorted(names)
@@ -302,17 +313,39 @@ _UNAVAILABLE_CODES = frozenset({"500", "502", "503", "504", "InternalError", "Se
                                 "SlowDown", "RequestTimeout"})
 
 
+# A body cut off or stalled mid-read (botocore raises these from the stream, not the request).
+_CUT_OFF = frozenset({"IncompleteReadError", "ResponseStreamingError", "ReadTimeoutError",
+                      "ProtocolError", "IncompleteRead"})
+
+
 def unavailable(err: BaseException) -> bool:
     """Whether a storage failure is the store's absence rather than a problem a person must fix
     (credentials, a missing bucket or object, a bad URI): a later try may succeed as it is."""
-    if type(err).__name__ in _UNREACHABLE or isinstance(err, (ConnectionError, TimeoutError)):
+    err = _cause(err)
+    name = type(err).__name__
+    if name in _UNREACHABLE or name in _CUT_OFF or isinstance(err, (ConnectionError, TimeoutError)):
         return True
-    code = str((getattr(err, "response", None) or {}).get("Error", {}).get("Code", ""))
-    return code in _UNAVAILABLE_CODES
+    response = getattr(err, "response", None) or {}
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+    code = str(response.get("Error", {}).get("Code", ""))
+    # Any 5xx or 429 (throttled), whatever the server names it (S3, MinIO, Ceph RGW differ).
+    return code in _UNAVAILABLE_CODES or status >= 500 or status == 429
+
+
+def _cause(err: BaseException) -> BaseException:
+    """The error behind boto3's and s3transfer's RetriesExceededError (a download whose body was
+    cut off or stalled on every try), which carries it as `last_exception`."""
+    for _ in range(5):
+        inner = getattr(err, "last_exception", None)
+        if not isinstance(inner, BaseException):
+            return err
+        err = inner
+    return err
 
 
 def explain(err: BaseException, uri: str) -> str:
     """A one-line description of a storage failure with what to check, never the secret."""
+    err = _cause(err)
     name = type(err).__name__
     # botocore's HTTPClientError family (ReadTimeoutError, ConnectionClosedError: a store frozen
     # or restarting) has `response = None`.
@@ -330,8 +363,7 @@ def explain(err: BaseException, uri: str) -> str:
         # A HEAD (boto3's download_file starts with one) has no body to say which is missing.
         bucket = ", or no such bucket" if code == "404" else ""
         return f"{uri} is not there ({code}: no such object{bucket})"
-    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError",
-                "ReadTimeoutError"):
+    if name in _UNREACHABLE or name in _CUT_OFF:
         endpoint = os.environ.get("AWS_ENDPOINT_URL", "the default AWS endpoint")
         return f"cannot reach the S3 endpoint for {uri} ({endpoint}): {name}"
     if isinstance(err, PermissionError):

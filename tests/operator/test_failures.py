@@ -17,8 +17,9 @@ FT = b.spec(faultTolerance={"retryableExitCodes": [75],
     (dict(exit_code=127), "ApplicationError", "application"),
     (dict(exit_code=75), "RetryableExitCode", "infrastructure"),
     # The trainer's checkpoint store did not answer (its termination message says so): an outage.
+    # (Counted while the job has no commit: see the test below; this table's jobs have none.)
     (dict(exit_code=1, terminated_message="StorageUnavailable: cannot list the checkpoints: "
-          "cannot reach the S3 endpoint"), "StorageUnavailable", "infrastructure"),
+          "cannot reach the S3 endpoint"), "StorageUnavailable", "application"),
     (dict(exit_code=1, terminated_message="oops: StorageUnavailable: quoted"), "ApplicationError",
      "application"),
     (dict(exit_code=1, terminated_message="stopped by the stability guard: ..."),
@@ -114,3 +115,16 @@ def test_an_oom_whose_exit_code_is_listed_as_retryable_is_infrastructure_again()
     failure = f.pod_failure(b.pod(0, 1, phase="Failed", exit_code=137,
                                   terminated_reason="OOMKilled"), ft)
     assert (failure.cause, failure.kind) == ("Signal", "infrastructure")
+
+
+def test_a_stop_for_the_stores_outage_counts_until_the_job_has_committed_there():
+    """`StorageUnavailable:` is an outage (not counted) once the job has committed a checkpoint,
+    its storage settings proven; before that it may as well be a wrong endpoint or a blocked
+    egress, which no restart fixes: counted, so the job fails instead of restarting for ever."""
+    pod = b.pod(0, 1, phase="Failed", exit_code=1, terminated_message="StorageUnavailable: "
+                "cannot list the checkpoints: cannot reach the S3 endpoint for s3://b/run")
+    outage = f.pod_failure(pod, FT, store_answered=True)
+    assert (outage.cause, outage.counted) == ("StorageUnavailable", False)
+    first = f.pod_failure(pod, FT)
+    assert (first.cause, first.counted) == ("StorageUnavailable", True)
+    assert "AWS_ENDPOINT_URL" in first.message

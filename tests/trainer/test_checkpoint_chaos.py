@@ -580,9 +580,10 @@ DOWNLOAD_PROBE = ONE_RANK_APP + textwrap.dedent("""
     ckpt.save(app, 4, 400, wait=True)
     ckpt.save(app, 8, 800, wait=True)
     real_download = storage.download_file
+    from boto3.exceptions import RetriesExceededError
     def frozen(uri, local):
-        if "/step_8/" in uri:
-            raise ReadTimeoutError(endpoint_url="http://s3:8333")
+        if "/step_8/" in uri:   # what boto3's download_file raises once every try's body stalled
+            raise RetriesExceededError(ReadTimeoutError(endpoint_url="http://s3:8333"))
         return real_download(uri, local)
     storage.download_file = frozen
     out = {}
@@ -602,8 +603,9 @@ def test_a_store_failing_a_download_stops_the_load_and_quarantines_nothing(ckpt)
     """A checkpoint file the store fails to serve through the retries (a timeout: the store
     frozen) says nothing about the commit: the load stops with StoreUnavailable, the model
     unchanged, and the commit stays; once the store answers it loads. A real store cannot be
-    made to time out on one object on cue here: `storage.download_file` raises botocore's own
-    ReadTimeoutError for that step's files instead (the store, files and manifests are real)."""
+    made to stall one object's body on cue here: `storage.download_file` raises for that step's
+    files what boto3's own download_file raises then, a RetriesExceededError around botocore's
+    ReadTimeoutError (the store, files and manifests are real)."""
     uri, env = ckpt
     run = subprocess.run([sys.executable, "-c", DOWNLOAD_PROBE, uri], capture_output=True,
                          text=True, timeout=180, env={**os.environ, **env})

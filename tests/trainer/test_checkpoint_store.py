@@ -183,3 +183,39 @@ def test_step_folders_are_ascii_digits_only(tmp_path):
     (tmp_path / "step_\u00b2").mkdir()
     (tmp_path / "step_\u00b2" / "manifest.json").write_text("{}")
     assert store.committed_steps() == [10]
+
+
+def test_a_manifest_read_the_store_fails_prunes_nothing_and_is_not_taken_for_no_token(
+        tmp_path, monkeypatch):
+    """With a key, retention keeps only commits whose manifest verifies and prunes the other
+    folders older than the newest. A read the store fails (a timeout) says nothing about the
+    manifest: the pass is skipped (retried after the next commit), never deleting the commit it
+    could not read; and a claim whose read of the owner token fails is retried, not made from
+    generation 0 (an older start still running would take it for a replay)."""
+    from botocore.exceptions import ReadTimeoutError
+
+    from crucible.trainer import storage
+
+    store = _store(tmp_path)
+    for step in (10, 20, 30, 40):
+        _manifest(tmp_path, step, KEY)
+    real_read = storage.read_bytes
+    blips = {"step_20": 1}                           # step 20's manifest fails once, then reads
+
+    def flaky(uri, **kw):
+        for part, left in blips.items():
+            if part in uri and left > 0:
+                blips[part] -= 1
+                raise ReadTimeoutError(endpoint_url="http://s3:8333")
+        return real_read(uri, **kw)
+    monkeypatch.setattr(storage, "read_bytes", flaky)
+    store.prune(40, keep=3, keep_every=0)
+    assert sorted(int(p.name[5:]) for p in tmp_path.glob("step_*")) == [10, 20, 30, 40]
+    blips["incarnation"] = 10**6                     # the owner token cannot be read
+    with pytest.raises(ReadTimeoutError):
+        store.claim("next", write=True)
+    monkeypatch.setattr(storage, "read_bytes", real_read)   # the store answers again
+    store.claim("next", write=True)                    # the claim's retry
+    assert store._owner_generation() == 2              # counted on from the first claim's 1
+    store.prune(40, keep=3, keep_every=0)
+    assert sorted(int(p.name[5:]) for p in tmp_path.glob("step_*")) == [20, 30, 40]

@@ -104,18 +104,33 @@ def test_a_store_that_does_not_answer_is_told_from_one_a_person_must_fix():
     from botocore.exceptions import (ClientError, ConnectionClosedError, ConnectTimeoutError,
                                      EndpointConnectionError, NoCredentialsError, ReadTimeoutError)
 
+    from boto3.exceptions import RetriesExceededError
+    from botocore.exceptions import IncompleteReadError
+
     def answered(code: str) -> ClientError:
         return ClientError({"Error": {"Code": code, "Message": "x"}}, "ListObjectsV2")
+
+    def statused(code: str, status: int) -> ClientError:
+        return ClientError({"Error": {"Code": code, "Message": "x"},
+                            "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
 
     away = [ReadTimeoutError(endpoint_url="http://s3:8333"),
             ConnectionClosedError(endpoint_url="http://s3:8333"),
             ConnectTimeoutError(endpoint_url="http://s3:8333"),
             EndpointConnectionError(endpoint_url="http://s3:8333"),
             ConnectionRefusedError(111, "refused"),
-            answered("503"), answered("SlowDown"), answered("InternalError")]
+            answered("503"), answered("SlowDown"), answered("InternalError"),
+            # 5xx and 429 whatever the server calls them (MinIO, Ceph RGW name their own)
+            statused("XMinioServerNotInitialized", 503), statused("TooManyRequests", 429),
+            # a body cut off or stalled mid-read
+            IncompleteReadError(actual_bytes=3, expected_bytes=10),
+            # boto3's download_file after every try's body was cut off
+            RetriesExceededError(ReadTimeoutError(endpoint_url="http://s3:8333"))]
     to_fix = [NoCredentialsError(), answered("AccessDenied"), answered("NoSuchBucket"),
               answered("404"), answered("NoSuchKey"), answered("InvalidAccessKeyId"),
-              PermissionError(13, "denied"), ValueError("bad manifest")]
+              PermissionError(13, "denied"), ValueError("bad manifest"),
+              statused("ExpiredToken", 400), statused("AccessDenied", 403),
+              RetriesExceededError(answered("AccessDenied"))]
     assert [storage.unavailable(err) for err in away] == [True] * len(away)
     assert [storage.unavailable(err) for err in to_fix] == [False] * len(to_fix)
 
@@ -201,7 +216,9 @@ def test_a_run_stopped_by_a_store_outage_tells_the_operator_so(tmp_path, monkeyp
     cfg = job_config(corpus, tmp_path / "out")
     cfg["checkpoint"] = {"uri": "s3://crucible-test/run"}
     log = tmp_path / "termination-log"
-    log.touch()   # Kubernetes creates it; the trainer writes only into one that exists
+    # Kubernetes creates it (the trainer writes only into one that exists); an earlier attempt
+    # in the same pod (torchrun restarts its workers in place) left its own reason there.
+    log.write_text("StorageUnavailable: an earlier attempt's outage")
     monkeypatch.setattr(train, "TERMINATION_LOG", str(log))
 
     def stopped(*_, **__):
@@ -241,16 +258,19 @@ def test_a_frozen_store_fails_a_load_before_the_other_ranks_give_up_waiting():
 
 
 def test_listings_existence_checks_and_documents_use_the_metadata_client(monkeypatch):
-    """What a load asks the store before any checkpoint bytes (listing, HEAD, manifests and
-    markers) goes through the client with short timeouts; the calls are real (to a port nobody
-    listens on), the clients are recorded on the way."""
+    """What a load asks the store before any checkpoint bytes (the listing, HEADs, manifests and
+    markers) and a start's claim go through the client with short timeouts; other users of
+    `storage` (the corpus pipeline's polls, big listings) keep the transfer client. The calls
+    are real (to a port nobody listens on); the clients asked for are recorded on the way."""
     import socket
+
+    from crucible.trainer.checkpoint_store import CommitStore
 
     asked = []
     real = storage.s3_client
 
     def recorded(metadata=False):
-        asked.append(metadata)
+        asked.append(bool(metadata))
         return real(metadata)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -260,14 +280,17 @@ def test_listings_existence_checks_and_documents_use_the_metadata_client(monkeyp
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     real.cache_clear()
     monkeypatch.setattr(storage, "s3_client", recorded)
+    store = CommitStore("s3://bucket/run", None)
     try:
-        for call in (lambda: storage.list_dirs("s3://bucket/run"),
-                     lambda: storage.exists("s3://bucket/run/step_4/manifest.json"),
-                     lambda: storage.read_bytes("s3://bucket/run/step_4/manifest.json",
-                                                metadata=True)):
+        for call in (store.manifest_steps, lambda: store.read_commit(4),
+                     lambda: store.claim("token", write=True)):
             with pytest.raises(Exception) as err:
                 call()
             assert storage.unavailable(err.value), err.value
+        assert asked and all(asked), asked
+        asked.clear()
+        with pytest.raises(Exception):
+            storage.exists("s3://bucket/corpus/_SUCCESS")
+        assert asked == [False]
     finally:
         real.cache_clear()
-    assert asked == [True, True, True]

@@ -58,6 +58,9 @@ def _train(args: argparse.Namespace) -> int:
     from crucible.api.spec import ConfigError, load_train_config
     from crucible.trainer.cli import UserError
 
+    # torchrun restarts its workers inside the pod: an earlier attempt's message (an outage, say)
+    # must not stand for how this one ends.
+    _termination_message("")
     try:
         cfg = load_train_config(args.config)
     except ConfigError as err:
