@@ -128,18 +128,33 @@ def job_hashes(cfg) -> tuple[str, str]:
     return stable_hash(cfg.model.to_arch().fingerprint()), stable_hash(settings)
 
 
+# How long rank 0 may retry a read every other rank waits for in a broadcast on the default
+# group (init_distributed's 600 s timeout): the deadline plus one more metadata call (~80 s with
+# storage.METADATA_CONFIG) ends inside it.
+RANK0_DEADLINE_S = 420.0
+# How long a rank may retry its downloads before the all-reduce on the checkpoint group (gloo,
+# torch's default 30 min): the deadline plus one more transfer call (botocore's 60 s connect
+# and read timeouts, 6 attempts: ~13 min) ends inside it.
+DOWNLOAD_DEADLINE_S = 900.0
+
+
 def with_retries(action: Callable[[], T], what: str, attempts: int = 6, base_delay_s: float = 1.0,
                  sleep: Callable[[float], None] = time.sleep,
-                 retry_if: Callable[[BaseException], bool] = lambda err: True) -> T:
+                 retry_if: Callable[[BaseException], bool] = lambda err: True,
+                 deadline_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> T:
     """Run `action` and return its result, retrying with exponential backoff (1, 2, 4, ... s)
-    the errors `retry_if` accepts; re-raise the last error (or the first one it refuses)."""
+    the errors `retry_if` accepts; re-raise the last error (or the first one it refuses). No
+    attempt starts `deadline_s` or more after the first began: ranks wait for this one in a
+    collective whose timeout must not run out first."""
+    start = clock()
     for attempt in range(attempts):
         try:
             return action()
         except Exception as err:  # noqa: BLE001 - storage errors come in many classes; re-raised
-            if attempt == attempts - 1 or not retry_if(err):
-                raise
             delay = base_delay_s * 2**attempt
+            late = deadline_s is not None and clock() - start + delay >= deadline_s
+            if attempt == attempts - 1 or not retry_if(err) or late:
+                raise
             log.warning("%s failed (%s); retry %d/%d in %.0fs", what, type(err).__name__,
                         attempt + 1, attempts - 1, delay)
             sleep(delay)
@@ -437,7 +452,7 @@ class Checkpointer:
         if self.rank == 0:
             try:
                 box[0] = ("ok", with_retries(action, what, self.upload_attempts,
-                                             retry_if=retry_if))
+                                             retry_if=retry_if, deadline_s=RANK0_DEADLINE_S))
             except Exception as err:  # noqa: BLE001 - told to every rank as one line below
                 try:
                     box[0] = ("failed", storage.explain(err, self.uri), storage.unavailable(err))
@@ -484,7 +499,7 @@ class Checkpointer:
                 with_retries(lambda n=name: storage.download_file(
                     storage.join(self.uri, step_name(step), n), folder / n),
                     f"download of {name}", self.upload_attempts,
-                    retry_if=lambda err: not storage.not_found(err))
+                    retry_if=lambda err: not storage.not_found(err), deadline_s=DOWNLOAD_DEADLINE_S)
             except Exception as err:  # noqa: BLE001 - becomes the commit's problem
                 uri = storage.join(self.uri, step_name(step), name)
                 self._fetch_outage = storage.unavailable(err)

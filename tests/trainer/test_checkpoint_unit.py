@@ -241,7 +241,7 @@ def test_a_frozen_store_fails_a_load_before_the_other_ranks_give_up_waiting():
     with the reason. The figures are the real clients' and the real defaults."""
     import inspect
 
-    from crucible.trainer import parallel
+    from crucible.trainer import checkpoint, parallel
     from crucible.trainer.checkpoint import Checkpointer
 
     config = storage.s3_client(metadata=True).meta.config
@@ -251,10 +251,24 @@ def test_a_frozen_store_fails_a_load_before_the_other_ranks_give_up_waiting():
         sum(min(2 ** n, 20) for n in range(1, attempts))
     tries = inspect.signature(Checkpointer).parameters["upload_attempts"].default
     worst = tries * per_call + sum(2 ** n for n in range(tries - 1))   # with_retries' backoff
+    # No retry starts past the deadline: the last attempt began before it.
+    worst = min(worst, checkpoint.RANK0_DEADLINE_S + per_call)
     wait = inspect.signature(parallel.init_distributed).parameters["timeout_s"].default
     assert worst < 0.9 * wait, (worst, wait)
-    # ... while transfers keep botocore's own read timeout (per socket read, not per object).
-    assert storage.s3_client().meta.config.read_timeout == 60
+    # Downloads keep botocore's own timeouts (per socket read, not per object); each rank's are
+    # waited for in an all-reduce on the checkpoint group (gloo: torch's default timeout).
+    from datetime import timedelta
+
+    from torch.distributed import distributed_c10d
+
+    transfer = storage.s3_client().meta.config
+    assert transfer.read_timeout == 60
+    per_download = transfer.retries["total_max_attempts"] * (
+        transfer.connect_timeout + transfer.read_timeout) + \
+        sum(min(2 ** n, 20) for n in range(1, transfer.retries["total_max_attempts"]))
+    group_wait = distributed_c10d._get_default_timeout("gloo") / timedelta(seconds=1)
+    assert checkpoint.DOWNLOAD_DEADLINE_S + per_download < 0.95 * group_wait, \
+        (per_download, group_wait)
 
 
 def test_listings_existence_checks_and_documents_use_the_metadata_client(monkeypatch):
@@ -294,3 +308,20 @@ def test_listings_existence_checks_and_documents_use_the_metadata_client(monkeyp
         assert asked == [False]
     finally:
         real.cache_clear()
+
+def test_no_retry_starts_past_the_deadline():
+    """with_retries stops retrying once the next attempt would begin at or past `deadline_s`
+    (ranks wait for it in a collective), and raises the last error."""
+    now = [0.0]
+    calls = []
+
+    def failing():
+        calls.append(now[0])
+        now[0] += 30.0                       # each attempt takes 30 s
+        raise TimeoutError("store frozen")
+    with pytest.raises(TimeoutError):
+        with_retries(failing, "read", attempts=10, deadline_s=100.0, clock=lambda: now[0],
+                     sleep=lambda s: now.__setitem__(0, now[0] + s))
+    # 0 -> fails at 30, +1 s; 31 -> 61, +2; 63 -> 93, +4 would start at 97 < 100; 97 -> 127:
+    # next would start at 135 >= 100: stop.
+    assert calls == [0.0, 31.0, 63.0, 97.0]
