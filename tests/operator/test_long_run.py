@@ -53,7 +53,9 @@ def test_twenty_node_losses_leave_the_restart_budget_whole(cluster, kube, run_op
                 uid = cluster.core.read_namespaced_pod(pod, cluster.namespace).metadata.uid
                 kube.set_node_alive(victim, False)
                 killed.add(victim)
-                eventually(lambda: _unready(cluster, victim), 45, f"{victim} NotReady")
+                # The node controller's grace is 8 s; on two shared cores under load (a cold
+                # run with other work beside it) it once took over 45 s to say so.
+                eventually(lambda: _unready(cluster, victim), 90, f"{victim} NotReady")
                 eventually(lambda: any(p.metadata.name == pod and p.metadata.uid != uid
                                        and p.spec.node_name and p.spec.node_name != victim
                                        for p in cluster.running("marathon", gen)),
