@@ -167,8 +167,13 @@ measure() {
 
 # What every fault must leave: a restart resumed from the newest commit at the fault (or a newer
 # one), at most one checkpoint interval of steps lost, never more pods of a generation than
-# nodes.max, and a loss that carries on (below 1.5x the loss at the fault, once 10 more steps
-# have been reported: a restart from scratch or a corrupt restore would jump back up).
+# nodes.max, and a loss that carries on (once 10 more steps have been reported, below 1.5x the
+# loss at the fault or within 0.5 of it: a restart from scratch or a corrupt restore jumps back
+# up to ~7.6, ln of the vocabulary, while one batch's loss of a model that has memorised its small
+# corpus wanders between ~0.1 and ~0.25 at step 1000, past 1.5x on its own).
+loss_carries_on() {
+  python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(not (b < 1.5 * a or b < a + 0.5))' "$1" "$2"
+}
 check_recovery() {
   local name=$1 ckpt0=$2 resumed=$3 lost=$4 seen=$5 loss0=$6 every s0 loss1
   every=$(k -n "$ns" get ptj example -o jsonpath='{.spec.checkpoint.everySteps}')
@@ -180,7 +185,7 @@ check_recovery() {
   s0=$(st step)
   for _ in $(seq 150); do (($(st step) >= s0 + 10)) && break; sleep 2; done
   loss1=$(st loss)
-  python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(not b < 1.5 * a)' "$loss0" "$loss1" \
+  loss_carries_on "$loss0" "$loss1" \
     || die "$name: loss $loss1 after the fault, from $loss0 before it"
   echo "$name: resumed from ${resumed/-/no restart} (newest commit $ckpt0), $lost steps lost, loss $loss0 -> $loss1"
 }
@@ -241,8 +246,22 @@ f_sigstop() {
 f_pause() {
   local node; node=$(k -n "$ns" get pod "example-$(st podGeneration)-0" -o jsonpath='{.spec.nodeName}')
   echo "docker pause $node for ${CRUCIBLE_CHAOS_PAUSE_S:-60}s"
+  echo "$node" > "$state/killed-node"
   docker pause "$node"; sleep "${CRUCIBLE_CHAOS_PAUSE_S:-60}"; docker unpause "$node"
-  k uncordon "$node" >/dev/null 2>&1 || true
+}
+f_pause_post() {
+  # The operator judges the frozen node once it has been silent past the grace, which may be
+  # after the unpause: its cordon (a quarantine of an hour) comes then, and an uncordon right
+  # at the unpause lost that race once, leaving the job one node short for every later fault.
+  # As after node-kill: wait for the cordon, lift it (a person's repair), and the job must fill
+  # both workers again.
+  local node; node=$(cat "$state/killed-node")
+  for _ in $(seq 45); do
+    [[ "$(k get node "$node" -o jsonpath='{.spec.unschedulable}')" == true ]] && break
+    sleep 2
+  done
+  k uncordon "$node" >/dev/null
+  wait_group_training 300
 }
 f_operator() {
   k -n crucible-system delete pod -l app.kubernetes.io/name=crucible-operator --wait=false
@@ -546,7 +565,7 @@ f_kueue() {
   if [[ -n "$first" ]]; then
     for _ in $(seq 150); do (($(jst queued-low step) >= resumed + 10)) && break; sleep 2; done
     loss1=$(jst queued-low loss)
-    python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(not b < 1.5 * a)' "$loss0" "$loss1" \
+    loss_carries_on "$loss0" "$loss1" \
       || why+=("loss $loss1 after the preemption, from $loss0 before it")
     echo "queued-low: loss $loss0 -> $loss1"
   fi
@@ -563,10 +582,22 @@ netpol() {
   local pod0 ip other=crucible-netpol-probe code
   pod0="example-$(st podGeneration)-0"; ip=$(k -n "$ns" get pod "$pod0" -o jsonpath='{.status.podIP}')
   k create namespace "$other" --dry-run=client -o yaml | k apply -f - >/dev/null
-  k -n "$other" delete pod probe --ignore-not-found >/dev/null
-  k -n "$other" run probe --restart=Never --image "registry.k8s.io/kube-proxy:$k8s_version" \
-    --image-pull-policy=Never --command -- bash -c "timeout 5 bash -c 'exec 3<>/dev/tcp/$ip/29400' && echo OPEN || echo BLOCKED"
-  k -n "$other" wait --for=jsonpath='{.status.phase}'=Succeeded pod/probe --timeout=120s >/dev/null
+  # A probe whose container could not even start (runc on a cgroup v1 node that was just
+  # frozen by node-pause: "unable to freeze", seen once) says nothing: tried again, twice at most.
+  local try phase
+  for try in 1 2 3; do
+    k -n "$other" delete pod probe --ignore-not-found --wait=true >/dev/null
+    k -n "$other" run probe --restart=Never --image "registry.k8s.io/kube-proxy:$k8s_version" \
+      --image-pull-policy=Never --command -- bash -c "timeout 5 bash -c 'exec 3<>/dev/tcp/$ip/29400' && echo OPEN || echo BLOCKED" >/dev/null
+    for _ in $(seq 60); do
+      phase=$(k -n "$other" get pod probe -o jsonpath='{.status.phase}')
+      [[ "$phase" == Succeeded || "$phase" == Failed ]] && break
+      sleep 2
+    done
+    [[ "$phase" == Succeeded ]] && break
+    echo "netpol: probe pod $phase ($(k -n "$other" get pod probe -o jsonpath='{.status.containerStatuses[0].state.terminated.reason}')), try $try of 3"
+  done
+  [[ "$phase" == Succeeded ]] || die "netpol: the probe pod never ran ($phase)"
   code=$(k -n "$other" logs probe | tail -1)
   local s0 s1; s0=$(st step); sleep 20; s1=$(st step)
   echo "netpol: from $other to $ip:29400: $code; job steps $s0 -> $s1 in 20 s"
