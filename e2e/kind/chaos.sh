@@ -479,6 +479,11 @@ restore_operator() {
   sel=$(cat "$state/operator-node-selector"); aff=$(cat "$state/operator-affinity")
   k -n crucible-system patch deploy "$d" --type merge \
     -p "{\"spec\":{\"template\":{\"spec\":{\"nodeSelector\":${sel:-null},\"affinity\":${aff:-null}}}}}" >/dev/null
+  # The rolling update alone deadlocks: the new pods go to the control plane, where the standby
+  # of the old revision sits with its required anti-affinity against them. The old pods go now
+  # (the new leader takes over as after operator-delete).
+  sleep 2
+  k -n crucible-system delete pod -l app.kubernetes.io/name=crucible-operator --wait=false >/dev/null
   k -n crucible-system rollout status deploy "$d" --timeout=300s >/dev/null
   echo "operator replicas back on: $(k -n crucible-system get pod -l app.kubernetes.io/name=crucible-operator \
     -o jsonpath='{range .items[*]}{.spec.nodeName}{" "}{end}')"
