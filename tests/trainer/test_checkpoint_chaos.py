@@ -486,14 +486,32 @@ def test_a_load_waits_out_a_store_that_is_briefly_away_and_names_one_that_stays_
                                                 "cannot reach the S3 endpoint"), out
 
 
-MANIFEST_READ_PROBE = ONE_RANK_APP + textwrap.dedent("""
+# ... and two commits (steps 4 and 8) under the URI argv[1], with `attempts` tries per read.
+TWO_COMMITS = ONE_RANK_APP + textwrap.dedent("""
     from botocore.exceptions import ReadTimeoutError
     from crucible.trainer import storage
     ckpt = Checkpointer(CheckpointSpec(uri=sys.argv[1], keep=3, **{"async": False}), job="probe",
                         rank=0, world_size=1, local_rank=0, model_hash="m", config_hash="c",
-                        upload_attempts=3)
+                        upload_attempts=ATTEMPTS)
     ckpt.save(app, 4, 400, wait=True)
     ckpt.save(app, 8, 800, wait=True)
+""")
+
+# ... and the end of such a probe: a load while `storage.PATCHED` fails, the patch undone
+# (`REAL`), and what the store holds and loads then.
+OUTAGE_THEN_BACK = textwrap.dedent("""
+    try:
+        out["loaded"] = ckpt.load(app)["step"]
+    except CheckpointError as err:
+        out["outage"], out["outage class"] = str(err), type(err).__name__
+    storage.PATCHED = REAL
+    out["committed"] = ckpt.store.committed_steps()
+    out["loaded after"] = ckpt.load(app)["step"]
+    print(json.dumps(out))
+    dist.destroy_process_group()
+""")
+
+MANIFEST_READ_PROBE = TWO_COMMITS.replace("ATTEMPTS", "3") + textwrap.dedent("""
     real_read, failures = storage.read_bytes, {"left": 2}
     def flaky(uri, **kw):
         if "step_8/manifest" in uri and failures["left"] > 0:
@@ -503,16 +521,7 @@ MANIFEST_READ_PROBE = ONE_RANK_APP + textwrap.dedent("""
     storage.read_bytes = flaky
     out = {"blip": ckpt.load(app)["step"]}
     failures["left"] = 10**6
-    try:
-        ckpt.load(app)
-    except CheckpointError as err:
-        out["outage"] = str(err)
-    storage.read_bytes = real_read
-    out["committed"] = ckpt.store.committed_steps()
-    out["loaded after"] = ckpt.load(app)["step"]
-    print(json.dumps(out))
-    dist.destroy_process_group()
-""")
+""") + OUTAGE_THEN_BACK.replace("PATCHED", "read_bytes").replace("REAL", "real_read")
 
 
 READ_ONLY_PROBE = ONE_RANK_APP + textwrap.dedent("""
@@ -566,19 +575,12 @@ def test_a_store_failing_a_manifest_read_quarantines_nothing(tmp_path):
     assert out["blip"] == 8 and "read step_8's manifest failed" in run.stderr
     assert out["outage"].startswith("cannot read step_8's manifest: cannot reach the S3 "
                                     "endpoint"), out
+    assert out["outage class"] == "StoreUnavailable" and "loaded" not in out, out
     assert out["committed"] == [4, 8] and out["loaded after"] == 8
     assert not list(uri.glob("*/quarantine*")) and "quarantined" not in run.stderr
 
 
-DOWNLOAD_PROBE = ONE_RANK_APP + textwrap.dedent("""
-    from botocore.exceptions import ReadTimeoutError
-    from crucible.trainer import storage
-    from crucible.trainer.checkpoint import StoreUnavailable
-    ckpt = Checkpointer(CheckpointSpec(uri=sys.argv[1], keep=3, **{"async": False}), job="probe",
-                        rank=0, world_size=1, local_rank=0, model_hash="m", config_hash="c",
-                        upload_attempts=2)
-    ckpt.save(app, 4, 400, wait=True)
-    ckpt.save(app, 8, 800, wait=True)
+DOWNLOAD_PROBE = TWO_COMMITS.replace("ATTEMPTS", "2") + textwrap.dedent("""
     real_download = storage.download_file
     from boto3.exceptions import RetriesExceededError
     def frozen(uri, local):
@@ -587,16 +589,7 @@ DOWNLOAD_PROBE = ONE_RANK_APP + textwrap.dedent("""
         return real_download(uri, local)
     storage.download_file = frozen
     out = {}
-    try:
-        out["loaded"] = ckpt.load(app)["step"]
-    except StoreUnavailable as err:
-        out["outage"] = str(err)
-    storage.download_file = real_download
-    out["committed"] = ckpt.store.committed_steps()
-    out["loaded after"] = ckpt.load(app)["step"]
-    print(json.dumps(out))
-    dist.destroy_process_group()
-""")
+""") + OUTAGE_THEN_BACK.replace("PATCHED", "download_file").replace("REAL", "real_download")
 
 
 def test_a_store_failing_a_download_stops_the_load_and_quarantines_nothing(ckpt):
@@ -612,6 +605,7 @@ def test_a_store_failing_a_download_stops_the_load_and_quarantines_nothing(ckpt)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert "loaded" not in out, out          # not a fall back to step 4: step 8 is not corrupt
+    assert out["outage class"] == "StoreUnavailable", out
     assert out["outage"].startswith("cannot fetch step_8: .metadata cannot be downloaded "
                                     "(cannot reach the S3 endpoint"), out
     assert out["committed"] == [4, 8] and out["loaded after"] == 8, out
