@@ -307,15 +307,14 @@ def list_dirs(uri: str, metadata: bool = False) -> list[str]:
 
 # botocore's errors for a store that did not answer: unreachable, refused, cut off, or too slow.
 _UNREACHABLE = frozenset({"EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError",
-                          "ReadTimeoutError", "ConnectionError", "ProxyConnectionError"})
+                          "ReadTimeoutError", "ConnectionError", "ProxyConnectionError",
+                          # a body cut off or stalled mid-read (raised from the stream)
+                          "IncompleteReadError", "ResponseStreamingError", "ProtocolError",
+                          "IncompleteRead"})
 # What a store answers while it is overloaded or restarting (S3's documented 5xx codes).
 _UNAVAILABLE_CODES = frozenset({"500", "502", "503", "504", "InternalError", "ServiceUnavailable",
                                 "SlowDown", "RequestTimeout"})
 
-
-# A body cut off or stalled mid-read (botocore raises these from the stream, not the request).
-_CUT_OFF = frozenset({"IncompleteReadError", "ResponseStreamingError", "ReadTimeoutError",
-                      "ProtocolError", "IncompleteRead"})
 
 
 def unavailable(err: BaseException) -> bool:
@@ -323,7 +322,7 @@ def unavailable(err: BaseException) -> bool:
     (credentials, a missing bucket or object, a bad URI): a later try may succeed as it is."""
     err = _cause(err)
     name = type(err).__name__
-    if name in _UNREACHABLE or name in _CUT_OFF or isinstance(err, (ConnectionError, TimeoutError)):
+    if name in _UNREACHABLE or isinstance(err, (ConnectionError, TimeoutError)):
         return True
     response = getattr(err, "response", None) or {}
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
@@ -363,7 +362,7 @@ def explain(err: BaseException, uri: str) -> str:
         # A HEAD (boto3's download_file starts with one) has no body to say which is missing.
         bucket = ", or no such bucket" if code == "404" else ""
         return f"{uri} is not there ({code}: no such object{bucket})"
-    if name in _UNREACHABLE or name in _CUT_OFF:
+    if name in _UNREACHABLE:
         endpoint = os.environ.get("AWS_ENDPOINT_URL", "the default AWS endpoint")
         return f"cannot reach the S3 endpoint for {uri} ({endpoint}): {name}"
     if isinstance(err, PermissionError):
