@@ -36,7 +36,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, ValidationError,
                       field_validator, model_validator)
 from pydantic.alias_generators import to_camel
 
-from crucible.api import arch, launch, sharding
+from crucible.api import arch, launch, layout, sharding
 from crucible.api.names import JOB_NAME_PATTERN, KIND, MAX_JOB_NAME_LENGTH
 
 
@@ -219,12 +219,76 @@ class ProfileSpec(Spec):
                        "Chrome trace of them under <outputDir>/profile/.")
 
 
+class ParallelismSpec(Spec):
+    """Model parallelism inside the data-parallel ranks (torchtitan's mesh: dp_replicate,
+    dp_shard, pp, tp): `tensor` ranks split each block's matmuls, `pipeline` stages split the
+    layers; FSDP/HSDP shards over what is left of the world."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel("self.virtualStages == 1 || self.schedule == 'interleaved1F1B'",
+            "parallelism.virtualStages above 1 needs schedule interleaved1F1B"),
+        cel("self.schedule != 'interleaved1F1B' || self.virtualStages >= 2",
+            "parallelism.schedule interleaved1F1B needs virtualStages of 2 or more")]})
+
+    tensor: int = Field(1, ge=1, le=64, description="Tensor-parallel degree: ranks that split "
+                        "each block's matmuls (column-wise in, row-wise out, sequence parallel "
+                        "on the norms). It must divide procsPerNode (it stays inside a node, on "
+                        "NVLink), the heads and the key/value heads.")
+    pipeline: int = Field(1, ge=1, le=256, description="Pipeline stages: consecutive ranks of "
+                          "layers, fed micro-batches by `schedule`. It must divide the layers "
+                          "(times virtualStages).")
+    schedule: Literal["1F1B", "interleaved1F1B"] = Field(
+        "1F1B", description="Pipeline schedule (torch.distributed.pipelining): 1F1B, or "
+        "interleaved 1F1B with virtualStages stages per rank (a smaller bubble, more traffic).")
+    virtual_stages: int = Field(1, ge=1, le=16, description="Stages per pipeline rank "
+                                "(interleaved1F1B only).")
+
+    @model_validator(mode="after")
+    def _schedule_and_stages(self) -> "ParallelismSpec":
+        if (self.virtual_stages > 1) != (self.schedule == "interleaved1F1B"):
+            raise ValueError("parallelism.virtualStages above 1 goes with schedule "
+                             f"interleaved1F1B, and only with it (got schedule {self.schedule}, "
+                             f"virtualStages {self.virtual_stages})")
+        return self
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that hold one copy of the model between them (tensor x pipeline)."""
+        return self.tensor * self.pipeline
+
+
+class BatchRampSpec(Spec):
+    """A global batch that grows linearly over the first tokens of the run (GPT-3's batch size
+    ramp, Brown et al. 2020, appendix B)."""
+
+    start_tokens: int = Field(..., ge=1, description="Global batch at step 0, in tokens; rounded "
+                              "to whole micro-batches per data-parallel rank (at least one).")
+    ramp_tokens: float = Field(..., gt=0, description="Training tokens over which the batch "
+                               "grows linearly to globalBatchTokens.")
+
+
+class OptimizerSpec(Spec):
+    """How parameters are stored and updated."""
+
+    bf16_stochastic_rounding: bool = Field(
+        False, description="Keep the parameters in bf16 with no fp32 master copy, and round "
+        "each AdamW update into them stochastically (unbiased in expectation), so small updates "
+        "are not lost to round-to-nearest; saves 4 bytes per parameter. Needs precision bf16.")
+
+
+_SR_NEEDS_BF16 = ("training.optimizer.bf16StochasticRounding keeps the parameters in bf16: it "
+                  "needs training.precision bf16")
+
+
 class TrainingSpec(Spec):
     """Optimisation settings. Defaults follow GPT-3 small / nanoGPT's GPT-2 reproduction."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         cel("!has(self.shardGroupSize) || !has(self.sharding) || self.sharding != 'fsdp'",
-            _GROUP_WITH_FSDP)]})
+            _GROUP_WITH_FSDP),
+        cel("!has(self.optimizer) || !has(self.optimizer.bf16StochasticRounding) || "
+            "!self.optimizer.bf16StochasticRounding || !has(self.precision) || "
+            "self.precision == 'bf16'", _SR_NEEDS_BF16)]})
 
     tokens: float = Field(..., gt=0, description="Total training tokens (e.g. 2.5e9).")
     global_batch_tokens: int = Field(524288, ge=1, description="Tokens per optimizer step, "
@@ -293,11 +357,24 @@ class TrainingSpec(Spec):
         None, ge=1, le=4096, description="hsdp and auto: ranks per shard group (default: the "
         "processes per node). It must divide the world size at every node count the job may "
         "run at: a divisor of procsPerNode, or, with nodes.min = nodes.max, of the ranks.")
+    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec, description="Tensor "
+                                         "and pipeline parallelism (unset: data parallel only).")
+    batch_ramp: BatchRampSpec | None = Field(None, description="Grow the global batch linearly "
+                                             "from startTokens to globalBatchTokens over the "
+                                             "first rampTokens (unset: constant).")
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec,
+                                     description="Parameter storage and update.")
 
     @model_validator(mode="after")
     def _group_needs_hybrid(self) -> "TrainingSpec":
         if self.shard_group_size is not None and self.sharding == "fsdp":
             raise ValueError(_GROUP_WITH_FSDP)
+        return self
+
+    @model_validator(mode="after")
+    def _rounding_needs_bf16(self) -> "TrainingSpec":
+        if self.optimizer.bf16_stochastic_rounding and self.precision != "bf16":
+            raise ValueError(_SR_NEEDS_BF16)
         return self
 
     @property
@@ -699,6 +776,16 @@ _GROUP_MISFIT = ("training.shardGroupSize must divide the ranks at every node co
                  "nodes.max, of procsPerNode x nodes")
 
 
+_PARALLELISM = "(has(self.training.parallelism) && has(self.training.parallelism.{0}) ? " \
+    "self.training.parallelism.{0} : 1)"
+_TENSOR, _PIPELINE = _PARALLELISM.format("tensor"), _PARALLELISM.format("pipeline")
+_TENSOR_MISFIT = ("training.parallelism.tensor must divide procsPerNode: tensor parallelism "
+                  "stays inside a node")
+_MODEL_PARALLEL_MISFIT = ("training.parallelism tensor x pipeline must divide the ranks at every "
+                          "node count from nodes.min to nodes.max: a divisor of procsPerNode, "
+                          "or, with nodes.min = nodes.max, of procsPerNode x nodes")
+
+
 class PretrainJobSpec(Spec):
     """The `spec` of a PretrainJob (crucible.dev/v1alpha1)."""
 
@@ -713,7 +800,11 @@ class PretrainJobSpec(Spec):
         cel(f"!has(self.training.shardGroupSize) || {_PROCS} % self.training.shardGroupSize == 0 "
             f"|| ({_NODES_MIN} == {_NODES_MAX} && "
             f"({_PROCS} * {_NODES_MIN}) % self.training.shardGroupSize == 0)",
-            _GROUP_MISFIT)]})
+            _GROUP_MISFIT),
+        # The same rules as _parallelism_fits below (layout.layout, layout.fits_every_size).
+        cel(f"{_PROCS} % {_TENSOR} == 0", _TENSOR_MISFIT),
+        cel(f"{_PROCS} % ({_TENSOR} * {_PIPELINE}) == 0 || ({_NODES_MIN} == {_NODES_MAX} && "
+            f"({_PROCS} * {_NODES_MIN}) % ({_TENSOR} * {_PIPELINE}) == 0)", _MODEL_PARALLEL_MISFIT)]})
 
     image: str = Field(..., min_length=1, description="Trainer image (has torch and crucible).")
     nodes: NodesSpec = Field(default_factory=NodesSpec)
@@ -761,6 +852,20 @@ class PretrainJobSpec(Spec):
                              f"nodes {self.nodes.min}-{self.nodes.max})")
         return self
 
+    @model_validator(mode="after")
+    def _parallelism_fits(self) -> "PretrainJobSpec":
+        par = self.training.parallelism
+        if self.procs_per_node % par.tensor:
+            raise ValueError(f"{_TENSOR_MISFIT} (got tensor {par.tensor}, procsPerNode "
+                             f"{self.procs_per_node})")
+        if not layout.fits_every_size(par.model_parallel, self.procs_per_node, self.nodes.min,
+                                      self.nodes.max):
+            raise ValueError(f"{_MODEL_PARALLEL_MISFIT} (got {par.tensor} x {par.pipeline}, "
+                             f"procsPerNode {self.procs_per_node}, nodes "
+                             f"{self.nodes.min}-{self.nodes.max})")
+        _model_fits_parallelism(self.model, self.training)
+        return self
+
     @field_validator("resources")
     @classmethod
     def _resources(cls, value: dict) -> dict:
@@ -772,6 +877,19 @@ class PretrainJobSpec(Spec):
                 if isinstance(amount, str) and not re.fullmatch(QUANTITY, amount):
                     raise ValueError(f"resources.{kind}.{name}: {amount!r} is not a quantity")
         return value
+
+
+def _model_fits_parallelism(model: ModelSpec, training: TrainingSpec) -> None:
+    """Raise what in the model forbids training.parallelism (whole heads per tensor rank,
+    whole layers per pipeline stage)."""
+    par = training.parallelism
+    if par.model_parallel == 1:
+        return
+    cfg = model.to_arch()
+    problems = layout.model_problems(par.tensor, par.pipeline, par.virtual_stages,
+                                     layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.n_kv_heads)
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 class TrainerFaultToleranceSpec(Spec):
@@ -797,6 +915,11 @@ class TrainJobConfig(Spec):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     fault_tolerance: TrainerFaultToleranceSpec = Field(default_factory=TrainerFaultToleranceSpec)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+
+    @model_validator(mode="after")
+    def _parallelism_fits_model(self) -> "TrainJobConfig":
+        _model_fits_parallelism(self.model, self.training)
+        return self
 
     @classmethod
     def from_job(cls, spec: PretrainJobSpec, name: str) -> "TrainJobConfig":
