@@ -87,8 +87,17 @@ class GPTConfig:
         names, they are part of every committed checkpoint): the fields were once named in
         nanoGPT's vocabulary, and renaming a field must not orphan the checkpoints made before.
         Fields added later count only when set away from their default, for the same reason."""
-        return {_FINGERPRINT_KEYS.get(k, k): v for k, v in asdict(self).items()
-                if k not in _ADDED_LATER or v != _ADDED_LATER[k]}
+        out = {_FINGERPRINT_KEYS.get(k, k): v for k, v in asdict(self).items()
+               if k not in _ADDED_LATER or v != _ADDED_LATER[k]}
+        # The fused weights' row order (model.py: by key/value head group, gate and up
+        # interleaved). Checkpoints from the earlier [q; k; v] and [gate; up] order hash
+        # differently, so they are refused by name instead of loading with heads scrambled.
+        out["fused_rows"] = FUSED_ROWS
+        return out
+
+
+# The row order of the fused c_attn and SwiGLU c_fc weights (model.py's `unfuse_qkv`).
+FUSED_ROWS = "kv-groups"
 
 
 PRESETS: dict[str, GPTConfig] = {

@@ -16,8 +16,9 @@ fields to change:
   matrices in `Conv1D`, stored (in, out): the four in `_GPT2_CONV1D` are transposed, the same list
   nanoGPT's `from_pretrained` transposes the other way.
 
-Fused weights: `c_attn` rows are [q (dim), k (kv_dim), v (kv_dim)] and SwiGLU's `c_fc` rows are
-[gate (ffn), up (ffn)]. Llama's names split them; HF's GPT-2 fuses `c_attn` the same way.
+Fused weights: `c_attn` rows are grouped per key/value head and SwiGLU's `c_fc` rows alternate
+gate and up (`model.unfuse_qkv`, `model.unfuse_gate_up`). Llama's names split them; HF's GPT-2
+fuses `c_attn` as [q; k; v], so its rows are put in that order.
 
 The folder is what `save_pretrained` writes: `model.safetensors`, or shards with
 `model.safetensors.index.json` once the weights pass `max_shard_size` (split by huggingface_hub's
@@ -37,6 +38,7 @@ from typing import Callable, Iterable
 import torch
 
 from crucible.api.arch import GPTConfig
+from crucible.trainer.model import unfuse_gate_up, unfuse_qkv
 
 LLAMA, GPT2 = "llama", "gpt2"
 ARCHITECTURES = {LLAMA: "LlamaForCausalLM", GPT2: "GPT2LMHeadModel"}
@@ -198,8 +200,8 @@ def _llama_layer(cfg: GPTConfig, get: Callable[[str], torch.Tensor],
     yield dst + "input_layernorm.weight", get(src + "ln_1.weight")
     yield dst + "post_attention_layernorm.weight", get(src + "ln_2.weight")
     for kind in ("weight", "bias") if cfg.bias else ("weight",):
-        q, k, v = get(f"{src}attn.c_attn.{kind}").split([cfg.dim, cfg.kv_dim, cfg.kv_dim])
-        gate, up = get(f"{src}mlp.c_fc.{kind}").chunk(2)  # rows [gate (ffn), up (ffn)]
+        q, k, v = unfuse_qkv(get(f"{src}attn.c_attn.{kind}"), cfg)
+        gate, up = unfuse_gate_up(get(f"{src}mlp.c_fc.{kind}"))
         yield from ((f"{dst}self_attn.{n}_proj.{kind}", t) for n, t in zip("qkv", (q, k, v)))
         yield f"{dst}self_attn.o_proj.{kind}", get(f"{src}attn.c_proj.{kind}")
         yield f"{dst}mlp.gate_proj.{kind}", gate
@@ -219,6 +221,8 @@ def _gpt2(cfg: GPTConfig, get) -> Iterable[tuple[str, torch.Tensor]]:
     for name in expected_shapes(cfg):
         if name != "lm_head.weight":
             tensor = get(name)
+            if ".attn.c_attn." in name:
+                tensor = torch.cat(unfuse_qkv(tensor, cfg))
             yield f"transformer.{name}", tensor.t() if name.endswith(_GPT2_CONV1D) else tensor
 
 

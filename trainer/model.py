@@ -8,6 +8,12 @@ QK-norm (Wortsman et al. 2023), and the Llama family's parts: RMSNorm, a SwiGLU 
 query attention (fewer key/value heads, each shared by a group of query heads). Fused weights
 stay fused under every switch (`c_attn` holds q, k and v; SwiGLU's `c_fc` holds the gate and the
 up projection): one matmul each, and `crucible export` splits them into Hugging Face's names.
+Their rows are ordered so that any block of whole key/value head groups (and of whole gate/up
+pairs) is contiguous: `c_attn` holds, for each key/value head, its group of query heads, then the
+key, then the value (Megatron-LM's fused query_key_value order), and `c_fc` interleaves gate and
+up row by row. A tensor-parallel rank's row-wise shard of either is then whole heads (whole
+hidden units), the same computation as the unsharded layer on fewer heads, and a checkpoint is
+one layout for every tensor-parallel degree.
 The architecture's parameter count is `arch.param_count`; a test holds the two equal, and with
 GPT-2's own settings both give 124,439,808.
 
@@ -56,6 +62,32 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
     return x * cos + x.roll(x.size(-1) // 2, dims=-1) * signed_sin
 
 
+def unfuse_qkv(t: torch.Tensor, cfg: GPTConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`c_attn`'s weight or bias (rows first) as the separate q (heads·hd rows, head order), k and
+    v (kv_heads·hd rows each): rows are grouped per key/value head as [its query heads, k, v]."""
+    group = cfg.heads // cfg.n_kv_heads
+    q, k, v = t.unflatten(0, (cfg.n_kv_heads, group + 2, cfg.head_dim)).split([group, 1, 1], dim=1)
+    return q.flatten(0, 2), k.flatten(0, 2), v.flatten(0, 2)
+
+
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: GPTConfig) -> torch.Tensor:
+    """The inverse of `unfuse_qkv`: separate q, k, v rows in c_attn's grouped order."""
+    hd, nkv = cfg.head_dim, cfg.n_kv_heads
+    parts = (q.unflatten(0, (nkv, -1, hd)), k.unflatten(0, (nkv, 1, hd)), v.unflatten(0, (nkv, 1, hd)))
+    return torch.cat(parts, dim=1).flatten(0, 2)
+
+
+def unfuse_gate_up(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SwiGLU `c_fc`'s weight or bias (rows first) as gate and up: rows alternate gate, up."""
+    gate, up = t.unflatten(0, (-1, 2)).unbind(1)
+    return gate, up
+
+
+def fuse_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The inverse of `unfuse_gate_up`."""
+    return torch.stack([gate, up], dim=1).flatten(0, 1)
+
+
 def norm_layer(cfg: GPTConfig, width: int) -> nn.Module:
     if cfg.norm == "rmsnorm":
         return nn.RMSNorm(width, eps=cfg.norm_eps)
@@ -73,39 +105,42 @@ class CausalSelfAttention(nn.Module):
             self.k_norm = nn.LayerNorm(cfg.head_dim, bias=False)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        B, T, C = x.size()
-        nh, nkv, hd = self.cfg.heads, self.cfg.n_kv_heads, self.cfg.head_dim
-        qk, v = self.c_attn(x).split([C + nkv * hd, nkv * hd], dim=2)
-        qk = qk.view(B, T, nh + nkv, hd)
+        B, T, _ = x.size()
+        group, hd = self.cfg.heads // self.cfg.n_kv_heads, self.cfg.head_dim
+        # (B, T, groups, group + 2, hd): per key/value head, its query heads, the key, the value.
+        # `groups` is read from the output, not the config: under tensor parallelism this rank
+        # computes its own share of the groups (parallel.py).
+        qkv = self.c_attn(x).unflatten(-1, (-1, group + 2, hd))
         if self.cfg.qk_norm:
-            # Joined again along the heads of the (B, T, heads, hd) layout: attention's output
-            # follows q's memory layout, and in this one it needs no transposed copy.
-            q, k = qk.split([nh, nkv], dim=2)
-            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=2)
-        qk = qk.transpose(1, 2)  # (B, nh + nkv, T, hd)
-        v = v.view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
+            qk = torch.cat([self.q_norm(qkv[..., :group, :]),
+                            self.k_norm(qkv[..., group:group + 1, :])], dim=3)
+        else:
+            qk = qkv[..., :group + 1, :]
+        qk = qk.permute(0, 2, 3, 1, 4)  # (B, groups, group + 1, T, hd)
+        v = qkv[..., group + 1, :].transpose(1, 2)  # (B, groups, T, hd)
         if rope is not None:
             qk = apply_rope(qk, *rope)  # queries and keys in one pass: half the launches
-        q, k = qk.split([nh, nkv], dim=1)  # (B, nh, T, hd), (B, nkv, T, hd)
+        q = qk[:, :, :group].flatten(1, 2)  # (B, heads, T, hd): head g·group + j is in group g
+        k = qk[:, :, group]  # (B, groups, T, hd)
         # Flash / memory-efficient kernels on GPU, the math kernel on CPU; with GQA each key/value
-        # head serves nh/nkv query heads without being copied out first.
+        # head serves its `group` query heads (query head i uses key/value head i // group, the
+        # order above) without being copied out first.
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           enable_gqa=nkv != nh)  # (B, nh, T, hd)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-        return self.c_proj(y)
+                                           enable_gqa=group > 1)  # (B, heads, T, hd)
+        return self.c_proj(y.transpose(1, 2).flatten(2))  # (B, T, heads·hd)
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.swiglu = cfg.mlp == "swiglu"
-        up = 2 * cfg.ffn_dim if self.swiglu else cfg.ffn_dim  # SwiGLU: gate and up, fused
+        up = 2 * cfg.ffn_dim if self.swiglu else cfg.ffn_dim  # SwiGLU: gate and up, interleaved
         self.c_fc = nn.Linear(cfg.dim, up, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
-            gate, up = self.c_fc(x).chunk(2, dim=-1)
+            gate, up = self.c_fc(x).unflatten(-1, (-1, 2)).unbind(-1)  # rows alternate
             return self.c_proj(F.silu(gate) * up)
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2's tanh GELU
 

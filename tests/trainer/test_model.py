@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from crucible.api import arch
-from crucible.trainer.model import GPT, apply_rope, rope_tables
+from crucible.trainer.model import GPT, apply_rope, fuse_qkv, rope_tables, unfuse_qkv
 
 
 def _numel_on_meta(cfg: arch.GPTConfig) -> int:
@@ -64,12 +64,35 @@ def test_kv_heads_must_divide_heads():
         arch.preset("llama-tiny", kv_heads=3)
 
 
-def test_fingerprint_of_a_gpt_config_is_unchanged_by_the_fields_added_for_llama():
-    # Checkpoints made before these fields existed carry a hash of this exact dict.
+def test_fingerprint_keeps_the_old_field_names_and_names_the_fused_row_order():
+    # The fields added for Llama count only away from their default; the fused weights' row
+    # order is named, so a checkpoint written in the earlier [q; k; v] order (whose hash lacks
+    # it) is refused as another architecture instead of loading with its heads scrambled.
     assert arch.PRESETS["tiny"].fingerprint() == {
         "n_layer": 2, "n_head": 4, "d_model": 128, "seq_len": 128, "vocab_size": 4096,
         "d_ff": 0, "tied_embeddings": True, "position": "rope", "bias": False,
-        "rope_theta": 10000.0, "qk_norm": False}
+        "rope_theta": 10000.0, "qk_norm": False, "fused_rows": "kv-groups"}
+
+
+def test_grouped_attention_equals_attention_from_separate_projections():
+    # The fused layout's meaning, computed the textbook way: q, k, v from their own matrices,
+    # query head i attending with key/value head i // group.
+    model = _tiny("llama-tiny")
+    cfg, attn = model.cfg, model.h[0].attn
+    wq, wk, wv = unfuse_qkv(attn.c_attn.weight.detach(), cfg)
+    x = torch.randn(2, 16, cfg.dim)
+    B, T, hd, group = 2, 16, cfg.head_dim, cfg.heads // cfg.n_kv_heads
+    q = (x @ wq.T).view(B, T, cfg.heads, hd).transpose(1, 2)
+    k = (x @ wk.T).view(B, T, cfg.n_kv_heads, hd).transpose(1, 2).repeat_interleave(group, 1)
+    v = (x @ wv.T).view(B, T, cfg.n_kv_heads, hd).transpose(1, 2).repeat_interleave(group, 1)
+    cos, sin = rope_tables(cfg)
+    q, k = apply_rope(q, cos[:T], sin[:T]), apply_rope(k, cos[:T], sin[:T])
+    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    expected = y.transpose(1, 2).reshape(B, T, cfg.dim) @ attn.c_proj.weight.detach().T
+    with torch.no_grad():
+        got = attn(x, (cos[:T], sin[:T]))
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert torch.equal(fuse_qkv(wq, wk, wv, cfg), attn.c_attn.weight.detach())
     assert arch.PRESETS["llama-tiny"].fingerprint()["kv_heads"] == 2
 
 
@@ -143,8 +166,8 @@ def test_grouped_query_attention_equals_multi_head_attention_with_shared_key_val
 
     for key, w in list(state.items()):
         if key.endswith("attn.c_attn.weight"):
-            q, k, v = w.split([d, cfg.kv_dim, cfg.kv_dim])
-            state[key] = torch.cat([q, widen(k), widen(v)])
+            q, k, v = unfuse_qkv(w, gqa.cfg)
+            state[key] = fuse_qkv(q, widen(k), widen(v), mha.cfg)
     mha.load_state_dict(state)
     mha.rope_cos.copy_(gqa.rope_cos), mha.rope_sin.copy_(gqa.rope_sin)
     idx = torch.randint(0, 97, (2, 32))
@@ -159,7 +182,7 @@ def test_llama_blocks_are_rmsnorm_and_swiglu_with_untied_head():
     assert model.h[0].mlp.c_fc.weight.shape == (2 * model.cfg.ffn_dim, model.cfg.dim)
     assert model.lm_head.weight is not model.wte.weight
     x = torch.randn(3, model.cfg.dim)
-    gate, up = (x @ model.h[0].mlp.c_fc.weight.T).chunk(2, dim=-1)
+    gate, up = (x @ model.h[0].mlp.c_fc.weight.T).unflatten(-1, (-1, 2)).unbind(-1)  # alternating rows
     expected = (torch.nn.functional.silu(gate) * up) @ model.h[0].mlp.c_proj.weight.T
     assert torch.allclose(model.h[0].mlp(x), expected, atol=1e-6)
 
