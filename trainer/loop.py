@@ -23,6 +23,7 @@ stability guard). The guard's actions (skip, rollback) stay here beside the step
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -35,10 +36,10 @@ from pathlib import Path
 
 import torch
 
-from crucible.api import arch, sharding
+from crucible.api import arch, layout
 from crucible.api.progress import Straggler
 from crucible.api.spec import TrainJobConfig
-from crucible.trainer import optim, parallel, restore
+from crucible.trainer import optim, parallel, restore, tensor_parallel
 from crucible.trainer.cadence import Cadence
 from crucible.trainer.checkpoint import AppState, Checkpointer, Commit, job_hashes, should_save
 from crucible.trainer.data import Sampler, ShardSet
@@ -169,9 +170,10 @@ class Run:
     def __init__(self, cfg: TrainJobConfig, env: parallel.DistEnv, log):
         self.cfg, self.env, self.log = cfg, env, log
         t, self.model_cfg = cfg.training, cfg.model.to_arch()
-        self.mesh_shape = sharding.mesh_shape(t.sharding, t.shard_group_size,
-                                              world_size=env.world_size,
-                                              local_world_size=env.local_world_size)
+        self.layout = layout.layout(t.sharding, t.shard_group_size, world_size=env.world_size,
+                                    local_world_size=env.local_world_size,
+                                    tensor=t.parallelism.tensor, pipeline=t.parallelism.pipeline)
+        self.mesh_shape = self.layout.dp
         self.shape = run_shape(cfg, self.mesh_shape.dp_size)
         self.train_shards = ShardSet(cfg.data.train)
         self.train_shards.check_compatible(self.model_cfg.vocab_size, _tokenizer_hash(cfg))
@@ -181,7 +183,7 @@ class Run:
                                              self.train_shards.tokenizer_hash)
         p = self.shape
         log(f"run {cfg.name}: {p.params / 1e6:.2f}M params, {env.world_size} rank(s) on "
-            f"{env.device.type} ({self.mesh_shape.describe()}), {p.tokens_per_step} tokens/step "
+            f"{env.device.type} ({self.layout.describe()}), {p.tokens_per_step} tokens/step "
             f"= {p.dp_size} data-parallel ranks x {p.micro_batch} seqs x {p.seq_len} tokens x "
             f"{p.accum_steps} accumulation, {p.total_steps} steps, "
             f"{p.flops_per_token / 1e6:.1f} MFLOP/token")
@@ -228,7 +230,7 @@ class Run:
         """The mesh, this rank's data-parallel place, the sharded model and its optimizer."""
         t, env = self.cfg.training, self.env
         torch.manual_seed(t.seed)
-        self.mesh = parallel.build_mesh(env, self.mesh_shape)
+        self.mesh = parallel.build_mesh(env, self.layout)
         self.dp = parallel.data_parallel(self.mesh)  # the batch slice this rank reads
         compile_blocks = parallel.wants_compile(t.compile, env.device.type)
         self.log(f"compile: {'on' if compile_blocks else 'off'}"
@@ -239,6 +241,7 @@ class Run:
             activation_checkpointing=t.activation_checkpointing_mode,
             checkpoint_every=t.activation_checkpointing_every, compile_blocks=compile_blocks)
         self.optimizer = optim.build_optimizer(self.model, t)
+        self.loss_context = functools.partial(tensor_parallel.loss_context, self.layout.tp > 1)
 
     def _build_straggler_timing(self) -> None:
         """Every rank times its own work (straggler.SegmentTimer) and shares it in the step's
@@ -340,10 +343,11 @@ class Run:
                 # rank holds full unsharded fp32 gradients.
                 self.model.set_requires_gradient_sync(micro == p.accum_steps - 1)
             self.local_timer.start_segment()
-            loss = self.model(inputs, targets)
-            if "nan" in faults:
-                loss = loss * float("nan")
-            (loss / p.accum_steps).backward()
+            with self.loss_context():
+                loss = self.model(inputs, targets)
+                if "nan" in faults:
+                    loss = loss * float("nan")
+                (loss / p.accum_steps).backward()
             self.local_timer.end_segment()
             loss_sum += loss.detach()
         grad_norm = optim.clip_grad_norm(self.model, t.grad_clip)
@@ -473,9 +477,10 @@ class Run:
         if self.val_shards is None:
             return None
         t = self.cfg.training
-        result = evaluate(self.model, self.val_shards, seq_len=self.shape.seq_len,
-                          micro_batch=t.micro_batch, tokens=t.eval_tokens, rank=self.dp.rank,
-                          world_size=self.dp.size, device=self.env.device)
+        with self.loss_context():
+            result = evaluate(self.model, self.val_shards, seq_len=self.shape.seq_len,
+                              micro_batch=t.micro_batch, tokens=t.eval_tokens, rank=self.dp.rank,
+                              world_size=self.dp.size, device=self.env.device)
         self.metrics.set(eval_loss=result.loss, eval_bits_per_byte=result.bits_per_byte)
         self.metrics.write({"kind": "eval", "step": self.state.step, "loss": result.loss,
                             "bits_per_byte": result.bits_per_byte, "tokens": result.tokens})

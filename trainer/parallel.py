@@ -6,9 +6,11 @@ single-device model in a fixed order, activation checkpointing (full, every k-th
 per-op selective), then per-block `torch.compile`, then FSDP (each block, then the root); the
 model is built on the meta device, sharded, and only then materialised (`to_empty` +
 `init_weights`), so it never exists unsharded on one device. Mixed precision is FSDP2's:
-parameters all-gathered in bf16, gradients reduce-scattered in fp32. The device mesh is 1-D
-(FSDP over every rank) or 2-D (HSDP: replicate x shard), as `crucible.api.sharding` decides from
-the job's shape; `data_parallel` reads this rank's slice of the batch from it.
+parameters all-gathered in bf16, gradients reduce-scattered in fp32. The device mesh is
+`crucible.api.layout`'s: FSDP over every rank, or HSDP (replicate x shard), as
+`crucible.api.sharding` decides from the job's shape, with a tensor-parallel dimension inside
+when `training.parallelism.tensor` asks for one (`tensor_parallel.py` applies it first, as
+torchtitan does); `data_parallel` reads this rank's slice of the batch from it.
 
 Initial weights do not depend on the world size: each parameter's full initial tensor is drawn
 from a generator seeded by (seed, parameter name) and each rank keeps its own slice. A run on 1
@@ -30,8 +32,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from crucible.api import sharding
+from crucible.api import layout, sharding
 from crucible.api.launch import TORCHRUN_ENV
+from crucible.trainer import tensor_parallel
 from crucible.trainer.model import GPT
 
 
@@ -85,18 +88,43 @@ def _warn_if_store_shared() -> None:
             "re-joined worker group can rendezvous again", " ".join(f"{k}={v}" for k, v in TORCHRUN_ENV.items()))
 
 
-# torchtitan's names (`distributed/parallel_dims.py`). FSDP2's `fully_shard` shards over the last
-# dimension and, given a 2-D mesh, replicates over the first: HSDP.
-MESH_DIM_NAMES = {1: ("dp_shard",), 2: ("dp_replicate", "dp_shard")}
-
-
-def build_mesh(env: DistEnv, shape: sharding.MeshShape | None = None) -> DeviceMesh:
-    """The data-parallel device mesh `shape` describes (default: FSDP over every rank)."""
+def build_mesh(env: DistEnv, shape: layout.Layout | sharding.MeshShape | None = None) -> DeviceMesh:
+    """The device mesh of `shape` (default: FSDP over every rank), with torchtitan's dimension
+    names (`distributed/parallel_dims.py`; `layout.Layout.dims`). A data-parallel MeshShape
+    alone is a layout without model parallelism."""
     shape = shape or sharding.fsdp(env.world_size)
-    if shape.dp_size != env.world_size:
+    if isinstance(shape, sharding.MeshShape):
+        shape = layout.Layout(shape)
+    if shape.world_size != env.world_size:
         raise ValueError(f"a mesh of {shape.dims} is not the {env.world_size} ranks of the job")
-    return init_device_mesh(env.device.type, shape.dims,
-                            mesh_dim_names=MESH_DIM_NAMES[len(shape.dims)])
+    names, sizes = zip(*shape.dims)
+    return init_device_mesh(env.device.type, sizes, mesh_dim_names=names)
+
+
+DP_DIMS = ("dp_replicate", "dp_shard")
+
+
+def _names(mesh: DeviceMesh) -> tuple[str, ...]:
+    return tuple(mesh.mesh_dim_names or ())
+
+
+def dp_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The data-parallel part of `mesh`, what FSDP shards over: 1-D (FSDP) or 2-D (HSDP: FSDP2's
+    `fully_shard` shards over the last dimension and replicates over the first)."""
+    dims = tuple(name for name in _names(mesh) if name in DP_DIMS)
+    return mesh if dims == _names(mesh) else mesh[dims if len(dims) > 1 else dims[0]]
+
+
+def tp_mesh(mesh: DeviceMesh) -> DeviceMesh | None:
+    """The tensor-parallel dimension of `mesh`, if it has one."""
+    return mesh["tp"] if "tp" in _names(mesh) else None
+
+
+def param_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh the model's DTensors live on: the data-parallel dimensions, and the
+    tensor-parallel one when there is one (FSDP2 over TP parameters joins the two)."""
+    dims = tuple(name for name in _names(mesh) if name in DP_DIMS or name == "tp")
+    return mesh if dims == _names(mesh) else mesh[dims if len(dims) > 1 else dims[0]]
 
 
 @dataclass(frozen=True)
@@ -111,12 +139,15 @@ class DataParallel:
 
 def data_parallel(mesh: DeviceMesh) -> DataParallel:
     """Read from the mesh, the one place that knows: the rank is the row-major coordinate over
-    the mesh's data-parallel dimensions (every dimension of it, today)."""
-    rank = 0
-    for coordinate, size in zip(mesh.get_coordinate(), mesh.shape):
-        rank = rank * size + coordinate
-    replicas = mesh.shape[0] if mesh.ndim == 2 else 1
-    return DataParallel(rank, mesh.size(), replicas)
+    the mesh's data-parallel dimensions. Tensor-parallel ranks read the same batch (they split
+    the model, not the data), so their coordinate does not count."""
+    rank, size, replicas = 0, 1, 1
+    for name, coordinate, extent in zip(_names(mesh), mesh.get_coordinate(), mesh.shape):
+        if name in DP_DIMS:
+            rank, size = rank * extent + coordinate, size * extent
+        if name == "dp_replicate":
+            replicas = extent
+    return DataParallel(rank, size, replicas)
 
 
 def wants_compile(setting: bool | None, device_type: str) -> bool:
@@ -167,19 +198,22 @@ def _op_sac_context():
     return create_selective_checkpoint_contexts(policy)
 
 
-def compile_model(model: GPT) -> None:
+def compile_model(model: GPT, *, loss: bool = True) -> None:
     """Compile each block and the loss in place of the eager ones (the planner's `compiled`
     memory counts what this keeps for backward)."""
     for i, block in enumerate(model.h):
         model.h[i] = torch.compile(block, fullgraph=True)
     # The loss too (torchtitan compiles its loss): inductor fuses the logits' fp32 upcast into
-    # the softmax instead of materialising an fp32 copy of them.
-    model.loss_fn = torch.compile(model.loss_fn)
+    # the softmax instead of materialising an fp32 copy of them. Not the vocabulary-parallel
+    # loss: `loss_parallel` swaps DTensor's kernels at run time, which a traced graph skips.
+    if loss:
+        model.loss_fn = torch.compile(model.loss_fn)
 
 
 def shard(model: GPT, mesh: DeviceMesh, precision: str, *, activation_checkpointing: str = "none",
           checkpoint_every: int = 2, compile_blocks: bool = False) -> GPT:
-    """Apply AC, compile and FSDP2 to `model` in place (torchtitan's order) and return it.
+    """Apply TP (when `mesh` has a tp dimension), AC, compile and FSDP2 over the data-parallel
+    dimensions to `model` in place (torchtitan's order) and return it.
 
     Blocks are wrapped, as torchtitan does (the wrappers' name segments leave checkpoint keys
     alone: `canonical_name`), not compiled in place with `Module.compile()`: in place, FSDP's
@@ -187,19 +221,23 @@ def shard(model: GPT, mesh: DeviceMesh, precision: str, *, activation_checkpoint
     call, and `fullgraph=True` cannot trace their collectives."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
+    tp = tp_mesh(mesh)
+    if tp is not None:
+        tensor_parallel.apply(model, tp)
     # preserve_rng_state=False: the blocks draw no random numbers (no dropout).
     context = {"context_fn": _op_sac_context} if activation_checkpointing == "selective-op" else {}
     for i in checkpointed_blocks(activation_checkpointing, len(model.h), checkpoint_every):
         model.h[i] = checkpoint_wrapper(model.h[i], preserve_rng_state=False, **context)
     if compile_blocks:
-        compile_model(model)
+        compile_model(model, loss=tp is None)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
                               reduce_dtype=torch.float32)
+    data = dp_mesh(mesh)
     for block in model.h:
-        fully_shard(block, mesh=mesh, mp_policy=mp)
+        fully_shard(block, mesh=data, mp_policy=mp)
     # The root unit holds embeddings, final norm and head. It is not resharded after forward:
     # backward needs it first, so FSDP would gather it again at once (torchtitan does the same).
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    fully_shard(model, mesh=data, mp_policy=mp, reshard_after_forward=False)
     return model
 
 
