@@ -8,6 +8,7 @@ Kubernetes client, so the operator image stays small and the trainer needs no op
     spec      the PretrainJob models (the CRD is generated from them), the trainer's job config
               and the one projection between them (`TrainJobConfig.from_job`)
     arch      GPT architectures as data: presets, parameter counts, FLOPs per token
+    batch_ramp  every step's global batch, constant or ramped up (training.batchRamp)
     names     API group/version/kind, the job-name rule, every child object's name and label
     launch    what a worker pod runs: torchrun flags and env, the config path, exit codes
     progress  the progress report rank 0 writes on the job's Lease, and its one time format

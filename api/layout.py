@@ -73,23 +73,26 @@ def fits_every_size(model_parallel: int, procs_per_node: int, min_nodes: int,
     return sharding.group_fits_every_size(model_parallel, procs_per_node, min_nodes, max_nodes)
 
 
-def model_problems(tensor: int, pipeline: int, virtual_stages: int, *, layers: int, heads: int,
-                   kv_heads: int) -> list[str]:
+def model_problems(tensor: int, pipeline: int, *, layers: int, heads: int,
+                   kv_heads: int, tied_embeddings: bool = False) -> list[str]:
     """What in the model forbids this parallelism, one sentence each (empty: it fits). Pure.
 
     Tensor parallelism gives each rank whole attention heads, and whole key/value heads (so a
-    query head's key/value head is on its own rank); a pipeline gives each of its
-    pipeline x virtualStages stages the same number of whole layers."""
+    query head's key/value head is on its own rank); a pipeline gives each of its stages the
+    same number of whole layers. A tied head is the
+    embedding itself, which a pipeline holds on its first stage and the head on its last."""
     out = []
     if heads % tensor:
         out.append(f"parallelism.tensor {tensor} must divide the model's {heads} heads")
     if kv_heads % tensor:
         out.append(f"parallelism.tensor {tensor} must divide the model's {kv_heads} key/value "
                    "heads")
-    stages = pipeline * virtual_stages
-    if layers % stages:
-        out.append(f"parallelism.pipeline x virtualStages = {stages} stages must divide the "
-                   f"model's {layers} layers")
+    if layers % pipeline:
+        out.append(f"parallelism.pipeline {pipeline} stages must divide the model's {layers} "
+                   "layers")
+    if pipeline > 1 and tied_embeddings:
+        out.append("parallelism.pipeline needs an untied head (model.tiedEmbeddings: false): the "
+                   "first stage holds the embedding and the last the head")
     return out
 
 
@@ -108,7 +111,9 @@ def layout(sharding_mode: sharding.Sharding, shard_group_size: int | None, *, wo
         raise LayoutError(f"training.parallelism.tensor {tensor} must divide the "
                           f"{local_world_size} processes per node (tensor parallelism stays "
                           "inside a node)")
-    local_dp = max(1, local_world_size // tensor)
+    # A node's data-parallel ranks of one stage: its share of the ranks, unless the node holds
+    # more than one stage (the pipeline is outermost), when a stage is all on it.
+    local_dp = max(1, min(local_world_size // tensor, world_size // model_parallel))
     dp = sharding.mesh_shape(sharding_mode, shard_group_size, world_size=world_size // model_parallel,
                              local_world_size=local_dp)
     return Layout(dp, pipeline, tensor)

@@ -224,32 +224,18 @@ class ParallelismSpec(Spec):
     dp_shard, pp, tp): `tensor` ranks split each block's matmuls, `pipeline` stages split the
     layers; FSDP/HSDP shards over what is left of the world."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
-        cel("self.virtualStages == 1 || self.schedule == 'interleaved1F1B'",
-            "parallelism.virtualStages above 1 needs schedule interleaved1F1B"),
-        cel("self.schedule != 'interleaved1F1B' || self.virtualStages >= 2",
-            "parallelism.schedule interleaved1F1B needs virtualStages of 2 or more")]})
-
     tensor: int = Field(1, ge=1, le=64, description="Tensor-parallel degree: ranks that split "
                         "each block's matmuls (column-wise in, row-wise out, sequence parallel "
                         "on the norms). It must divide procsPerNode (it stays inside a node, on "
                         "NVLink), the heads and the key/value heads.")
-    pipeline: int = Field(1, ge=1, le=256, description="Pipeline stages: consecutive ranks of "
-                          "layers, fed micro-batches by `schedule`. It must divide the layers "
-                          "(times virtualStages).")
-    schedule: Literal["1F1B", "interleaved1F1B"] = Field(
-        "1F1B", description="Pipeline schedule (torch.distributed.pipelining): 1F1B, or "
-        "interleaved 1F1B with virtualStages stages per rank (a smaller bubble, more traffic).")
-    virtual_stages: int = Field(1, ge=1, le=16, description="Stages per pipeline rank "
-                                "(interleaved1F1B only).")
-
-    @model_validator(mode="after")
-    def _schedule_and_stages(self) -> "ParallelismSpec":
-        if (self.virtual_stages > 1) != (self.schedule == "interleaved1F1B"):
-            raise ValueError("parallelism.virtualStages above 1 goes with schedule "
-                             f"interleaved1F1B, and only with it (got schedule {self.schedule}, "
-                             f"virtualStages {self.virtual_stages})")
-        return self
+    pipeline: int = Field(1, ge=1, le=256, description="Pipeline stages, each an equal share of "
+                          "the layers (it must divide them), fed the step's micro-batches "
+                          "(the gradient accumulation's, at least one per stage) by `schedule`.")
+    schedule: Literal["1F1B", "GPipe"] = Field(
+        "1F1B", description="Pipeline schedule (torch.distributed.pipelining): 1F1B (one "
+        "forward, one backward: activations of at most `pipeline` micro-batches held) or GPipe "
+        "(every forward, then every backward: activations of all of them). Both idle "
+        "(p-1)/(m+p-1) of the step for m micro-batches.")
 
     @property
     def model_parallel(self) -> int:
@@ -261,10 +247,11 @@ class BatchRampSpec(Spec):
     """A global batch that grows linearly over the first tokens of the run (GPT-3's batch size
     ramp, Brown et al. 2020, appendix B)."""
 
-    start_tokens: int = Field(..., ge=1, description="Global batch at step 0, in tokens; rounded "
-                              "to whole micro-batches per data-parallel rank (at least one).")
+    start_tokens: int = Field(..., ge=1, description="Global batch at step 0, in tokens, below "
+                              "globalBatchTokens; every batch of the ramp is rounded down to "
+                              "whole micro-batches per data-parallel rank (at least one).")
     ramp_tokens: float = Field(..., gt=0, description="Training tokens over which the batch "
-                               "grows linearly to globalBatchTokens.")
+                               "grows linearly to globalBatchTokens (at most training.tokens).")
 
 
 class OptimizerSpec(Spec):
@@ -278,6 +265,10 @@ class OptimizerSpec(Spec):
 
 _SR_NEEDS_BF16 = ("training.optimizer.bf16StochasticRounding keeps the parameters in bf16: it "
                   "needs training.precision bf16")
+_RAMP_START = ("training.batchRamp.startTokens must be below training.globalBatchTokens: the "
+               "batch ramps up to the global batch")
+_RAMP_LENGTH = ("training.batchRamp.rampTokens must not exceed training.tokens: the run would "
+                "end before its batch is full")
 
 
 class TrainingSpec(Spec):
@@ -288,7 +279,11 @@ class TrainingSpec(Spec):
             _GROUP_WITH_FSDP),
         cel("!has(self.optimizer) || !has(self.optimizer.bf16StochasticRounding) || "
             "!self.optimizer.bf16StochasticRounding || !has(self.precision) || "
-            "self.precision == 'bf16'", _SR_NEEDS_BF16)]})
+            "self.precision == 'bf16'", _SR_NEEDS_BF16),
+        # 524288: globalBatchTokens' default, for a spec given without it.
+        cel("!has(self.batchRamp) || self.batchRamp.startTokens < "
+            "(has(self.globalBatchTokens) ? self.globalBatchTokens : 524288)", _RAMP_START),
+        cel("!has(self.batchRamp) || self.batchRamp.rampTokens <= self.tokens", _RAMP_LENGTH)]})
 
     tokens: float = Field(..., gt=0, description="Total training tokens (e.g. 2.5e9).")
     global_batch_tokens: int = Field(524288, ge=1, description="Tokens per optimizer step, "
@@ -361,7 +356,9 @@ class TrainingSpec(Spec):
                                          "and pipeline parallelism (unset: data parallel only).")
     batch_ramp: BatchRampSpec | None = Field(None, description="Grow the global batch linearly "
                                              "from startTokens to globalBatchTokens over the "
-                                             "first rampTokens (unset: constant).")
+                                             "first rampTokens (unset: constant). The ramp's "
+                                             "steps are smaller, so the run takes more of them; "
+                                             "warmupSteps and the decay count steps.")
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec,
                                      description="Parameter storage and update.")
 
@@ -375,6 +372,16 @@ class TrainingSpec(Spec):
     def _rounding_needs_bf16(self) -> "TrainingSpec":
         if self.optimizer.bf16_stochastic_rounding and self.precision != "bf16":
             raise ValueError(_SR_NEEDS_BF16)
+        return self
+
+    @model_validator(mode="after")
+    def _ramp_fits(self) -> "TrainingSpec":
+        if self.batch_ramp is not None and self.batch_ramp.start_tokens >= self.global_batch_tokens:
+            raise ValueError(f"{_RAMP_START} (startTokens {self.batch_ramp.start_tokens}, "
+                             f"globalBatchTokens {self.global_batch_tokens})")
+        if self.batch_ramp is not None and self.batch_ramp.ramp_tokens > self.tokens:
+            raise ValueError(f"{_RAMP_LENGTH} (rampTokens {self.batch_ramp.ramp_tokens:g}, "
+                             f"tokens {self.tokens:g})")
         return self
 
     @property
@@ -886,8 +893,9 @@ def _model_fits_parallelism(model: ModelSpec, training: TrainingSpec) -> None:
     if par.model_parallel == 1:
         return
     cfg = model.to_arch()
-    problems = layout.model_problems(par.tensor, par.pipeline, par.virtual_stages,
-                                     layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.n_kv_heads)
+    problems = layout.model_problems(par.tensor, par.pipeline,
+                                     layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.n_kv_heads,
+                                     tied_embeddings=cfg.tied_embeddings)
     if problems:
         raise ValueError("; ".join(problems))
 

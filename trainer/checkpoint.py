@@ -56,7 +56,8 @@ from typing import Callable, TypeVar
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
+                                                     set_state_dict)
 from torch.distributed.checkpoint.stateful import Stateful
 
 from crucible.api.progress import CommitRef
@@ -169,6 +170,12 @@ def everyone_ok(ok: bool, group) -> bool:
 
 
 # --- what is saved ------------------------------------------------------------------------------
+# The optimizer's state and its param groups keyed by parameter name, each entry its own DCP key
+# (torchtitan's choice). Nested, the param groups are one list under one key: a pipeline stage's
+# list names only its own parameters, DCP keeps one rank's list for that key, and the other
+# stages' lr, betas and weight decay were lost on load.
+FLAT_OPTIMIZER = StateDictOptions(flatten_optimizer_state_dict=True)
+
 class AppState(Stateful):
     """Everything a restart needs, by name: model and optimizer (sharded, via DCP's state_dict
     API), and the loop's own `Stateful` parts (train state, sampler, LR scale, guard, ...)."""
@@ -178,13 +185,13 @@ class AppState(Stateful):
         self.model, self.optimizer, self.parts = model, optimizer, parts
 
     def state_dict(self) -> dict:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=FLAT_OPTIMIZER)
         return {"model": model_sd, "optimizer": optim_sd, "rng": torch.get_rng_state(),
                 **{name: part.state_dict() for name, part in self.parts.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
+                       optim_state_dict=state["optimizer"], options=FLAT_OPTIMIZER)
         # The generator lives on the host and takes a host tensor only, whatever device the
         # rest of the state was restored to (on a GPU a restore that moved it there crashed).
         torch.set_rng_state(state["rng"].to("cpu"))
@@ -212,7 +219,8 @@ class Checkpointer:
                  local_rank: int, model_hash: str, config_hash: str,
                  on_commit: Callable[[Commit, float], None] | None = None,
                  marker_timeout_s: float = 600.0, upload_attempts: int = 6,
-                 batch_tokens: int | None = None, read_only: bool = False):
+                 batch_tokens: int | None = None, batch_notes: dict | None = None,
+                 read_only: bool = False):
         assert spec.uri, "Checkpointer needs checkpoint.uri"
         # A reader beside the run (`crucible eval`, `export`): a commit it cannot load is skipped,
         # never quarantined. What failed may be the reader's own (its node, disk or network), and
@@ -230,8 +238,10 @@ class Checkpointer:
                 f"create secret generic {spec.signing_key_secret} "
                 f"--from-literal={SIGNING_KEY_ENV}=$(openssl rand -hex 32))")
         # Recorded in each manifest: the batch the steps so far were taken with, which a resume
-        # compares against its own (a state's tokens/step is an average once it has changed).
-        self.batch_tokens = batch_tokens
+        # compares against its own (a state's tokens/step is an average once it has changed),
+        # and `batch_notes`: JSON fields on how the steps were cut (the batch ramp, what the
+        # sampler's offset counts from) that a resume checks too.
+        self.batch_tokens, self.batch_notes = batch_tokens, batch_notes or {}
         self.spec, self.uri = spec, spec.uri.rstrip("/")
         self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
         self.model_hash, self.config_hash = model_hash, config_hash
@@ -671,7 +681,7 @@ class Checkpointer:
                     "world_size": self.world_size, "time": time.time(), "files": files,
                     "model_hash": self.model_hash, "config_hash": self.config_hash,
                     "incarnation": self.store.incarnation,
-                    "global_batch_tokens": self.batch_tokens}
+                    "global_batch_tokens": self.batch_tokens, **self.batch_notes}
         if self._key is not None:
             manifest = sign(manifest, self._key)
         storage.write_bytes(storage.join(step_uri, MANIFEST), json.dumps(manifest, indent=1).encode())

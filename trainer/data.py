@@ -12,10 +12,14 @@ The fixed 4 KiB data offset keeps the token array page-aligned for `np.memmap`.
 Sampling is a pure function of (seed, sample index): the stream of all shards is cut into
 windows of seq_len+1 tokens, and sample g of the run is window perm_e(g mod n) of epoch
 e = g div n, where perm_e is a keyed Feistel permutation (O(1) memory at any corpus size).
-Step s of the run consumes samples [s·B + offset, (s+1)·B + offset) where B is the global batch
-in sequences; rank r of W takes a contiguous 1/W of them. So which data a step sees does not
-depend on the world size (an elastic restart on fewer nodes continues the same order), and the
-sampler's whole state is {seed, sample_offset}; `skip` moves the offset past a bad data window.
+A step that starts after c training tokens consumes samples [c/T + offset, c/T + B + offset),
+where T is seq_len and B the step's global batch in sequences (constant, or growing over a
+batch ramp: crucible.api.batch_ramp); rank r of W takes a contiguous 1/W of them. So the data
+order is addressed by tokens trained on, not by step: it does not depend on the world size (an
+elastic restart on fewer nodes continues the same order), nor on how the tokens were cut into
+steps (a changed batch continues at the first unseen sample), and the sampler's whole state is
+{seed, sample_offset}: the samples skipped beyond those trained on (`skip` moves the offset past
+a bad data window).
 """
 
 from __future__ import annotations
@@ -207,17 +211,19 @@ class Sampler:
             starts[sel] = feistel_permute(within[sel], n, key=self.seed * 7919 + int(e))
         return starts * self.seq_len
 
-    def batch(self, step: int, micro: int, *, global_batch: int, micro_batch: int, rank: int,
+    def batch(self, start: int, micro: int, *, global_batch: int, micro_batch: int, rank: int,
               world_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """Inputs and targets, each (micro_batch, seq_len) int64, for one micro-step of a rank."""
+        """Inputs and targets, each (micro_batch, seq_len) int64, for one micro-step of a rank,
+        of the step whose first sample is `start` (tokens trained on before it / seq_len) and
+        whose global batch is `global_batch` sequences."""
         per_rank = global_batch // world_size
-        first = step * global_batch + self.sample_offset + rank * per_rank + micro * micro_batch
+        first = start + self.sample_offset + rank * per_rank + micro * micro_batch
         idx = np.arange(first, first + micro_batch, dtype=np.int64)
         rows = np.stack([self.shards.read(int(s), self.seq_len + 1) for s in self.window_starts(idx)])
         return rows[:, :-1], rows[:, 1:]
 
-    def epochs_at(self, step: int, global_batch: int) -> float:
-        return (step * global_batch + self.sample_offset) / self.windows_per_epoch
+    def epochs_at(self, tokens_seen: int) -> float:
+        return (tokens_seen // self.seq_len + self.sample_offset) / self.windows_per_epoch
 
     def skip(self, samples: int) -> None:
         """Move past `samples` samples (a spike's data window) without reading them."""

@@ -28,7 +28,12 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, val: ShardSet, *, seq_len: int, micro_batch: int, tokens: int,
-             rank: int, world_size: int, device: torch.device) -> EvalResult:
+             rank: int, world_size: int, device: torch.device, loss_of=None) -> EvalResult:
+    """The mean held-out loss over `tokens` of `val`, each of the `world_size` data-parallel
+    ranks scoring its own windows. `loss_of(inputs, targets)` computes a batch's loss where the
+    model alone cannot (a pipeline stage: `Pipeline.forward_loss`, whose losses are shares
+    that the all-reduce adds up to the same mean)."""
+    loss_of = loss_of or model
     available = (val.num_tokens - 1) // seq_len
     # A small validation set still gets scored: shrink the batch so every rank has a window.
     micro_batch = max(1, min(micro_batch, available // world_size))
@@ -50,9 +55,11 @@ def evaluate(model: torch.nn.Module, val: ShardSet, *, seq_len: int, micro_batch
         # them and its log-softmax, 8·B·T·V bytes beside the logits' own 2·B·T·V, are ~84 GB
         # at a 128K vocabulary and micro-batch 8 x 8,192, more than the training step holds.
         n = batch[:, 1:].numel()
-        loss_sum += model(batch[:, :-1], batch[:, 1:]).double() * n
+        loss_sum += loss_of(batch[:, :-1], batch[:, 1:]).double() * n
         count += n
-    if world_size > 1:
+    # Over every rank, not the data-parallel ones only: under a pipeline the loss is on the
+    # last stage's ranks (the others add zeros and the same counts; `loss_of`).
+    if dist.is_initialized() and dist.get_world_size() > 1:
         totals = torch.stack([loss_sum, count])
         dist.all_reduce(totals)
         loss_sum, count = totals[0], totals[1]

@@ -37,9 +37,10 @@ from pathlib import Path
 import torch
 
 from crucible.api import arch, layout
+from crucible.api.batch_ramp import BatchRamp, BatchSchedule
 from crucible.api.progress import Straggler
 from crucible.api.spec import TrainJobConfig
-from crucible.trainer import optim, parallel, restore, tensor_parallel
+from crucible.trainer import optim, parallel, pipeline, restore, tensor_parallel
 from crucible.trainer.cadence import Cadence
 from crucible.trainer.checkpoint import AppState, Checkpointer, Commit, job_hashes, should_save
 from crucible.trainer.data import Sampler, ShardSet
@@ -50,6 +51,7 @@ from crucible.trainer.lease import progress_lease
 from crucible.trainer.memory_checkpoint import MemoryTier
 from crucible.trainer.prefetch import Prefetcher
 from crucible.trainer.restore import GuardAbort, TrainState
+from crucible.trainer.stochastic_rounding import store_params_in_bf16
 from crucible.trainer.straggler import SegmentTimer, StragglerDetector
 from crucible.trainer.metrics import Metrics, StepMetrics, device_peak_flops
 
@@ -69,7 +71,9 @@ class Terminated(RuntimeError):
 @dataclass(frozen=True)
 class RunShape:
     """A run's batch arithmetic and size, derived from the config and the data-parallel size
-    (the ranks that each read their own slice of the batch) and logged at start."""
+    (the ranks that each read their own slice of the batch) and logged at start. The batch
+    fields are the full batch's; with a batch ramp a step's own is `ramp`'s for the tokens
+    trained on before it, and `total_steps` counts the ramp's smaller steps."""
 
     dp_size: int
     seq_len: int
@@ -80,6 +84,7 @@ class RunShape:
     total_steps: int
     flops_per_token: float
     params: int
+    ramp: BatchRamp
 
 
 def run_shape(cfg: TrainJobConfig, dp_size: int) -> RunShape:
@@ -96,12 +101,15 @@ def run_shape(cfg: TrainJobConfig, dp_size: int) -> RunShape:
                          f"data-parallel ranks x microBatch {t.micro_batch} do not divide; "
                          f"choose a global batch that is a multiple of {per_step * T} tokens, or "
                          "another microBatch")
+    ramp = BatchRamp.of(t.global_batch_tokens, per_step * T,
+                        *((t.batch_ramp.start_tokens, t.batch_ramp.ramp_tokens)
+                          if t.batch_ramp is not None else ()))
     return RunShape(dp_size=dp_size, seq_len=T, micro_batch=t.micro_batch,
                     accum_steps=seqs // per_step, global_batch_seqs=seqs,
                     tokens_per_step=t.global_batch_tokens,
-                    total_steps=max(1, math.ceil(t.tokens / t.global_batch_tokens)),
+                    total_steps=BatchSchedule(ramp, t.tokens).total_steps,
                     flops_per_token=arch.flops_per_token(model_cfg),
-                    params=arch.param_count(model_cfg))
+                    params=arch.param_count(model_cfg), ramp=ramp)
 
 
 @dataclass(frozen=True)
@@ -187,6 +195,11 @@ class Run:
             f"= {p.dp_size} data-parallel ranks x {p.micro_batch} seqs x {p.seq_len} tokens x "
             f"{p.accum_steps} accumulation, {p.total_steps} steps, "
             f"{p.flops_per_token / 1e6:.1f} MFLOP/token")
+        if t.batch_ramp is not None:
+            first = p.ramp.micro_steps(0)
+            log(f"batch ramp: {first * p.ramp.unit_tokens} tokens/step ({first} accumulation) "
+                f"growing to {p.tokens_per_step} over the first {t.batch_ramp.ramp_tokens:g} "
+                f"tokens, {BatchSchedule(p.ramp, t.tokens).ramp_steps} steps")
 
         # Prove checkpoint storage works before anything expensive is built or trained.
         self.ckpt = self._checkpointer()
@@ -199,8 +212,7 @@ class Run:
         self._build_model()
         self.lr_scale = optim.LRScale()
         self.sampler = Sampler(self.train_shards, p.seq_len, t.seed)
-        self.batches = Prefetcher(self.sampler, env.device, p.accum_steps,
-                                  global_batch=p.global_batch_seqs, micro_batch=p.micro_batch,
+        self.batches = Prefetcher(self.sampler, env.device, p.ramp, micro_batch=p.micro_batch,
                                   rank=self.dp.rank, world_size=self.dp.size)
         self.state = TrainState()
         parts = {"train": self.state, "sampler": self.sampler, "lr_scale": self.lr_scale}
@@ -240,8 +252,19 @@ class Run:
             self.model_cfg, env, self.mesh, precision=t.precision, seed=t.seed,
             activation_checkpointing=t.activation_checkpointing_mode,
             checkpoint_every=t.activation_checkpointing_every, compile_blocks=compile_blocks)
+        if t.optimizer.bf16_stochastic_rounding:
+            # No fp32 master copy: the parameters themselves are bf16, and the optimizer
+            # rounds its fp32 update into them stochastically.
+            store_params_in_bf16(self.model)
         self.optimizer = optim.build_optimizer(self.model, t)
         self.loss_context = functools.partial(tensor_parallel.loss_context, self.layout.tp > 1)
+        self.pipeline = None
+        if self.layout.pp > 1:
+            self.pipeline = pipeline.Pipeline(
+                self.model, self.mesh, env.device, t.parallelism.schedule,
+                torch.bfloat16 if t.precision == "bf16" else torch.float32)
+            # Refused here, before any step, if the smallest step cannot fill the stages.
+            self.pipeline.schedule(self.shape.ramp.micro_steps(0))
 
     def _build_straggler_timing(self) -> None:
         """Every rank times its own work (straggler.SegmentTimer) and shares it in the step's
@@ -285,13 +308,20 @@ class Run:
                             world_size=self.env.world_size, local_rank=self.env.local_rank,
                             model_hash=model_hash, config_hash=config_hash,
                             on_commit=self.on_commit,
-                            batch_tokens=self.shape.tokens_per_step)
+                            batch_tokens=self.shape.tokens_per_step,
+                            batch_notes=restore.batch_notes(self.cfg.training))
 
     def _memory_tier(self) -> MemoryTier | None:
         spec = self.cfg.checkpoint
         if not spec.in_memory_every_steps:
             return None
         model_hash, _ = job_hashes(self.cfg)
+        # A snapshot is each rank's local shards: it restores only into the same layout. The
+        # data-parallel mesh alone does not say it (tensor 2 and pipeline 2 on 4 ranks both
+        # leave 2 data-parallel ranks), so the model-parallel degrees join the model's hash.
+        lay = self.layout
+        if lay.tp > 1 or lay.pp > 1:
+            model_hash = f"{model_hash}:tp{lay.tp}:pp{lay.pp}"
         return MemoryTier(job=self.cfg.name, rank=self.env.rank,
                           world_size=self.env.world_size,
                           local_world_size=self.env.local_world_size, model_hash=model_hash,
@@ -301,7 +331,8 @@ class Run:
         """An in-memory snapshot of this step (every rank, at the same steps)."""
         blocking_s = self.memory.snapshot(self.app, self.state.step,
                                           notes={"global_batch_tokens": self.shape.tokens_per_step,
-                                                 "tokens": self.state.tokens_seen})
+                                                 "tokens": self.state.tokens_seen,
+                                                 **restore.batch_notes(self.cfg.training)})
         self.metrics.set(memory_snapshot_blocking_seconds=blocking_s)
 
     def on_commit(self, commit: Commit, upload_s: float | None) -> None:
@@ -319,7 +350,10 @@ class Run:
     def forward_backward(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """Forward/backward over the accumulation micro-steps, then clip (not yet the update).
         Returns (this rank's mean loss, global grad norm before clipping, learning rate); the
-        two numbers stay on the device for the step's one packed all-reduce (`launch`)."""
+        two numbers stay on the device for the step's one packed all-reduce (`launch`). The
+        step's micro-steps are the batch ramp's for the tokens trained on so far (the full
+        batch's without one); every micro-batch is as large, so the loss is the mean over every
+        token of the step however many there are."""
         t, p, env = self.cfg.training, self.shape, self.env
         started = time.thread_time()
         self.local_timer.start_step()
@@ -331,8 +365,12 @@ class Run:
             lr *= 100
         optim.set_lr(self.optimizer, lr)
         loss_sum = torch.zeros((), device=env.device)
-        for micro in range(p.accum_steps):
-            inputs, targets = self.batches.get(step, micro)  # each (B, T), on the device
+        tokens_before = self.state.tokens_seen
+        accum_steps = p.ramp.micro_steps(tokens_before)
+        if self.pipeline is not None:
+            return self._pipeline_step(tokens_before, accum_steps, faults), self._clip(), lr
+        for micro in range(accum_steps):
+            inputs, targets = self.batches.get(tokens_before, micro)  # each (B, T), on the device
             if "garbage" in faults:
                 gen = torch.Generator(device=env.device).manual_seed(step * 1000 + micro)
                 inputs, targets = torch.randint(0, self.train_shards.vocab_size,
@@ -341,19 +379,36 @@ class Run:
             if t.gradient_sync == "lastMicroBatch":
                 # Reduce-scatter once per step, after the last micro-batch: until then each
                 # rank holds full unsharded fp32 gradients.
-                self.model.set_requires_gradient_sync(micro == p.accum_steps - 1)
+                self.model.set_requires_gradient_sync(micro == accum_steps - 1)
             self.local_timer.start_segment()
             with self.loss_context():
                 loss = self.model(inputs, targets)
                 if "nan" in faults:
                     loss = loss * float("nan")
-                (loss / p.accum_steps).backward()
+                (loss / accum_steps).backward()
             self.local_timer.end_segment()
             loss_sum += loss.detach()
-        grad_norm = optim.clip_grad_norm(self.model, t.grad_clip)
+        grad_norm = self._clip()
         if self.slowdown > 1:
             self._slow_down(started)
-        return loss_sum / p.accum_steps, grad_norm, lr
+        return loss_sum / accum_steps, grad_norm, lr
+
+    def _clip(self) -> torch.Tensor:
+        """The global gradient norm, clipped to training.gradClip: over every pipeline stage's
+        gradients when there are stages."""
+        return optim.clip_grad_norm(self.model, self.cfg.training.grad_clip,
+                                    pipeline_group=self.pipeline and self.pipeline.group)
+
+    def _pipeline_step(self, tokens_before: int, accum_steps: int, faults: set[str]) -> torch.Tensor:
+        """The step's micro-batches through the pipeline's schedule, as one batch it splits
+        again; this rank's share of the mean loss (`Pipeline.train_step`)."""
+        micro = [self.batches.get(tokens_before, i) for i in range(accum_steps)]
+        self.local_timer.start_segment()
+        with self.loss_context():
+            loss = self.pipeline.train_step(torch.cat([i for i, _ in micro]),
+                                            torch.cat([t for _, t in micro]), accum_steps)
+        self.local_timer.end_segment()
+        return loss * float("nan") if "nan" in faults else loss
 
     def _slow_down(self, started: float) -> None:
         """The injected straggler (CRUCIBLE_SLOW_RANK): compute (spin) for the extra time a
@@ -480,7 +535,8 @@ class Run:
         with self.loss_context():
             result = evaluate(self.model, self.val_shards, seq_len=self.shape.seq_len,
                               micro_batch=t.micro_batch, tokens=t.eval_tokens, rank=self.dp.rank,
-                              world_size=self.dp.size, device=self.env.device)
+                              world_size=self.dp.size, device=self.env.device,
+                              loss_of=self.pipeline and self.pipeline.forward_loss)
         self.metrics.set(eval_loss=result.loss, eval_bits_per_byte=result.bits_per_byte)
         self.metrics.write({"kind": "eval", "step": self.state.step, "loss": result.loss,
                             "bits_per_byte": result.bits_per_byte, "tokens": result.tokens})
@@ -528,6 +584,7 @@ class _Launched:
     flight: InFlight
     lr: float
     begun: float                   # when its forward was queued (perf_counter)
+    tokens: int                    # its global batch (the batch ramp's, or the full one)
 
 
 class _Rollback(Exception):
@@ -558,11 +615,12 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None,
             if state.step < stop_at:
                 begun = time.perf_counter()
                 run.cadence.before(state.step + 1)
+                tokens = shape.ramp.micro_steps(state.tokens_seen) * shape.ramp.unit_tokens
                 loss_local, grad_norm, lr = run.forward_backward()
                 flight = run.launch(loss_local, grad_norm, save=run.wants_save(state.step + 1),
                                     stop=stop is not None and stop.is_set(),
                                     measure_update=_logs(cfg, state.step + 1, shape.total_steps))
-                current = _Launched(state.step + 1, flight, lr, begun)
+                current = _Launched(state.step + 1, flight, lr, begun, tokens)
             if launched is not None:
                 acting = time.thread_time()
                 try:
@@ -584,7 +642,7 @@ def _loop(run: Run, *, progress: bool, max_steps: int | None,
                 run.apply_update(current.flight,
                                  run.guard.skip_limits() if run.guard else None)
                 state.step += 1
-                state.tokens_seen += shape.tokens_per_step
+                state.tokens_seen += current.tokens
                 run.cadence.after(state.step)
         if run.ckpt is not None and run.ckpt.last_save_step < state.step:
             run.save(wait=True)  # the final (or cut-short) state is always committed
@@ -641,7 +699,7 @@ def _finish(run: Run, done: _Launched, out: _Progress, stop_at: int) -> None:
     pre = run.guard.check_update(done.step, loss_mean, grad_norm) if run.guard else None
     applied = pre is None or pre.ok
     post = run.guard.observe(done.step, loss_mean, grad_norm, applied) if run.guard else None
-    tps = shape.tokens_per_step / step_s
+    tps = done.tokens / step_s
     out.losses.append(loss_mean)
     last_commit = run.ckpt.last_commit if run.ckpt is not None else None
     # The step's one record: every sink below reads it, none computes its own numbers.

@@ -111,17 +111,17 @@ class CausalSelfAttention(nn.Module):
         # `groups` is read from the output, not the config: under tensor parallelism this rank
         # computes its own share of the groups (parallel.py).
         qkv = self.c_attn(x).unflatten(-1, (-1, group + 2, hd))
+        q, k, v = qkv.split([group, 1, 1], dim=3)
         if self.cfg.qk_norm:
-            qk = torch.cat([self.q_norm(qkv[..., :group, :]),
-                            self.k_norm(qkv[..., group:group + 1, :])], dim=3)
-        else:
-            qk = qkv[..., :group + 1, :]
-        qk = qk.permute(0, 2, 3, 1, 4)  # (B, groups, group + 1, T, hd)
-        v = qkv[..., group + 1, :].transpose(1, 2)  # (B, groups, T, hd)
+            q, k = self.q_norm(q), self.k_norm(k)
+        # Queries in (B, T, heads, hd) memory order: a copy here (a group's query heads are not
+        # next to the next group's), which nothing keeps for backward, so that the rotation's
+        # output, the one attention keeps, is dense in that order and attention's output needs
+        # no transposed copy either. Keys and values stay views.
+        q = q.reshape(B, T, -1, hd).transpose(1, 2)  # (B, heads, T, hd): head g·group + j
+        k, v = k.squeeze(3).transpose(1, 2), v.squeeze(3).transpose(1, 2)  # (B, groups, T, hd)
         if rope is not None:
-            qk = apply_rope(qk, *rope)  # queries and keys in one pass: half the launches
-        q = qk[:, :, :group].flatten(1, 2)  # (B, heads, T, hd): head g·group + j is in group g
-        k = qk[:, :, group]  # (B, groups, T, hd)
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         # Flash / memory-efficient kernels on GPU, the math kernel on CPU; with GQA each key/value
         # head serves its `group` query heads (query head i uses key/value head i // group, the
         # order above) without being copied out first.
@@ -217,20 +217,29 @@ class GPT(nn.Module):
             self.rope_sin.copy_(sin)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """idx (B, T) token ids -> logits (B, T, V), or the mean cross-entropy if targets given."""
-        B, T = idx.size()
+        """idx (B, T) token ids -> logits (B, T, V), or the mean cross-entropy if targets given.
+
+        A pipeline stage (pipeline.py) lacks the parts other stages hold: without the embedding
+        it takes the previous stage's activations (B, T, C) for `idx`, and without the head it
+        returns its own."""
+        B, T = idx.shape[:2]
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than model.seqLen {self.cfg.seq_len}")
-        x = self.wte(idx)  # (B, T, C)
+        x = idx if self.wte is None else self.wte(idx)  # (B, T, C)
         rope = None
         if self.cfg.position == "learned":
-            x = x + self.wpe(torch.arange(T, device=idx.device))  # (T, C) broadcast over B
+            if self.wpe is not None:
+                x = x + self.wpe(torch.arange(T, device=idx.device))  # (T, C) broadcast over B
         else:
-            # fp32 tables (angles up to seq_len radians need its mantissa), cut and cast once
-            # here rather than in every block.
-            rope = (self.rope_cos[:T].to(x.dtype), self.rope_sin[:T].to(x.dtype))
+            # fp32 tables (angles up to seq_len radians need its mantissa), cast once here
+            # rather than in every block; each attention cuts them to its own length (a
+            # pipeline stage's input may be one tensor-parallel rank's slice of the sequence,
+            # whose length is not the attention's).
+            rope = (self.rope_cos.to(x.dtype), self.rope_sin.to(x.dtype))
         for block in self.h:
             x = block(x, rope)
+        if self.lm_head is None:
+            return x
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits

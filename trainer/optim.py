@@ -8,6 +8,8 @@
   warmup-stable-decay with a "1-sqrt" cooldown over the last `decay_fraction` of steps, the best
   cooldown shape in Hägele et al. 2024 ("Scaling Laws and Compute-Optimal Training Beyond Fixed
   Training Durations", §3), or constant.
+- With `optimizer.bf16StochasticRounding`, `build_optimizer` returns the bf16-parameter AdamW
+  of `stochastic_rounding.py` (fp32 moments, no master copy), over the same groups.
 - `LRScale` is the schedule's only state: a multiplier the stability guard may lower after a
   rollback (OPT-175B logbook), saved in checkpoints.
 """
@@ -18,8 +20,10 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from crucible.api.spec import TrainingSpec
+from crucible.trainer.stochastic_rounding import StochasticRoundingAdamW
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -34,13 +38,19 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: torch.nn.Module, spec: TrainingSpec) -> torch.optim.AdamW:
+    """AdamW over `param_groups`; with `optimizer.bf16StochasticRounding`, the bf16 variant
+    (`stochastic_rounding.py`: the model's parameters must already be bf16), seeded by the
+    run's seed."""
+    groups = param_groups(model, spec.weight_decay)
+    hyper = dict(lr=spec.lr, betas=(spec.beta1, spec.beta2), eps=spec.eps)
+    if spec.optimizer.bf16_stochastic_rounding:
+        return StochasticRoundingAdamW(groups, seed=spec.seed, **hyper)
     # Fused, on every device: one kernel a step, the step counts stay where the parameters
     # are (no host read), and it takes `found_inf`, so the stability guard's skip is decided on
     # the device (`skip_flag`) without the host waiting for the step's numbers. (The CPU ran
     # foreach for a while, while a rare abort at process exit was chased; it was not the
     # optimizer's: see commands/train.py.)
-    return torch.optim.AdamW(param_groups(model, spec.weight_decay), lr=spec.lr,
-                             betas=(spec.beta1, spec.beta2), eps=spec.eps, fused=True)
+    return torch.optim.AdamW(groups, fused=True, **hyper)
 
 
 def skip_flag(sums: torch.Tensor, world_size: int, loss_limit: float,
@@ -60,7 +70,9 @@ def skip_flag(sums: torch.Tensor, world_size: int, loss_limit: float,
 
 
 def lr_at(step: int, spec: TrainingSpec, total_steps: int) -> float:
-    """Learning rate for optimizer step `step` (0-based) of a run of `total_steps`."""
+    """Learning rate for optimizer step `step` (0-based) of a run of `total_steps`. By step, not
+    by token: with a batch ramp its smaller steps count as whole steps of warmup and decay, and
+    `total_steps` is the ramp's count (batch_ramp.BatchSchedule), as a restart recomputes it."""
     peak, floor = spec.lr, spec.lr * spec.min_lr_ratio
     warmup = min(spec.warmup_steps, max(total_steps - 1, 0))
     # 1) linear warmup; (step+1) so the very first update is not taken at LR 0
@@ -112,15 +124,29 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
-    """Global gradient norm before clipping (over all shards), as a 0-dim tensor on the
-    gradients' device; clips in place if max_norm > 0. Not read here: the step's one host read
-    is the loop's packed all-reduce."""
+def clip_grad_norm(model: torch.nn.Module, max_norm: float,
+                   pipeline_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Global gradient norm before clipping (over all shards, and over every pipeline stage's
+    gradients when `pipeline_group` joins the stages), as a 0-dim tensor on the gradients'
+    device; clips in place if max_norm > 0. Not read here: the step's one host read is the
+    loop's packed all-reduce."""
     params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"),
-                                          foreach=True)
-    if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2: the norm of the whole model
-        norm = norm.full_tensor()  # a device collective, no host read
+    if pipeline_group is None:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"),
+                                              foreach=True)
+        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2: the norm of the whole model
+            norm = norm.full_tensor()  # a device collective, no host read
+        return norm
+    # A stage holds some of the parameters: the squares of the stages' norms add up (as
+    # torchtitan's `clip_grad_norm_` does), then every stage clips by the same whole norm.
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    square = norm.double().square()
+    dist.all_reduce(square, group=pipeline_group)
+    norm = square.sqrt().to(norm.dtype)
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
     return norm
 
 
@@ -166,8 +192,11 @@ def _update_sq(optimizer: torch.optim.AdamW, group: dict, params: list) -> torch
     """||Δθ||² of the next step over `params` (one group's, all with gradients)."""
     beta1, beta2 = group["betas"]
     states = [optimizer.state.get(p) or {} for p in params]
-    fresh = [_local(p.grad) for p, state in zip(params, states) if "exp_avg" not in state]
-    seen = [(_local(p.grad), state) for p, state in zip(params, states) if "exp_avg" in state]
+    # In fp32, as the moments are: bf16 gradients (bf16 parameters, stochastic rounding) are
+    # upcast, a third temporary per element; fp32 ones are taken as they are (`float()`).
+    fresh = [_local(p.grad).float() for p, state in zip(params, states) if "exp_avg" not in state]
+    seen = [(_local(p.grad).float(), state) for p, state in zip(params, states)
+            if "exp_avg" in state]
     squares = []
     if fresh:   # their first step: AdamW starts both moments and the count at zero
         m = torch._foreach_mul(fresh, 1.0)    # m̂ = (1-β1)g / (1-β1): g (a copy, overwritten)

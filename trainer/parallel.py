@@ -34,7 +34,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from crucible.api import layout, sharding
 from crucible.api.launch import TORCHRUN_ENV
-from crucible.trainer import tensor_parallel
+from crucible.trainer import pipeline, tensor_parallel
 from crucible.trainer.model import GPT
 
 
@@ -198,11 +198,17 @@ def _op_sac_context():
     return create_selective_checkpoint_contexts(policy)
 
 
+def own_blocks(model: GPT) -> list[int]:
+    """The blocks this rank holds: all of them, or a pipeline stage's share (the others are
+    parameterless stand-ins, `pipeline.OtherStagesBlock`)."""
+    return [i for i, block in enumerate(model.h) if pipeline.holds_parameters(block)]
+
+
 def compile_model(model: GPT, *, loss: bool = True) -> None:
     """Compile each block and the loss in place of the eager ones (the planner's `compiled`
     memory counts what this keeps for backward)."""
-    for i, block in enumerate(model.h):
-        model.h[i] = torch.compile(block, fullgraph=True)
+    for i in own_blocks(model):
+        model.h[i] = torch.compile(model.h[i], fullgraph=True)
     # The loss too (torchtitan compiles its loss): inductor fuses the logits' fp32 upcast into
     # the softmax instead of materialising an fp32 copy of them. Not the vocabulary-parallel
     # loss: `loss_parallel` swaps DTensor's kernels at run time, which a traced graph skips.
@@ -226,15 +232,16 @@ def shard(model: GPT, mesh: DeviceMesh, precision: str, *, activation_checkpoint
         tensor_parallel.apply(model, tp)
     # preserve_rng_state=False: the blocks draw no random numbers (no dropout).
     context = {"context_fn": _op_sac_context} if activation_checkpointing == "selective-op" else {}
-    for i in checkpointed_blocks(activation_checkpointing, len(model.h), checkpoint_every):
+    for i in set(checkpointed_blocks(activation_checkpointing, len(model.h), checkpoint_every)) \
+            & set(own_blocks(model)):
         model.h[i] = checkpoint_wrapper(model.h[i], preserve_rng_state=False, **context)
     if compile_blocks:
         compile_model(model, loss=tp is None)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
                               reduce_dtype=torch.float32)
     data = dp_mesh(mesh)
-    for block in model.h:
-        fully_shard(block, mesh=data, mp_policy=mp)
+    for i in own_blocks(model):
+        fully_shard(model.h[i], mesh=data, mp_policy=mp)
     # The root unit holds embeddings, final norm and head. It is not resharded after forward:
     # backward needs it first, so FSDP would gather it again at once (torchtitan does the same).
     fully_shard(model, mesh=data, mp_policy=mp, reshard_after_forward=False)
@@ -277,10 +284,12 @@ def materialize(model: GPT, device: torch.device, seed: int) -> GPT:
 
 def build_sharded_model(cfg, env: DistEnv, mesh: DeviceMesh, *, precision: str, seed: int,
                         **techniques) -> GPT:
-    """Meta-device build -> shard -> materialise (the three steps, in that order);
+    """Meta-device build -> (this rank's pipeline stage) -> shard -> materialise, in that order;
     `techniques` are `shard`'s keywords (AC and compile)."""
     with torch.device("meta"):
         model = GPT(cfg)
+    if "pp" in _names(mesh):
+        pipeline.keep_stage(model, mesh["pp"].get_local_rank(), mesh["pp"].size())
     shard(model, mesh, precision, **techniques)
     return materialize(model, env.device, seed)
 

@@ -1,7 +1,8 @@
 """Where a run continues from: its counters, the resume plan, and the paths that restore state.
 
 `TrainState` is the loop's own counters (torchtitan's `train_state`); `plan_resume` (pure)
-says how a run continues from a loaded checkpoint when the batch or the shard set changed.
+says how a run continues from a loaded checkpoint when the batch, the batch ramp or the shard
+set changed; `batch_notes` is what each checkpoint records for it beside the step and tokens.
 The restore paths, each a function of the `Run` it restores into:
   * `resume`: at a start, the in-memory tier first (the node's own memory or a peer's copy,
     memory_checkpoint.py), unless storage holds a newer commit, then storage (checkpoint.py);
@@ -13,12 +14,13 @@ Each reports where it restored from and how long it took (metrics, JSONL, progre
 from __future__ import annotations
 
 import datetime as dt
-import math
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from crucible.api.batch_ramp import BatchRamp, BatchSchedule
 from crucible.api.progress import RestoreRef
+from crucible.trainer import parallel
 from crucible.trainer.data import DataError
 from crucible.trainer.guard import Verdict
 
@@ -55,35 +57,62 @@ class Resume:
     notes: tuple[str, ...] = ()
 
 
+# What a sampler's offset counts from, recorded in every checkpoint: "tokens" (the samples
+# trained on, tokens seen / seqLen). A checkpoint without it counted from step x global batch.
+OFFSET_FROM_TOKENS = "tokens"
+
+
+def batch_notes(training) -> dict:
+    """What a checkpoint records about how its steps were cut, beside its global batch: the
+    batch ramp (as the spec spells it) and what the sampler's offset counts from."""
+    ramp = training.batch_ramp
+    return {"batch_ramp": ramp.model_dump(by_alias=True, mode="json") if ramp else None,
+            "sample_offset_from": OFFSET_FROM_TOKENS}
+
+
 def plan_resume(state: TrainState, *, saved_batch_tokens: int | None, batch_tokens: int,
                 seq_len: int, saved_data_tokens: int | None, data_tokens: int,
                 sample_offset: int, total_tokens: float, accept_batch: bool,
-                accept_data: bool) -> Resume:
-    """Continue from `state` (just loaded) with this run's batch and shards. Pure.
+                accept_data: bool, saved_ramp: dict | None = None, ramp_spec: dict | None = None,
+                ramp: BatchRamp | None = None, saved_offset_from: str | None = None) -> Resume:
+    """Continue from `state` (just loaded) with this run's batch, batch ramp and shards. Pure.
 
-    Step s reads samples `s x batch + offset` (data.Sampler). With the batch the checkpoint was
-    trained with, nothing changes. With another one, accepted, the offset moves so that the next
-    step reads the first sample not yet trained on: S x B_old + offset = S x B_new + offset'
-    at the step S resumed from; and the steps left are the tokens left over the new batch.
-    Another shard set, accepted, is a new data order: it starts from its beginning (the
-    samples read so far were indices into another permutation). Unaccepted, either is refused,
-    naming both values: it would skip, repeat or reshuffle samples."""
-    step, seqs = state.step, batch_tokens // seq_len
-    saved = saved_batch_tokens or (state.tokens_seen // step if step else None)
-    total = max(1, math.ceil(total_tokens / batch_tokens))
+    A step reads samples from `tokens seen / seq_len + offset` on (data.Sampler), so the data
+    order does not depend on how the tokens so far were cut into steps: with another global
+    batch or batch ramp, accepted, the next step reads the first sample not yet trained on, and
+    the steps left are those of the new schedule (`ramp`: the full batch alone when None) from
+    the tokens seen on. A checkpoint from before that rule (no `saved_offset_from`) counted
+    its offset from step x its batch: it is moved onto tokens seen. Another shard set,
+    accepted, is a new data order: it starts from its beginning (the samples read so far were
+    indices into another permutation). Unaccepted, any of them is refused, naming both values:
+    it would skip, repeat or reshuffle samples, or change the batch schedule mid-run."""
+    step, tokens = state.step, state.tokens_seen
+    saved = saved_batch_tokens or (tokens // step if step else None)
     offset, notes = sample_offset, []
+    if step and saved_offset_from != OFFSET_FROM_TOKENS and saved:
+        # The old offset counted from step x batch; the same sample from tokens seen.
+        offset += step * (saved // seq_len) - tokens // seq_len
     if step and saved != batch_tokens:
         if not accept_batch:
             return Resume(problem=(
                 f"training.globalBatchTokens is {batch_tokens} but the checkpoint was trained "
-                f"with {saved} ({state.tokens_seen} tokens in {step} steps): resuming would skip "
+                f"with {saved} ({tokens} tokens in {step} steps): resuming would skip "
                 "or repeat samples; restore globalBatchTokens, set checkpoint.acceptChangedBatch "
                 "to continue at the next unseen sample, or start a new checkpoint.uri"))
-        offset += step * (saved // seq_len - seqs)
         notes.append(f"global batch {saved} -> {batch_tokens} tokens (accepted): continuing at "
-                     f"sample {step * seqs + offset}")
-    if step:
-        total = step + max(0, math.ceil((total_tokens - state.tokens_seen) / batch_tokens))
+                     f"sample {tokens // seq_len + offset}")
+    if step and saved_ramp != ramp_spec:
+        if not accept_batch:
+            return Resume(problem=(
+                f"training.batchRamp is {_ramp_text(ramp_spec)} but the checkpoint was trained "
+                f"with {_ramp_text(saved_ramp)} ({tokens} tokens in {step} steps): resuming "
+                "would change the batch schedule mid-run; restore batchRamp, set "
+                "checkpoint.acceptChangedBatch to continue with the new ramp from the tokens "
+                "trained on, or start a new checkpoint.uri"))
+        notes.append(f"batch ramp {_ramp_text(saved_ramp)} -> {_ramp_text(ramp_spec)} "
+                     f"(accepted): continuing from {tokens} tokens")
+    ramp = ramp or BatchRamp(batch_tokens, 1)
+    total = BatchSchedule(ramp, total_tokens, step=step, tokens=tokens).total_steps
     if saved_data_tokens is not None and saved_data_tokens != data_tokens:
         if not accept_data:
             return Resume(problem=(
@@ -91,10 +120,16 @@ def plan_resume(state: TrainState, *, saved_batch_tokens: int | None, batch_toke
                 f"on a shard set of {saved_data_tokens:,}: resuming would reshuffle the data "
                 "order; point data.train at the same shards, set checkpoint.acceptChangedData to "
                 "start the new shards' order from its beginning, or start a new checkpoint.uri"))
-        offset = -step * seqs
+        offset = -(tokens // seq_len)
         notes.append(f"training shards of {saved_data_tokens:,} -> {data_tokens:,} tokens "
                      "(accepted): their order starts from its beginning")
     return Resume(sample_offset=offset, total_steps=total, notes=tuple(notes))
+
+
+def _ramp_text(ramp: dict | None) -> str:
+    if not ramp:
+        return "unset"
+    return f"{ramp['startTokens']} tokens over {ramp['rampTokens']:g}"
 
 
 def resume(run: Run) -> int | None:
@@ -124,7 +159,10 @@ def continue_from(run: Run, restored: dict, where: str) -> None:
                        sample_offset=run.sampler.sample_offset,
                        total_tokens=run.cfg.training.tokens,
                        accept_batch=spec.accept_changed_batch,
-                       accept_data=spec.accept_changed_data)
+                       accept_data=spec.accept_changed_data,
+                       saved_ramp=restored.get("batch_ramp"),
+                       ramp_spec=batch_notes(run.cfg.training)["batch_ramp"], ramp=p.ramp,
+                       saved_offset_from=restored.get("sample_offset_from"))
     if plan.problem:
         raise DataError(f"cannot resume from {where}: {plan.problem}")
     for note in plan.notes:
@@ -138,8 +176,9 @@ def from_memory(run: Run, max_step: int | None = None) -> dict | None:
     newer commit; what was restored (step and the snapshot's notes), or None."""
     # Only a listing: no checkpoint bytes are read from storage on this path.
     floor = run.ckpt.newest_committed(max_step) if run.ckpt is not None else 0
-    report = run.memory.restore(run.app, run.mesh, run.env.device, max_step=max_step,
-                                min_step=floor)
+    # The parameters' mesh: without a pipeline's dimension, which none of them is placed on.
+    report = run.memory.restore(run.app, parallel.param_mesh(run.mesh), run.env.device,
+                                max_step=max_step, min_step=floor)
     if report is None:
         return None
     restored = {"step": report.step, **report.notes}
@@ -201,7 +240,11 @@ def rollback(run: Run, verdict: Verdict) -> None:
         run.memory.discard_after(restored)
     skip_steps = (spec.data_skip_steps if spec.data_skip_steps is not None
                   else verdict.onset - restored)
-    run.sampler.skip(skip_steps * run.shape.global_batch_seqs)
+    # The data of `skip_steps` steps from the restored state on, as the batch ramp cuts them.
+    tokens = run.state.tokens_seen
+    skipped = BatchSchedule(run.shape.ramp, tokens, step=restored,
+                            tokens=tokens).at(restored + skip_steps).tokens_before - tokens
+    run.sampler.skip(skipped // run.shape.seq_len)
     run.lr_scale.lower(spec.lr_factor, until_step=restored + spec.cooldown_steps)
     run.metrics.count("rollbacks")
     run.metrics.set(lr_scale=spec.lr_factor)

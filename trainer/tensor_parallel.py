@@ -77,13 +77,17 @@ def apply(model: GPT, tp_mesh: DeviceMesh) -> GPT:
     """Split `model`'s layers over `tp_mesh`, in place. The model must still be on the meta
     device: its parameters are replaced by DTensors, and tied weights tied again."""
     cfg = model.cfg
-    parallelize_module(model, tp_mesh, root_plan(cfg.position == "learned"))
-    if cfg.tied_embeddings:
+    # A pipeline stage holds some of the root's parts (pipeline.keep_stage): plan those.
+    plan = {name: style for name, style in root_plan(cfg.position == "learned").items()
+            if getattr(model, name) is not None}
+    parallelize_module(model, tp_mesh, plan)
+    if cfg.tied_embeddings and model.lm_head is not None:
         # Each style registers a new parameter; the head's column block and the embedding's
         # row block are the same rows of the one tensor, so tying them again is exact.
         model.lm_head.weight = model.wte.weight
     for block in model.h:
-        parallelize_module(block, tp_mesh, block_plan(cfg.qk_norm))
+        if next(block.parameters(), None) is not None:  # not another pipeline stage's place
+            parallelize_module(block, tp_mesh, block_plan(cfg.qk_norm))
     model.loss_fn = _local_loss(model.loss_fn)
     return model
 

@@ -120,3 +120,73 @@ def test_fsdp_holds_its_gathered_root_and_blocks_and_last_micro_batch_whole_grad
                         recompute="full", accumulate_unsharded=True)
     assert last.accumulated_grad_bytes == pytest.approx(4 * arch.param_count(cfg))  # ~32 GB
     assert last.total_bytes == pytest.approx(fsdp.total_bytes + 4 * arch.param_count(cfg))
+
+
+def test_full_recomputation_peaks_at_the_larger_of_the_loss_and_one_recomputed_block():
+    """Chen et al. 2016 §3: the kept inputs plus the segment being recomputed, one block; the
+    loss's fullest point comes before any block's backward, so the two never add up."""
+    cfg = arch.preset("llama-8b")
+    est = mem.estimate(cfg, micro_batch=1, capacity_bytes=1e12, stage=3, dp=8, recompute="full",
+                       flash_attention=True)
+    block = mem.block_activation_bytes(cfg, cfg.seq_len, 1, recompute="none")
+    assert est.recompute_bytes == pytest.approx(block)
+    # A 128K vocabulary: the loss is the fuller of the two, and the total is as before.
+    assert est.logits_bytes + est.loss_transient_bytes > block
+    assert est.total_bytes == pytest.approx(est.states.total_bytes + est.activations_bytes
+                                            + est.working_bytes + est.logits_bytes
+                                            + est.loss_transient_bytes)
+    # A small vocabulary: the recomputed block is.
+    small = mem.estimate(arch.preset("llama-8b", vocab_size=512), micro_batch=1,
+                         capacity_bytes=1e12, stage=3, dp=8, recompute="full", flash_attention=True)
+    assert small.total_bytes == pytest.approx(small.states.total_bytes + small.activations_bytes
+                                              + small.working_bytes + small.recompute_bytes)
+
+
+def test_sequence_parallelism_keeps_the_gathered_norm_outputs_whole():
+    cfg = arch.preset("llama-8b")
+    tokens = cfg.seq_len
+    one = mem.block_activation_bytes(cfg, cfg.seq_len, 1, tp=1)
+    eight = mem.block_activation_bytes(cfg, cfg.seq_len, 1, tp=8)
+    # Everything splits eight ways but the two norm outputs the projections gather: 2h a token
+    # kept whole instead of an eighth.
+    assert eight == pytest.approx(one / 8 + 2 * 2 * tokens * cfg.dim * (1 - 1 / 8))
+    # Megatron-LM's way (Korthikanti's Table 2) is unchanged: layer_activation_bytes.
+    assert mem.layer_activation_bytes(S, B, H, A, tp=8) == pytest.approx(SBH * (34 / 8 + 80 / 8))
+
+
+def test_the_vocabulary_parallel_loss_holds_16_bytes_a_logit_eagerly():
+    rows, vocab = 8192, 128256
+    plain = mem.loss_transient_bytes(rows, 1, vocab, tp=8)
+    parallel = mem.loss_transient_bytes(rows, 1, vocab, tp=8, loss_parallel=True)
+    kept = mem.logits_bytes(rows, 1, vocab, tp=8)
+    assert (kept + plain) / (rows * vocab / 8) == 12
+    assert (kept + parallel) / (rows * vocab / 8) == 16
+    # Compiled, the loss keeps what it keeps either way.
+    assert mem.loss_transient_bytes(rows, 1, vocab, tp=8, compiled=True, loss_parallel=True) \
+        == mem.loss_transient_bytes(rows, 1, vocab, tp=8, compiled=True)
+
+
+@pytest.mark.parametrize("pp, m, v, schedule, held", [
+    (8, 8, 1, "1F1B", 8),          # p micro-batches through the rank's layers
+    (8, 4, 1, "1F1B", 4),          # fewer micro-batches than stages: all of them
+    (8, 32, 1, "GPipe", 32),       # every forward before any backward
+    (8, 8, 2, "interleaved1F1B", 8),     # 22 warm-up chunks capped at all 16, of half the layers
+    (4, 16, 2, "interleaved1F1B", 5.5),  # (1·4 + 2·3 + 1) chunks of half the layers
+    (8, None, 1, "1F1B", 8),       # unknown: p
+])
+def test_the_first_pipeline_rank_holds_its_schedules_micro_batches(pp, m, v, schedule, held):
+    assert mem.first_stage_in_flight(pp, m, v, schedule) == held
+
+
+def test_a_pipelined_fsdp_stage_keeps_its_parameters_gathered_and_gradients_whole():
+    """torch.distributed.pipelining turns gradient sync and resharding off for all but the
+    last micro-batch's backward: a rank holds its stage's bf16 parameters and fp32 gradients."""
+    cfg = arch.preset("llama-8b")
+    n = arch.param_count(cfg)
+    est = mem.estimate(cfg, micro_batch=1, capacity_bytes=1e12, stage=3, dp=4, pp=2,
+                       recompute="full", flash_attention=True)
+    assert est.working_bytes == pytest.approx((2 + 4) * n / 2)
+    fp32_reduce = mem.PRECISIONS["bf16"]
+    bf16_reduce = mem.with_reduce_dtype(fp32_reduce, "bfloat16")
+    assert mem.pipeline_stage_bytes(n, fp32_reduce, 2) - mem.pipeline_stage_bytes(
+        n, bf16_reduce, 2) == pytest.approx(2 * n / 2)

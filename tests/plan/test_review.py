@@ -93,6 +93,27 @@ def test_all_seeded_flaws_at_once(tmp_path):
     assert {"under-trained", "no-warmup", "vocab-not-64", "interval-vs-mtbf"} <= codes
 
 
+def test_a_batch_ramp_counts_its_smaller_steps_but_not_more_time(tmp_path):
+    from crucible.api.batch_ramp import BatchRamp, BatchSchedule
+
+    def load(doc, name):
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(doc))
+        return configs.load(path)
+
+    plain = load(SOUND, "plain.yaml")
+    ramped = load(_mutate(training__batchRamp={"startTokens": 32768, "rampTokens": 1e9}),
+                  "ramped.yaml")
+    # GPT-2 small on 8 GPUs: micro-batches of 8 x 1024 tokens on 8 ranks, 8 of them a full step.
+    ramp = BatchRamp.of(524288, 8 * 1024 * 8, 32768, 1e9)
+    assert ramped.total_steps == BatchSchedule(ramp, 2.5e9).total_steps
+    assert ramped.total_steps > plain.total_steps + 1000
+    ctx = rv.Context(accelerator("h100"))
+    # The same tokens take the same compute: the ramp's steps are each as much smaller.
+    assert rv._run_s(ramped, ctx) == pytest.approx(rv._run_s(plain, ctx), rel=1e-3)
+    assert plain.full_batch_steps is None
+
+
 def test_cli_exit_codes(tmp_path, capsys):
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     good.write_text(yaml.safe_dump(SOUND))
@@ -304,3 +325,20 @@ def test_torchtitans_own_8b_memory_figure_is_matched_within_10_percent(tmp_path)
     path.write_text(TORCHTITAN)
     codes = _codes(rv.review(configs.load(path, gpus=8), rv.Context(accelerator("h100"))))
     assert "does-not-fit" not in codes
+
+
+def test_a_jobs_model_parallelism_is_counted(tmp_path):
+    """training.parallelism: the data-parallel ranks are what tensor and pipeline parallelism
+    leave of the world, and under tensor parallelism the vocabulary-parallel loss stays eager
+    (trainer/parallel.py does not compile it) with DTensor's 16 bytes a logit."""
+    doc = _mutate(model={"preset": "llama-1b", "tiedEmbeddings": False},
+                  training__microBatch=1, training__globalBatchTokens=8 * 8192)
+    doc["spec"]["training"]["parallelism"] = {"tensor": 4, "pipeline": 2}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    setup = configs.load(path)
+    assert (setup.gpus, setup.dp, setup.tp, setup.pp) == (8, 1, 4, 2)
+    assert (setup.compiled, setup.compiled_loss) == (True, False)
+    est = rv.memory_estimate(setup, rv.Context(accelerator("h100")))
+    cfg = setup.model
+    assert est.loss_transient_bytes == pytest.approx(12 * cfg.seq_len * cfg.vocab_size / 4)

@@ -104,7 +104,7 @@ def _committer(tmp_path, key: bytes) -> Checkpointer:
     ck.uri, ck.world_size, ck.marker_timeout_s, ck._key = str(tmp_path), 2, 1.0, key
     ck.store = CommitStore(str(tmp_path), key)
     ck.store.incarnation = "ab12"
-    ck.model_hash, ck.config_hash, ck.batch_tokens = "m", "c", 4096
+    ck.model_hash, ck.config_hash, ck.batch_tokens, ck.batch_notes = "m", "c", 4096, {}
     ck.on_commit, ck.spec = None, SimpleNamespace(keep=3, keep_every=0)
     storage.write_bytes(str(tmp_path / "incarnation.json"), b'{"token": "ab12"}')
     return ck

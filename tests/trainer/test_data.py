@@ -91,8 +91,8 @@ def _sampler(tmp_path, **kw) -> Sampler:
 def test_a_step_sees_the_same_data_at_any_world_size(tmp_path):
     s = _sampler(tmp_path)
     global_batch = 8
-    one = s.batch(3, 0, global_batch=8, micro_batch=8, rank=0, world_size=1)[0]
-    two = np.concatenate([s.batch(3, m, global_batch=global_batch, micro_batch=2, rank=r,
+    one = s.batch(3 * 8, 0, global_batch=8, micro_batch=8, rank=0, world_size=1)[0]
+    two = np.concatenate([s.batch(3 * 8, m, global_batch=global_batch, micro_batch=2, rank=r,
                                   world_size=2)[0] for r in range(2) for m in range(2)])
     assert np.array_equal(one, two)
     x, y = s.batch(0, 0, global_batch=8, micro_batch=4, rank=0, world_size=2)
@@ -101,14 +101,14 @@ def test_a_step_sees_the_same_data_at_any_world_size(tmp_path):
 
 def test_sampler_state_round_trips_and_skip_moves_past_data(tmp_path):
     s = _sampler(tmp_path)
-    before = s.batch(5, 0, global_batch=4, micro_batch=4, rank=0, world_size=1)[0]
+    before = s.batch(5 * 4, 0, global_batch=4, micro_batch=4, rank=0, world_size=1)[0]
     s.skip(4)
-    after_skip = s.batch(4, 0, global_batch=4, micro_batch=4, rank=0, world_size=1)[0]
+    after_skip = s.batch(4 * 4, 0, global_batch=4, micro_batch=4, rank=0, world_size=1)[0]
     assert np.array_equal(before, after_skip)  # step 4 after skipping one batch = old step 5
     restored = _sampler(tmp_path / "again")
     restored.load_state_dict(s.state_dict())
     assert restored.sample_offset == 4
-    assert np.array_equal(restored.batch(4, 0, global_batch=4, micro_batch=4, rank=0,
+    assert np.array_equal(restored.batch(4 * 4, 0, global_batch=4, micro_batch=4, rank=0,
                                          world_size=1)[0], after_skip)
 
 
@@ -163,9 +163,10 @@ def test_resume_with_another_global_batch_is_refused_or_continues_at_the_next_un
     assert resumed.problem is None
     new = _sampler(tmp_path / "new")
     new.sample_offset = resumed.sample_offset
-    kept = np.concatenate([old.batch(s, 0, global_batch=4, micro_batch=4, rank=0,
+    kept = np.concatenate([old.batch(s * 4, 0, global_batch=4, micro_batch=4, rank=0,
                                      world_size=1)[0] for s in (8, 9)])
-    doubled = new.batch(8, 0, global_batch=8, micro_batch=8, rank=0, world_size=1)[0]
+    doubled = new.batch(state.tokens_seen // 16, 0, global_batch=8, micro_batch=8, rank=0,
+                        world_size=1)[0]
     assert np.array_equal(doubled, kept)
     # The tokens left (20 x 64 - 8 x 64) at 128 a step: 6 more steps.
     assert resumed.total_steps == 8 + 6
@@ -183,3 +184,51 @@ def test_epochs_cover_every_window_once(tmp_path):
     assert sorted((starts // 16).tolist()) == list(range(n))
     second = s.window_starts(np.arange(n, 2 * n))
     assert not np.array_equal(starts, second)  # each epoch is shuffled differently
+
+
+def test_resume_with_another_batch_ramp_is_refused_or_continues_from_the_tokens_seen():
+    from crucible.api.batch_ramp import BatchRamp, BatchSchedule
+    from crucible.trainer.restore import TrainState, plan_resume
+
+    ramp_spec = {"startTokens": 64, "rampTokens": 2048.0}
+    ramp = BatchRamp.of(256, 64, 64, 2048)   # 1 -> 4 micro-batches of 4 sequences of 16
+    schedule = BatchSchedule(ramp, 100 * 256)
+    state = TrainState(step=10, tokens_seen=schedule.at(10).tokens_before)
+    args = dict(saved_batch_tokens=256, batch_tokens=256, seq_len=16, saved_data_tokens=None,
+                data_tokens=20_000, sample_offset=5, total_tokens=100 * 256, accept_data=False,
+                saved_offset_from="tokens")
+    same = plan_resume(state, saved_ramp=ramp_spec, ramp_spec=ramp_spec, ramp=ramp,
+                       accept_batch=False, **args)
+    # The same ramp: the schedule of the run that never stopped, the offset untouched.
+    assert same.problem is None and same.notes == ()
+    assert same.total_steps == schedule.total_steps and same.sample_offset == 5
+    for saved, now in ((None, ramp_spec), (ramp_spec, None),
+                       (ramp_spec, {"startTokens": 128, "rampTokens": 2048.0})):
+        refused = plan_resume(state, saved_ramp=saved, ramp_spec=now, ramp=ramp,
+                              accept_batch=False, **args)
+        assert "training.batchRamp is" in refused.problem, refused
+        assert "checkpoint.acceptChangedBatch" in refused.problem
+    # Accepted, the ramp dropped: the tokens left at the full batch, the next unseen sample.
+    dropped = plan_resume(state, saved_ramp=ramp_spec, ramp_spec=None,
+                          ramp=BatchRamp.of(256, 64), accept_batch=True, **args)
+    assert dropped.problem is None and "batch ramp" in dropped.notes[0]
+    assert dropped.sample_offset == 5
+    left = 100 * 256 - state.tokens_seen
+    assert dropped.total_steps == 10 + -(-left // 256)
+
+
+def test_an_offset_saved_before_tokens_addressing_moves_onto_the_tokens_seen(tmp_path):
+    """A checkpoint that went through an accepted batch change recorded an offset counted from
+    step x its batch; read from tokens seen it lands on the same next sample."""
+    from crucible.trainer.restore import TrainState, plan_resume
+
+    # 8 steps of 64 tokens, then 2 of 128 after an accepted change that moved the offset by
+    # 8 x (4 - 8) samples: the next sample was 10 x 8 - 32 = 48, the 48 trained on.
+    state = TrainState(step=10, tokens_seen=8 * 64 + 2 * 128)
+    args = dict(saved_batch_tokens=128, batch_tokens=128, seq_len=16, saved_data_tokens=None,
+                data_tokens=20_000, total_tokens=20 * 128, accept_batch=False,
+                accept_data=False)
+    old = plan_resume(state, sample_offset=-32, **args)
+    assert old.problem is None and state.tokens_seen // 16 + old.sample_offset == 48
+    new = plan_resume(state, sample_offset=0, saved_offset_from="tokens", **args)
+    assert new.sample_offset == 0

@@ -18,6 +18,7 @@ from crucible.trainer.hardware import ACCELERATORS
 from crucible.trainer.plan import configs
 from crucible.trainer.plan import cost as costs
 from crucible.trainer.plan import emit_job, planner, scaling
+from crucible.trainer.plan.precision import PRECISIONS
 from crucible.trainer.plan.quantities import QuantityError, parse_fraction, parse_quantity
 from crucible.trainer.plan.report import render, to_json
 
@@ -56,10 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--price", help="USD per GPU-hour (default: the table's assumption)")
     parser.add_argument("--inference-tokens", help="tokens to be served over the model's life "
                         "(inference-aware sizing, Sardana et al. 2024)")
-    parser.add_argument("--precision", default="bf16", choices=["bf16", "bf16-pure", "fp32"],
+    parser.add_argument("--precision", default=None, choices=sorted(PRECISIONS),
                         help="what the states are kept in: bf16 (mixed, with an fp32 master: "
-                        "16 bytes a parameter; Crucible's trainer), bf16-pure (everything bf16, "
-                        "torchtitan's training.dtype = bfloat16: 8 bytes) or fp32 (16 bytes)")
+                        "16 bytes a parameter; Crucible's default), bf16-sr (bf16 weights "
+                        "rounded stochastically, fp32 AdamW moments, no master: 12 bytes; "
+                        "training.optimizer.bf16StochasticRounding), bf16-pure (everything "
+                        "bf16, torchtitan's training.dtype = bfloat16: 8 bytes) or fp32 (16 "
+                        "bytes). Default: what a --model file asks for, else bf16")
     parser.add_argument("--eager", action="store_true", help="count activations as eager "
                         "PyTorch keeps them (training.compile: false); by default as compiled "
                         "blocks and loss do, the default on GPUs")
@@ -95,7 +99,7 @@ def inputs_from_args(args) -> planner.PlanInputs:
     from crucible.trainer.cli import UserError
 
     try:
-        cfg, preset_name = None, None
+        cfg, preset_name, precision = None, None, args.precision
         seq = _int(args, "seq_len")
         if args.model in PRESETS:
             preset_name = args.model
@@ -104,9 +108,14 @@ def inputs_from_args(args) -> planner.PlanInputs:
             if not Path(args.model).is_file():
                 raise ValueError(f"--model {args.model!r} is neither a preset "
                                  f"({', '.join(sorted(PRESETS))}) nor a config file")
-            cfg = configs.load(args.model).model
+            setup = configs.load(args.model)
+            cfg = setup.model
             if cfg is None:
                 raise ValueError(f"{args.model} does not pin down a model shape")
+            # A job that rounds stochastically (or a config that keeps everything in bf16)
+            # is planned with the states it keeps, unless --precision says otherwise.
+            if precision is None and setup.precision in PRECISIONS:
+                precision = setup.precision
             cfg = replace(cfg, seq_len=seq) if seq else cfg
         return planner.PlanInputs(
             params=_num(args, "params"), tokens=_num(args, "tokens"),
@@ -119,7 +128,7 @@ def inputs_from_args(args) -> planner.PlanInputs:
             restart_seconds=_num(args, "restart_seconds", allow_zero=True),
             price_usd_per_gpu_hour=_num(args, "price", allow_zero=True),
             inference_tokens=_num(args, "inference_tokens", allow_zero=True) or 0.0,
-            precision=args.precision, compiled=not args.eager)
+            precision=precision or "bf16", compiled=not args.eager)
     except (QuantityError, ValueError) as err:  # ConfigReadError is a ValueError
         raise UserError(str(err), "see `crucible plan --help`") from None
 
@@ -179,6 +188,7 @@ def emit(plan: planner.Plan, inp: planner.PlanInputs, args) -> dict:
             activation_checkpointing=bool(fsdp and fsdp.layout.recompute == "full"),
             global_batch_tokens=inp.global_batch_tokens, data_train=args.data, data_val=args.val,
             tokenizer=args.tokenizer,
-            checkpoint_uri=args.checkpoint_uri or f"s3://change-me/runs/{name}")
+            checkpoint_uri=args.checkpoint_uri or f"s3://change-me/runs/{name}",
+            precision=planner.crucible_precision(PRECISIONS[inp.precision]).name)
     except ValueError as err:
         raise UserError(str(err), "pick another --name or fix the flags above") from None

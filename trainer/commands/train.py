@@ -74,7 +74,9 @@ def _train(args: argparse.Namespace) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     for chatty in ("botocore", "boto3", "urllib3", "s3transfer"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
+    from crucible.api.layout import LayoutError
     from crucible.api.sharding import ShardingError
+    from crucible.trainer.pipeline import PipelineError
     from crucible.trainer import loop
     from crucible.trainer.checkpoint import CheckpointError, StoreUnavailable
     from crucible.trainer.data import DataError
@@ -86,7 +88,8 @@ def _train(args: argparse.Namespace) -> int:
         # spending the job's restart budget.
         _termination_message(f"{STORAGE_UNAVAILABLE}: {err}")
         raise UserError(str(err)) from None
-    except (DataError, loop.BatchError, ShardingError, CheckpointError) as err:
+    except (DataError, loop.BatchError, ShardingError, LayoutError, PipelineError,
+            CheckpointError) as err:
         raise UserError(str(err)) from None
     except loop.Terminated as err:
         print(f"crucible train: {err}", file=sys.stderr)

@@ -5,6 +5,8 @@ Pure functions with dataclass results, one concept per module:
 - `quantities`  parse `1.3B`, `20T`, `6e23` and print SI figures;
 - `scaling`     Chinchilla (Hoffmann et al. 2022) with the Besiroglu et al. 2024 refit, the
                 20 tokens/parameter rule, Kaplan et al. 2020, inference-aware sizing (Sardana);
+- `precision`   bytes a parameter each precision keeps (mixed, stochastic rounding, pure bf16,
+                fp32) and FSDP's reduce dtype;
 - `memory`      per-GPU bytes for DDP and ZeRO-1/2/3 (Rajbhandari et al. 2020) and activations
                 (Korthikanti et al. 2022);
 - `parallelism` layouts, pipeline bubble and communication volumes (Narayanan et al. 2021);

@@ -22,8 +22,10 @@ import yaml
 from pydantic import ValidationError
 
 from crucible.api.arch import GPTConfig, param_count
+from crucible.api.batch_ramp import BatchRamp, BatchSchedule
 from crucible.api.spec import PretrainJobSpec, TrainJobConfig, explain
 from crucible.trainer.plan import recipes
+from crucible.trainer.plan.precision import REDUCE_DTYPES
 
 
 class ConfigReadError(ValueError):
@@ -45,12 +47,18 @@ class Setup:
     lr: float | None = None
     warmup_steps: int | None = None
     total_steps: int | None = None
+    # The run's tokens in steps of the full global batch; differs from total_steps with a batch
+    # ramp, whose smaller steps take less time each (None: the same).
+    full_batch_steps: float | None = None
     schedule: str | None = None
     min_lr_ratio: float | None = None
     weight_decay: float | None = None
     beta2: float | None = None
     grad_clip: float | None = None
-    precision: str | None = None  # bf16 (fp32 master), bf16-pure (no master), fp16 or fp32
+    # bf16 (fp32 master), bf16-sr (bf16 rounded stochastically, fp32 moments), bf16-pure (no
+    # master, bf16 moments), fp16 or fp32: plan/precision.py counts each.
+    precision: str | None = None
+    reduce_dtype: str = "float32"  # FSDP's gradient reduce dtype (mixed_precision_reduce)
     step_in_backward: bool = False  # the optimizer steps each gradient as it is made
     unfused_linears: bool = False   # torchtitan's block: q, k, v, gate and up separate matmuls
     gpus: int | None = None
@@ -58,9 +66,13 @@ class Setup:
     nodes_max: int | None = None
     procs_per_node: int | None = None
     gpu_limit: int | None = None  # nvidia.com/gpu per pod
-    dp: int | None = None
+    dp: int | None = None   # data-parallel ranks (FSDP shards over dp × cp)
     tp: int = 1
     pp: int = 1
+    cp: int = 1             # context parallel: ranks a sequence is split over
+    pp_schedule: str = "1F1B"   # 1F1B, interleaved1F1B or GPipe
+    virtual_stages: int = 1     # pipeline stages a rank holds (interleaved)
+    pp_microbatches: int | None = None  # a pipeline's micro-batches a step (None: derived)
     zero_stage: int | None = None
     recompute: str | None = None  # none, selective, full, selective-op
     gradient_sync: str | None = None  # Crucible's training.gradientSync
@@ -68,8 +80,11 @@ class Setup:
     # (model.py uses F.scaled_dot_product_attention when present) and torchtitan all use it.
     flash_attention: bool = True
     # Blocks and loss through torch.compile, which keeps fewer activations (plan/memory.py).
-    # Unknown: eager, which errs towards not fitting.
+    # Unknown: eager, which errs towards not fitting. `compiled_loss` None: as the blocks.
     compiled: bool = False
+    compiled_loss: bool | None = None
+    # The loss over vocabulary-sharded logits (torch's loss_parallel); None: with tensor parallel.
+    loss_parallel: bool | None = None
     checkpoint_enabled: bool = True
     checkpoint_uri: str | None = None
     checkpoint_every_s: float | None = None
@@ -128,14 +143,21 @@ def _common(path: Path, spec, source: str) -> Setup:
     """What a PretrainJob spec and a job config share. The operator's restart policy exists
     only in a PretrainJob, so a job config leaves it unset."""
     t, ck, ft = spec.training, spec.checkpoint, spec.fault_tolerance
+    par = t.parallelism
+    # training.compile unset: on for CUDA (parallel.wants_compile), where jobs run.
+    compiled = t.compile is not False
     return Setup(
         source=source, path=str(path), model=spec.model.to_arch(), tokens=t.tokens,
         global_batch_tokens=t.global_batch_tokens, micro_batch=t.micro_batch, lr=t.lr,
         warmup_steps=t.warmup_steps, total_steps=t.total_steps_hint, schedule=t.schedule,
         min_lr_ratio=t.min_lr_ratio, weight_decay=t.weight_decay, beta2=t.beta2,
-        grad_clip=t.grad_clip, precision=t.precision, zero_stage=3,
-        # training.compile unset: on for CUDA (parallel.wants_compile), where jobs run.
-        compiled=t.compile is not False,
+        grad_clip=t.grad_clip, zero_stage=3,
+        precision="bf16-sr" if t.optimizer.bf16_stochastic_rounding else t.precision,
+        tp=par.tensor, pp=par.pipeline, pp_schedule=par.schedule,
+        virtual_stages=getattr(par, "virtual_stages", 1),
+        # The vocabulary-parallel loss stays eager under tensor parallelism
+        # (parallel.compile_model: a traced graph would skip loss_parallel's kernels).
+        compiled=compiled, compiled_loss=compiled and par.tensor == 1,
         recompute=_RECOMPUTE[t.activation_checkpointing_mode], gradient_sync=t.gradient_sync,
         checkpoint_enabled=ck.uri is not None, checkpoint_uri=ck.uri,
         checkpoint_every_s=ck.every_minutes * 60 if ck.every_minutes else None,
@@ -156,9 +178,10 @@ def _pretrain_job(path: Path, spec_doc: dict) -> Setup:
     limit = next((limits[name] for name in GPU_RESOURCES if name in limits), None)
     setup = _common(path, spec, "PretrainJob")
     world = spec.nodes.max * spec.procs_per_node
-    return replace(setup, gpus=world, dp=world, nodes_min=spec.nodes.min, nodes_max=spec.nodes.max,
-                   procs_per_node=spec.procs_per_node,
-                   gpu_limit=int(limit) if limit is not None else None)
+    dp = world // spec.training.parallelism.model_parallel
+    return _ramped(replace(setup, gpus=world, dp=dp, nodes_min=spec.nodes.min,
+                           nodes_max=spec.nodes.max, procs_per_node=spec.procs_per_node,
+                           gpu_limit=int(limit) if limit is not None else None), spec.training)
 
 
 def _job_config(path: Path, doc: dict, gpus: int | None) -> Setup:
@@ -167,11 +190,76 @@ def _job_config(path: Path, doc: dict, gpus: int | None) -> Setup:
     except ValidationError as err:
         raise ConfigReadError(f"{path}: {err.error_count()} problem(s):\n{explain(err)}") from None
     notes = () if gpus else ("world size is not in a job config; pass --gpus",)
-    return replace(_common(path, cfg, "Crucible job config"), gpus=gpus, dp=gpus, notes=notes)
+    dp = gpus // cfg.training.parallelism.model_parallel if gpus else None
+    return _ramped(replace(_common(path, cfg, "Crucible job config"), gpus=gpus, dp=dp,
+                           notes=notes), cfg.training)
+
+
+def _ramped(setup: Setup, training) -> Setup:
+    """With training.batchRamp, the steps the trainer takes (the ramp's are smaller, so there
+    are more; warmup and decay count them) and what they are worth in full-batch steps. The
+    ramp rounds to whole micro-batches on every data-parallel rank: an unknown world size
+    counts as one rank."""
+    ramp = training.batch_ramp
+    unit = setup.model.seq_len * training.micro_batch * (setup.dp or 1) if setup.model else 0
+    if ramp is None or not unit or training.global_batch_tokens % unit:
+        return setup   # no ramp, or no whole steps to count (the review says why)
+    schedule = BatchSchedule(BatchRamp.of(training.global_batch_tokens, unit, ramp.start_tokens,
+                                          ramp.ramp_tokens), training.tokens)
+    trained = schedule.at(schedule.total_steps).tokens_before
+    return replace(setup, total_steps=schedule.total_steps,
+                   full_batch_steps=trained / training.global_batch_tokens)
 
 
 _DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16",
            "float32": "fp32", "fp32": "fp32"}
+
+
+def _first(key: str, default, *sections: dict):
+    """`key` from the first section that has it: torchtitan moved its fields between sections
+    (degrees from [training] and [experimental] to [parallelism] in March 2025)."""
+    return next((section[key] for section in sections if key in section), default)
+
+
+def _torchtitan_compile(doc: dict, train: dict) -> tuple[bool, bool]:
+    """(blocks compiled, loss compiled). [compile] (August 2025 on) names its components;
+    before it, `training.compile` compiled each block, and the loss too only from April 2025
+    (torchtitan's `build_loss_fn`). `local_batch_size` (June 2025) dates a config after that;
+    one with `batch_size` may be older and is counted with an eager loss, erring towards
+    more memory."""
+    section = doc.get("compile")
+    if section is not None:
+        on = bool(section.get("enable", False))
+        parts = section.get("components", ["model", "loss"])
+        return on and "model" in parts, on and "loss" in parts
+    on = bool(train.get("compile", False))
+    return on, on and "local_batch_size" in train
+
+
+def _torchtitan_pipeline(pp: int, local: int, par: dict, exp: dict,
+                         notes: list[str]) -> tuple[str, int, int]:
+    """(schedule, stages a rank, micro-batches a step) of torchtitan's pipeline. Multi-stage
+    schedules are counted with two stages a rank, torchtitan's split when it is not given;
+    micro-batches are `pipeline_parallel_microbatches` (before April 2025, default the
+    pipeline degree), else local batch / `pipeline_parallel_microbatch_size` (default 1)."""
+    name = str(_first("pipeline_parallel_schedule", "1F1B", par, exp))
+    if name == "GPipe":
+        schedule, stages = "GPipe", 1
+    elif name == "1F1B":
+        schedule, stages = "1F1B", 1
+    else:
+        schedule, stages = "interleaved1F1B", 2
+        if name != "Interleaved1F1B":
+            notes.append(f"pipeline schedule {name} is counted as interleaved 1F1B with two "
+                         "stages a rank")
+    if "pipeline_parallel_microbatches" in exp or "pipeline_parallel_microbatches" in par:
+        m = _first("pipeline_parallel_microbatches", None, par, exp)
+        micro = int(m) if m else pp
+    elif par:
+        micro = max(1, local // int(par.get("pipeline_parallel_microbatch_size", 1)))
+    else:
+        micro = pp
+    return schedule, stages, micro
 
 
 def _torchtitan(path: Path, text: str, gpus: int | None) -> Setup:
@@ -182,6 +270,7 @@ def _torchtitan(path: Path, text: str, gpus: int | None) -> Setup:
     model, opt = doc.get("model", {}), doc.get("optimizer", {})
     sched, train = doc.get("lr_scheduler", {}), doc.get("training", {})
     par, ck = doc.get("parallelism", {}), doc.get("checkpoint", {})
+    exp = doc.get("experimental", {})
     ac, val = doc.get("activation_checkpoint", {}), doc.get("validation", {})
     notes = []
     seq = int(train.get("seq_len", 2048))
@@ -190,10 +279,11 @@ def _torchtitan(path: Path, text: str, gpus: int | None) -> Setup:
     if cfg is None:
         notes.append(f"model {model.get('name')}/{model.get('flavor')} is not a known Llama 3 "
                      "flavour (8B, 70B, 405B): model-size checks skipped")
-    tp, pp = int(par.get("tensor_parallel_degree", 1)), int(par.get("pipeline_parallel_degree", 1))
-    shard = int(par.get("data_parallel_shard_degree", -1))
-    replicate = int(par.get("data_parallel_replicate_degree", 1))
-    cp = int(par.get("context_parallel_degree", 1))
+    tp = int(_first("tensor_parallel_degree", 1, par, train))
+    pp = int(_first("pipeline_parallel_degree", 1, par, exp))
+    shard = int(_first("data_parallel_shard_degree", -1, par, train))
+    replicate = int(_first("data_parallel_replicate_degree", 1, par, train))
+    cp = int(_first("context_parallel_degree", 1, par, exp))
     if shard == -1:
         dp = gpus // (tp * pp * cp * replicate) * replicate if gpus else None
         if not gpus:
@@ -206,10 +296,28 @@ def _torchtitan(path: Path, text: str, gpus: int | None) -> Setup:
     batch = (global_seqs if global_seqs > 0 else local * dp) * seq if dp else None
     steps = int(train.get("steps", 10000))
     floor = sched.get("min_lr_factor", sched.get("lr_min", 0.0))
+    blocks_compiled, loss_compiled = _torchtitan_compile(doc, train)
+    schedule, stages, microbatches = (_torchtitan_pipeline(pp, local, par, exp, notes)
+                                      if pp > 1 else ("1F1B", 1, None))
+    reduce = str(train.get("mixed_precision_reduce", "float32"))
+    if reduce not in REDUCE_DTYPES:
+        notes.append(f"mixed_precision_reduce {reduce!r} is not a dtype: counted as float32")
+        reduce = "float32"
+    elif REDUCE_DTYPES[reduce] != 4:
+        notes.append(f"mixed_precision_reduce = {reduce!r}: torchtitan's own config accepts "
+                     "only float32; counted as asked")
+    quantize = doc.get("quantize", {}).get("linear", {}).get("float8")
+    if (doc.get("float8", {}).get("enable_float8_linear") or quantize is not None
+            or any("float8" in str(c) for c in model.get("converters", []))):
+        # torchtitan's own tables measure the same memory with Float8 linears as without
+        # (77.0 and 76.8 GiB, 62.0 and 61.8: benchmarks/llama3_h100_202412_torchtitan.md).
+        notes.append("Float8 linears are counted as bf16 ones: their saved activations and "
+                     "gathered weights differ by little")
     return Setup(
         source="torchtitan", path=str(path), model=cfg, tokens=batch * steps if batch else None,
-        global_batch_tokens=batch, micro_batch=local, lr=float(opt.get("lr", 8e-4)),
-        warmup_steps=int(sched.get("warmup_steps", 200)), total_steps=steps,
+        global_batch_tokens=batch, micro_batch=max(1, local // (microbatches or 1)),
+        lr=float(opt.get("lr", 8e-4)),
+        warmup_steps=int(_first("warmup_steps", 200, sched, train)), total_steps=steps,
         schedule=str(sched.get("decay_type", "linear")), min_lr_ratio=float(floor),
         weight_decay=float(opt.get("weight_decay", 0.1)), beta2=opt.get("beta2"),
         grad_clip=float(train.get("max_norm", 1.0)),
@@ -217,17 +325,21 @@ def _torchtitan(path: Path, text: str, gpus: int | None) -> Setup:
         # fp32 master (torchtitan's config docs); otherwise mixed precision over fp32 weights.
         precision=("bf16-pure" if str(train.get("dtype", "float32")) == "bfloat16" else
                    _DTYPES.get(str(train.get("mixed_precision_param", "bfloat16")), "bf16")),
+        reduce_dtype=reduce,
         step_in_backward=bool(opt.get("early_step_in_backward", False)),
         unfused_linears=True,
-        gpus=world, dp=dp, tp=tp, pp=pp, zero_stage=3 if dp and shard != 1 else 0,
+        gpus=world, dp=dp, tp=tp, pp=pp, cp=cp, pp_schedule=schedule, virtual_stages=stages,
+        pp_microbatches=microbatches,
+        # FSDP shards over the data-parallel and context-parallel ranks together.
+        zero_stage=3 if dp and (shard != 1 or cp > 1) else 0,
+        loss_parallel=tp > 1 and not _first("disable_loss_parallel", False, par, train),
         # selective with selective_ac_option "op": the per-op policy; a number k (selective
         # layer AC, every k-th block in full) is counted as keeping every block's (Korthikanti's
         # selective, which under fused attention keeps what no AC keeps): errs towards more.
         recompute=("selective-op" if str(ac.get("mode", "selective")) == "selective"
                    and str(ac.get("selective_ac_option", "2")) == "op"
                    else str(ac.get("mode", "selective"))),
-        # [compile] enable (components model and loss, torchtitan's default when enabled).
-        compiled=bool(doc.get("compile", {}).get("enable", False)),
+        compiled=blocks_compiled, compiled_loss=loss_compiled,
         checkpoint_enabled=bool(ck.get("enable_checkpoint", ck.get("enable", False))),
         checkpoint_uri=ck.get("folder"), checkpoint_every_steps=int(ck.get("interval", 500)),
         checkpoint_async=str(ck.get("async_mode", "disabled")) != "disabled",

@@ -39,8 +39,11 @@ def pretrain_job(*, name: str, image: str, cfg: GPTConfig, preset: str | None, p
                  checkpoint_minutes: float, activation_checkpointing: bool,
                  global_batch_tokens: float | None = None, data_train: str, data_val: str | None,
                  checkpoint_uri: str, lr: float | None = None,
-                 tokenizer: str | None = None, gpu_resource: str = "nvidia.com/gpu") -> dict:
-    """The manifest as a dict; raises ValueError (with the spec's own words) if it is invalid."""
+                 tokenizer: str | None = None, gpu_resource: str = "nvidia.com/gpu",
+                 precision: str = "bf16") -> dict:
+    """The manifest as a dict; raises ValueError (with the spec's own words) if it is invalid.
+    `precision` is one Crucible's trainer runs: bf16, fp32, or bf16-sr (bf16 with
+    training.optimizer.bf16StochasticRounding)."""
     problem = job_name_problem(name)
     if problem:
         raise ValueError(problem)
@@ -72,7 +75,8 @@ def pretrain_job(*, name: str, image: str, cfg: GPTConfig, preset: str | None, p
             "weightDecay": 0.1,
             "beta2": 0.95,
             "gradClip": 1.0,
-            "precision": "bf16",
+            "precision": "fp32" if precision == "fp32" else "bf16",
+            **({"optimizer": {"bf16StochasticRounding": True}} if precision == "bf16-sr" else {}),
             "evalEvery": max(1, steps // 50),
             "activationCheckpointing": activation_checkpointing,
         },

@@ -1,6 +1,8 @@
 """Memory per GPU: model states under DDP and ZeRO-1/2/3 (FSDP), plus activations and logits.
 
-Owns byte arithmetic only; which layout to pick is `parallelism`'s job. Sources:
+Owns byte arithmetic only; which layout to pick is `parallelism`'s job, what each precision
+keeps a parameter is `precision`'s. Longer than 400 lines because every term of one step's
+peak is here, next to the others it is weighed against in `estimate`. Sources:
 - Rajbhandari et al. 2020, "ZeRO" (arXiv 1910.02054), §3.1 and Fig. 1: mixed-precision Adam holds
   2Ψ (fp16/bf16 parameters) + 2Ψ (gradients) + KΨ optimizer states with K = 12 (fp32 master
   copy, momentum, variance); per GPU with N_d data-parallel ranks: DDP (4+K)Ψ, ZeRO-1
@@ -43,11 +45,22 @@ Owns byte arithmetic only; which layout to pick is `parallelism`'s job. Sources:
 - FSDP's working set beyond the sharded states (ZeRO-3; `fsdp_working_bytes`), as Crucible
   wraps the model (trainer/parallel.py, torchtitan's layout): the root unit (embeddings, final
   norm, output layer) stays gathered from its forward to the end of backward, and its gradient
-  exists whole in fp32 (the reduce dtype) before it is reduce-scattered; two blocks are gathered
-  at a time (the one computing and the one prefetched) and one block's whole gradient waits for
-  its reduce-scatter. With `gradientSync: lastMicroBatch` and more than one micro-batch a step,
-  every rank also keeps the whole model's gradients in fp32 across the micro-batches
-  (`accumulated_grad_bytes`): 4 bytes a parameter, 32 GB at 8B.
+  exists whole in the reduce dtype (fp32 unless set otherwise) before it is reduce-scattered;
+  two blocks are gathered at a time (the one computing and the one prefetched) and one block's
+  whole gradient waits for its reduce-scatter. With `gradientSync: lastMicroBatch` and more
+  than one micro-batch a step, every rank also keeps the whole model's gradients in the reduce
+  dtype across the micro-batches (`accumulated_grad_bytes`): 4 bytes a parameter, 32 GB at 8B.
+  Under a pipeline a rank keeps its whole stage gathered, with its whole gradients
+  (`pipeline_stage_bytes`).
+- Full recomputation keeps each block's input, and while one block is recomputed for its
+  backward, everything that block keeps (`recomputed_block_bytes`); that never coincides with
+  the loss's fullest point, so the step's peak takes the larger of the two.
+- Tensor parallelism as torch's parallel styles run it (Crucible's and torchtitan's plans):
+  the norms' outputs gathered whole for the projections, and the vocabulary-parallel loss's
+  eager backward, 16 bytes a logit (`block_activation_bytes`, `loss_transient_bytes`).
+- Checked against torchtitan's own published runs (tests/plan/test_published_configs.py):
+  Llama 3.1 8B under FSDP with and without torch.compile, with context parallelism up to
+  256K tokens, and 405B under interleaved 1F1B, within 10% of the memory they report.
 """
 
 from __future__ import annotations
@@ -57,6 +70,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from crucible.api.arch import GPTConfig, block_params, param_count
+# Callers read the precisions through this module too (`mem.PRECISIONS`), beside the bytes.
+from crucible.trainer.plan.precision import PRECISIONS, Precision, with_reduce_dtype  # noqa: F401
 
 ZeroStage = Literal[0, 1, 2, 3]
 Recompute = Literal["none", "selective", "full", "selective-op"]
@@ -66,37 +81,6 @@ Recompute = Literal["none", "selective", "full", "selective-op"]
 RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
 ALL_RECOMPUTE: tuple[Recompute, ...] = RECOMPUTE_MODES + ("selective-op",)
 STAGE_NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3/FSDP"}
-
-
-@dataclass(frozen=True)
-class Precision:
-    """Bytes per parameter for weights, gradients and optimizer states (Adam)."""
-
-    name: str
-    param_bytes: float
-    grad_bytes: float
-    optimizer_bytes: float  # K in the ZeRO paper
-    activation_bytes: int  # bytes per activation value; Korthikanti's formulas assume 2
-
-    @property
-    def state_bytes(self) -> float:
-        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
-
-
-PRECISIONS = {
-    # ZeRO §3.1: fp16/bf16 weights and grads, fp32 master + m + v (K = 12): 16 bytes/param.
-    "bf16": Precision("bf16", 2, 2, 12, 2),
-    # Pure fp32 Adam: weights 4, grads 4, m and v 4 each (no separate master copy).
-    "fp32": Precision("fp32", 4, 4, 8, 4),
-    # Everything in bf16, no fp32 master: weights, gradients, m and v 2 bytes each (torchtitan's
-    # `training.dtype = "bfloat16"`: "all parameters, gradients, and optimizer states in
-    # bfloat16, without an extra copy of fp32 weights"). FSDP still reduce-scatters the
-    # gradients in fp32 (torchtitan's only `mixed_precision_reduce` is float32), so the whole
-    # gradients of the working set are 4 bytes a value as for the other precisions.
-    # Crucible's trainer does not run this (it keeps the fp32 master); `review` reads it in
-    # other frameworks' configs.
-    "bf16-pure": Precision("bf16-pure", 2, 2, 4, 2),
-}
 
 
 @dataclass(frozen=True)
@@ -205,7 +189,14 @@ def block_activation_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: i
 
     Tensor parallelism splits what Korthikanti's §4.1 splits (all but the norms' part without
     sequence parallelism); without fused attention the s×s scores come back as his 5as/h term;
-    full recomputation keeps the block's input."""
+    full recomputation keeps the block's input.
+
+    With sequence parallelism the two norms' outputs are kept whole, not a 1/t slice: torch's
+    `SequenceParallel` and `PrepareModuleInput` (Crucible's trainer/tensor_parallel.py and
+    torchtitan's TP plan) all-gather a norm's output before the column-parallel projections,
+    and autograd keeps the gathered tensor, every token, for their weight gradients.
+    Megatron-LM keeps the slice and gathers it again in the backward (Korthikanti §4.2.2),
+    which is what his Table 2 counts."""
     if min(seq_len, micro_batch, tp) < 1:
         raise ValueError("seq_len, micro_batch and tp must be >= 1")
     if recompute not in ALL_RECOMPUTE:
@@ -218,6 +209,8 @@ def block_activation_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: i
     parts = block_activation_values(cfg, compiled)
     rest = parts["attention"] + parts["mlp"]
     per_token = (parts["norms"] + rest) / t if sequence_parallel else parts["norms"] + rest / t
+    if sequence_parallel and t > 1:
+        per_token += 2 * cfg.dim * (1 - 1 / t)  # the gathered norm outputs (docstring)
     if recompute == "none" and not flash_attention:
         per_token += 2.5 * cfg.heads * seq_len / t  # 5as/h bytes per sbh, at 2 bytes a value
     if not flash_attention:
@@ -226,10 +219,14 @@ def block_activation_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: i
 
 
 def head_activation_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int,
-                          bytes_per_value: int = 2) -> float:
+                          bytes_per_value: int = 2, tp: int = 1) -> float:
     """The final norm's kept tensors (the logits are `logits_bytes`). The final norm runs
-    eagerly even in a compiled model (blocks and loss are compiled, as torchtitan does)."""
-    return bytes_per_value * seq_len * micro_batch * _norm_values(cfg)
+    eagerly even in a compiled model (blocks and loss are compiled, as torchtitan does).
+    Under tensor parallelism it runs sequence-parallel on 1/t of the tokens, and its output,
+    the output layer's input, is kept gathered whole (as the blocks' norms'; see
+    `block_activation_bytes`)."""
+    per_token = _norm_values(cfg) / tp + cfg.dim * (1 - 1 / tp)
+    return bytes_per_value * seq_len * micro_batch * per_token
 
 
 def logits_bytes(seq_len: int, micro_batch: int, vocab: int, tp: int = 1,
@@ -248,16 +245,37 @@ def _root_and_block(cfg: GPTConfig, model_parallel: int) -> tuple[float, float]:
 
 
 def loss_transient_bytes(seq_len: int, micro_batch: int, vocab: int, tp: int = 1,
-                         compiled: bool = False, bytes_per_value: int = 2) -> float:
+                         compiled: bool = False, bytes_per_value: int = 2,
+                         loss_parallel: bool = False) -> float:
     """What the loss holds at its fullest beyond what it keeps (`logits_bytes`), while every
     block's activations are still kept (the loss is the forward's end and the backward's
     start). Eagerly the backward's start: the gradient of the log-softmax and its input's, fp32,
     beside the kept log-softmax, 8·s·b·V bytes (the forward's fp32 copy of the logits and the
     logits themselves, 6 bytes a logit at bf16, are less). Compiled: the logits' gradient in
     their own dtype beside the kept logits. Measured on CPU, the allocator's events: 12 bytes a
-    logit eagerly in all, 2 beyond the kept logits compiled (tests/trainer/test_activation_memory.py)."""
+    logit eagerly in all, 2 beyond the kept logits compiled (tests/trainer/test_activation_memory.py).
+
+    `loss_parallel` (the logits sharded over the vocabulary under tensor parallelism, torch's
+    `loss_parallel`, eager): DTensor's backward of the loss
+    (torch/distributed/tensor/parallel/loss.py, `_nll_loss_and_log_softmax_backward`) builds
+    `(zeros_like(x) + exp(x)) * grad`, three fp32 tensors of the logits' size beside the kept
+    log-softmax where aten's fused kernel has two: 12 bytes a logit beyond it, 16 in all."""
     rows = seq_len * micro_batch
-    return (bytes_per_value if compiled else 8.0) * rows * vocab / tp
+    if compiled:
+        return bytes_per_value * rows * vocab / tp
+    return (12.0 if loss_parallel else 8.0) * rows * vocab / tp
+
+
+def recomputed_block_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: int = 1,
+                           sequence_parallel: bool = True, bytes_per_value: int = 2,
+                           flash_attention: bool = True, compiled: bool = False) -> float:
+    """Full recomputation's fullest point beyond the blocks' kept inputs: the block being
+    recomputed holds everything it would keep without recomputation until its backward is
+    done, one block at a time (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
+    Cost", arXiv 1604.06174, §3: the checkpoints plus the largest recomputed segment). It
+    never meets the loss's fullest point, which comes before any block's backward."""
+    return block_activation_bytes(cfg, seq_len, micro_batch, tp, sequence_parallel, "none",
+                                  bytes_per_value, flash_attention, compiled)
 
 
 def fsdp_gathered_bytes(cfg: GPTConfig, precision: Precision, model_parallel: int = 1) -> float:
@@ -268,10 +286,39 @@ def fsdp_gathered_bytes(cfg: GPTConfig, precision: Precision, model_parallel: in
 
 def fsdp_working_bytes(cfg: GPTConfig, precision: Precision, model_parallel: int = 1) -> float:
     """ZeRO-3's gathered parameters and whole gradients on top of the shards (module
-    docstring): the root gathered and its fp32 gradient whole, two blocks gathered, one block's
-    fp32 gradient whole."""
+    docstring): the root gathered and its gradient whole in the reduce dtype, two blocks
+    gathered, one block's gradient whole in the reduce dtype."""
     root, block = _root_and_block(cfg, model_parallel)
-    return fsdp_gathered_bytes(cfg, precision, model_parallel) + 4.0 * max(root, block)
+    return (fsdp_gathered_bytes(cfg, precision, model_parallel)
+            + precision.reduce_bytes * max(root, block))
+
+
+def pipeline_stage_bytes(params: float, precision: Precision, model_parallel: int) -> float:
+    """ZeRO-3 under a pipeline: every rank keeps its stage's parameters gathered and its whole
+    gradients, accumulated in the reduce dtype, for the whole step. torch.distributed.pipelining
+    runs every micro-batch's backward but the last with `set_requires_gradient_sync(False)` and
+    `set_reshard_after_backward(False)` (pipelining/stage.py), and torchtitan shards pipelined
+    stages with `reshard_after_forward=False` so as not to gather them once a micro-batch."""
+    return (precision.param_bytes + precision.reduce_bytes) * params / model_parallel
+
+
+def first_stage_in_flight(pp: int, microbatches: int | None = None, virtual_stages: int = 1,
+                          schedule: str = "1F1B") -> float:
+    """Micro-batches the first pipeline rank holds activations for at its fullest, in units of
+    one micro-batch through all of that rank's layers.
+
+    1F1B: min(p, m), the p − 1 warm-up forwards and one more (Narayanan et al. 2021 §2.2.1;
+    Korthikanti §4.2.3). Interleaved 1F1B with v stages a rank: the warm-up of torch's
+    `ScheduleInterleaved1F1B` on rank 0, (v − 1)·p + 2(p − 1) forwards of one stage (1/v of
+    the rank's layers) and one more, at most all m·v. GPipe: all m. Unknown m: p, the
+    fewest that keep a 1F1B pipeline full."""
+    m = microbatches or pp
+    if schedule == "GPipe":
+        return float(m)
+    if virtual_stages <= 1:
+        return float(min(pp, m))
+    stages = min((virtual_stages - 1) * pp + 2 * (pp - 1) + 1, m * virtual_stages)
+    return stages / virtual_stages
 
 
 def eval_forward_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: int = 1,
@@ -300,10 +347,12 @@ def eval_forward_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: int =
     return seq_len * micro_batch * max(block, logits) / tp
 
 
-def accumulated_grad_bytes(params: float, model_parallel: int = 1) -> float:
-    """`gradientSync: lastMicroBatch`: the whole model's fp32 gradients, on every rank (FSDP
-    accumulates unsynchronised gradients in its reduce dtype, fp32, whatever the parameters')."""
-    return 4.0 * params / model_parallel
+def accumulated_grad_bytes(params: float, model_parallel: int = 1,
+                           reduce_bytes: float = 4.0) -> float:
+    """`gradientSync: lastMicroBatch`: the whole model's gradients, on every rank (FSDP
+    accumulates unsynchronised gradients in its reduce dtype, fp32 unless set otherwise,
+    whatever the parameters')."""
+    return reduce_bytes * params / model_parallel
 
 
 @dataclass(frozen=True)
@@ -321,11 +370,15 @@ class MemoryEstimate:
     # The held-out eval's peak, all of it: the same micro-batch through a forward without
     # autograd, beside the model states (the next step's gradients included).
     eval_bytes: float = 0.0
+    recompute_bytes: float = 0.0     # full recomputation: the block being recomputed
 
     @property
     def total_bytes(self) -> float:
-        return (self.states.total_bytes + self.activations_bytes + self.logits_bytes
-                + self.loss_transient_bytes + self.working_bytes + self.accumulated_grad_bytes)
+        # The loss's fullest point and a recomputed block's come at different times: the
+        # larger of the two on top of what is kept throughout.
+        return (self.states.total_bytes + self.activations_bytes + self.working_bytes
+                + self.accumulated_grad_bytes
+                + max(self.logits_bytes + self.loss_transient_bytes, self.recompute_bytes))
 
     @property
     def usable_bytes(self) -> float:
@@ -347,53 +400,84 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
              precision: Precision = PRECISIONS["bf16"], sequence_parallel: bool = True,
              params: float | None = None, flash_attention: bool = False,
              accumulate_unsharded: bool = False, compiled: bool = False,
-             step_in_backward: bool = False, unfused_linears: bool = False) -> MemoryEstimate:
+             step_in_backward: bool = False, unfused_linears: bool = False,
+             compiled_loss: bool | None = None, loss_parallel: bool | None = None, cp: int = 1,
+             microbatches: int | None = None, virtual_stages: int = 1,
+             schedule: str = "1F1B") -> MemoryEstimate:
     """Per-GPU memory of `cfg` trained with this layout (pipelined: the fuller of the first
-    stage, with p micro-batches in flight, and the last, with the output layer and loss).
+    stage, with `first_stage_in_flight` micro-batches, and the last, with the output layer and
+    loss; `microbatches` a step, unknown: at least p).
 
-    `compiled`: blocks and loss run through torch.compile (module docstring).
+    `compiled`: blocks run through torch.compile (module docstring); `compiled_loss` (unset:
+    as the blocks) the loss too, which torchtitan did not do before April 2025.
+
+    `loss_parallel` (unset: with tensor parallelism, as Crucible and torchtitan run it): the
+    loss over vocabulary-sharded logits (`loss_transient_bytes`).
+
+    `cp`: context parallelism splits every sequence over cp ranks, so a rank's activations
+    and logits are those of seq_len/cp tokens; FSDP shards over the data-parallel and context
+    ranks together (torchtitan's dp_shard_cp mesh), which the caller counts in `dp`.
 
     `step_in_backward`: the optimizer steps each parameter as soon as its gradient is ready
     and frees that gradient (torchtitan's `optimizer.early_step_in_backward`; LOMO, Lv et al.
     2023, arXiv 2306.09782): no gradient of the whole model is kept, only the working set's.
 
     `accumulate_unsharded`: gradients are reduced once a step, after the last of several
-    micro-batches (`gradientSync: lastMicroBatch`), so each rank holds them all in fp32.
+    micro-batches (`gradientSync: lastMicroBatch`), so each rank holds them all whole.
 
     `flash_attention`: fused attention (FlashAttention, Dao et al. 2022 §3.1, and PyTorch's
     SDPA kernels) does not store the s×s scores and softmax for backward but recomputes them
     blockwise, so without recomputation a layer holds what Korthikanti's selective
     recomputation holds; nanoGPT, torchtitan and Crucible's model all use SDPA.
     """
+    if cp < 1 or cfg.seq_len % cp:
+        raise ValueError(f"context parallel degree {cp} must divide seq_len {cfg.seq_len}")
     n = params if params is not None else param_count(cfg)
-    states = model_states(n, stage, dp, precision, model_parallel=tp * pp)
+    local = dataclasses.replace(cfg, seq_len=cfg.seq_len // cp) if cp > 1 else cfg
+    seq, vocab, value = local.seq_len, cfg.vocab_size, precision.activation_bytes
+    compiled_loss = compiled if compiled_loss is None else compiled_loss
+    loss_parallel = tp > 1 if loss_parallel is None else loss_parallel
+    mp = tp * pp
+    states = model_states(n, stage, dp, precision, model_parallel=mp)
     if step_in_backward:
         states = dataclasses.replace(states, grads_bytes=0.0)
-    per_layer = block_activation_bytes(cfg, cfg.seq_len, micro_batch, tp, sequence_parallel,
-                                       recompute, precision.activation_bytes, flash_attention,
-                                       compiled, unfused_linears)
-    head = head_activation_bytes(cfg, cfg.seq_len, micro_batch, precision.activation_bytes)
-    logits = logits_bytes(cfg.seq_len, micro_batch, cfg.vocab_size, tp, compiled,
-                          precision.activation_bytes)
-    transient = loss_transient_bytes(cfg.seq_len, micro_batch, cfg.vocab_size, tp, compiled,
-                                     precision.activation_bytes)
+    per_layer = block_activation_bytes(local, seq, micro_batch, tp, sequence_parallel, recompute,
+                                       value, flash_attention, compiled, unfused_linears)
+    head = head_activation_bytes(local, seq, micro_batch, value, tp)
+    logits = logits_bytes(seq, micro_batch, vocab, tp, compiled_loss, value)
+    transient = loss_transient_bytes(seq, micro_batch, vocab, tp, compiled_loss, value,
+                                     loss_parallel)
+    recomputed = (recomputed_block_bytes(local, seq, micro_batch, tp, sequence_parallel, value,
+                                         flash_attention, compiled)
+                  if recompute == "full" else 0.0)
     # 1F1B: the first stage holds p micro-batches × L/p layers (Korthikanti §4.2.3), L layers'
     # worth; the last holds one micro-batch of its L/p layers and the output layer's logits and
     # loss, which at a large vocabulary make it the fuller one. Unpipelined both are the one GPU.
     acts = cfg.layers * per_layer
     if pp == 1:
         acts += head
-    elif cfg.layers / pp * per_layer + head + logits + transient <= acts:
-        logits = transient = 0.0     # the first stage is the fullest
     else:
-        acts = cfg.layers / pp * per_layer + head
-    working = fsdp_working_bytes(cfg, precision, tp * pp) if stage == 3 else 0.0
-    accumulated = accumulated_grad_bytes(n, tp * pp) if accumulate_unsharded else 0.0
+        stage_layers = cfg.layers / pp
+        first = first_stage_in_flight(pp, microbatches, virtual_stages, schedule) \
+            * stage_layers * per_layer
+        last = stage_layers * per_layer + head
+        if last + max(logits + transient, recomputed) <= first + recomputed:
+            acts, logits, transient = first, 0.0, 0.0    # the first stage is the fullest
+        else:
+            acts = last
+    pipelined_fsdp = stage == 3 and pp > 1
+    if pipelined_fsdp:
+        working = pipeline_stage_bytes(n, precision, mp)
+    else:
+        working = fsdp_working_bytes(local, precision, mp) if stage == 3 else 0.0
+    # A pipelined stage's whole gradients are already counted in its working set.
+    accumulated = (accumulated_grad_bytes(n, mp, precision.reduce_bytes)
+                   if accumulate_unsharded and not pipelined_fsdp else 0.0)
+    gathered = (precision.param_bytes * n / mp if pipelined_fsdp
+                else fsdp_gathered_bytes(local, precision, mp) if stage == 3 else 0.0)
     # The eval runs between a step's backward and its update (the loop evaluates when it
     # finishes a step, with the next one's gradients already made): every state is there.
-    evaluation = (states.total_bytes + accumulated
-                  + (fsdp_gathered_bytes(cfg, precision, tp * pp) if stage == 3 else 0.0)
-                  + eval_forward_bytes(cfg, cfg.seq_len, micro_batch, tp, compiled,
-                                       precision.activation_bytes))
+    evaluation = (states.total_bytes + accumulated + gathered
+                  + eval_forward_bytes(local, seq, micro_batch, tp, compiled, value))
     return MemoryEstimate(states, acts, logits, capacity_bytes, USABLE_FRACTION, working,
-                          accumulated, transient, evaluation)
+                          accumulated, transient, evaluation, recomputed)

@@ -12,6 +12,9 @@ from `memory`. Sources:
   enough to fit, then scale with data parallelism (§3).
 - Rajbhandari et al. 2020 (ZeRO, §7): DDP and ZeRO-1/2 move 2Ψ per step (reduce-scatter +
   all-gather, or all-reduce); ZeRO-3 moves 3Ψ (parameters gathered in forward and backward).
+  Each value is priced in the dtype it travels in (`precision`): gradients are reduced in the
+  reduce dtype (fp32 under FSDP2 as Crucible and torchtitan set it up), parameters gathered in
+  their compute dtype. So ZeRO-3 moves Ψ·(2·2 + 4) bytes in mixed precision, not 3Ψ·2.
 - Korthikanti et al. 2022 §5: selective recomputation costs ≈2.7% extra FLOPs for GPT-3
   (recomputing attention scores, 4·b·s²·h FLOPs per layer forward); full recomputation adds a
   forward pass, ≈ +1/3 of the 6N training FLOPs (2N of forward on top of 6N).
@@ -25,7 +28,20 @@ from crucible.api.arch import GPTConfig, flops_per_token, param_count
 from crucible.trainer.hardware import Accelerator
 from crucible.trainer.plan import memory as mem
 
-BYTES_PER_COMM_VALUE = 2  # bf16 gradients and activations on the wire
+BYTES_PER_COMM_VALUE = 2  # bf16 activations on the wire (tensor and pipeline parallelism)
+
+
+def dp_bytes_per_param(stage: int, precision: mem.Precision) -> float:
+    """Bytes a parameter puts on the data-parallel wire each step, before the ring's
+    (d−1)/d (ZeRO §7, module docstring): DDP all-reduces gradients (a reduce-scatter and an
+    all-gather, both in the reduce dtype); ZeRO-1/2 reduce-scatter the gradients and
+    all-gather the updated parameters; ZeRO-3 gathers the parameters twice (forward and
+    backward) and reduce-scatters the gradients."""
+    if stage == 3:
+        return 2 * precision.param_bytes + precision.reduce_bytes
+    if stage in (1, 2):
+        return precision.param_bytes + precision.reduce_bytes
+    return 2 * precision.reduce_bytes
 
 
 def bubble_fraction(pp: int, microbatches: int, interleave: int = 1) -> float:
@@ -112,10 +128,9 @@ def cost_layout(cfg: GPTConfig, layout: Layout, gpu: Accelerator, *, global_batc
     flops = flops_per_token(cfg) * global_batch_tokens * (1 + recompute_overhead(cfg, layout.recompute))
     compute_s = flops / (layout.gpus * gpu.peak_bf16_flops * mfu)
     bubble = bubble_fraction(layout.pp, micro)
-    # Data parallel: ring collectives move ≈ 2(d−1)/d of the payload per GPU; ZeRO-3 1.5× that.
+    # Data parallel: ring collectives move (d−1)/d of each collective's payload per GPU.
     shard = n / (layout.tp * layout.pp)
-    factor = 3 if layout.stage == 3 else 2
-    dp_bytes = factor * shard * BYTES_PER_COMM_VALUE * (layout.dp - 1) / layout.dp
+    dp_bytes = shard * dp_bytes_per_param(layout.stage, precision) * (layout.dp - 1) / layout.dp
     intra = layout.gpus <= gpu.gpus_per_node
     dp_bw = gpu.nvlink_one_way_bytes_per_s if intra else (gpu.internode_bytes_per_s or 1e9)
     dp_s = dp_bytes / dp_bw
@@ -189,8 +204,9 @@ def recommend(cfg: GPTConfig, gpu: Accelerator, gpus: int, *, global_batch_token
         reasons.append(f"pipeline p={lay.pp} with m={best.microbatches} micro-batches idles "
                        f"{best.bubble:.1%} of the step ((p−1)/(m+p−1), Narayanan §2.2)")
     if lay.stage == 3:
-        reasons.append("ZeRO-3/FSDP shards parameters too: 1.5× the data-parallel traffic of DDP "
-                       "(ZeRO §7), needed for the states to fit")
+        reasons.append("ZeRO-3/FSDP shards parameters too: it gathers them twice a step on top "
+                       f"of reducing the gradients, {dp_bytes_per_param(3, precision):g} bytes a "
+                       "parameter on the wire (ZeRO §7), needed for the states to fit")
     if lay.recompute != "none":
         reasons.append(f"{lay.recompute} recomputation costs "
                        f"{recompute_overhead(cfg, lay.recompute):.1%} extra FLOPs but is what fits "

@@ -20,7 +20,6 @@ from crucible.trainer.plan import parallelism as par
 from crucible.trainer.plan import recipes, reliability, scaling
 from crucible.trainer.plan.report import Section
 
-CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights + Adam m and v, what DCP saves of FSDP's state
 # Stated assumptions (not from a paper), used only when --save-seconds/--restart-seconds are absent:
 ASSUMED_D2H_BYTES_PER_S = 5e9  # async save blocks for the device-to-host copy of each shard
 ASSUMED_RESTART_S = 300.0  # reschedule pods, rendezvous, load the newest checkpoint
@@ -133,8 +132,10 @@ def make_plan(inp: PlanInputs) -> Plan:
     price = inp.price_usd_per_gpu_hour
     money = costs.training_cost(train_flops, gpu, inp.gpus, inp.mfu, price)
     mtbf_s = inp.mtbf_hours * 3600 if inp.mtbf_hours else reliability.job_mtbf_s(inp.gpus)
+    # What DCP saves of FSDP's state: the most precise copy of each weight and Adam's m and v
+    # (12 bytes a parameter with an fp32 master, 10 rounding stochastically into bf16).
     save_s = inp.save_seconds if inp.save_seconds else (
-        CHECKPOINT_BYTES_PER_PARAM * n / inp.gpus / ASSUMED_D2H_BYTES_PER_S)
+        crucible_precision(precision).checkpoint_bytes * n / inp.gpus / ASSUMED_D2H_BYTES_PER_S)
     restart_s = ASSUMED_RESTART_S if inp.restart_seconds is None else inp.restart_seconds
     ckpt = reliability.plan_checkpoints(money.wall_s, save_s, mtbf_s, restart_s)
     plan = Plan(n, d, c, cfg, derived, gpu, rec, fsdp, ckpt)
@@ -149,10 +150,15 @@ def make_plan(inp: PlanInputs) -> Plan:
     return plan
 
 
+# What Crucible's trainer runs: bf16 with an fp32 master, fp32, or bf16 rounded stochastically
+# (training.optimizer.bf16StochasticRounding); never all-bf16 AdamW moments.
+CRUCIBLE_PRECISIONS = ("bf16", "fp32", "bf16-sr")
+
+
 def crucible_precision(precision: mem.Precision) -> mem.Precision:
-    """What Crucible's trainer keeps for a plan at `precision`: it runs bf16 with an fp32
-    master, or fp32; never all-bf16 states."""
-    return precision if precision.name in ("bf16", "fp32") else mem.PRECISIONS["bf16"]
+    """What Crucible's trainer keeps for a plan at `precision`: the same, if it runs it, else
+    mixed precision with its fp32 master."""
+    return precision if precision.name in CRUCIBLE_PRECISIONS else mem.PRECISIONS["bf16"]
 
 
 def _crucible_layout(cfg, gpu, inp, batch, precision) -> par.LayoutCost | None:
@@ -238,6 +244,11 @@ def _scaling_section(plan: Plan, inp: PlanInputs) -> Section:
 def _memory_section(plan: Plan, inp: PlanInputs, precision: mem.Precision) -> Section:
     s = Section(f"Memory per GPU ({inp.gpus} × {plan.gpu.name}, micro-batch {inp.micro_batch})")
     cfg, src = plan.model, "Rajbhandari et al. 2020 §3.1, Fig. 1"
+    p = precision
+    s.add("state_bytes_per_param", f"bytes a parameter keeps ({p.name})", p.state_bytes, "B",
+          f"params {p.param_bytes:g} + grads {p.grad_bytes:g} + AdamW m, v {p.moment_bytes:g} "
+          f"+ fp32 master {p.master_bytes:g}; reduced in {p.reduce_bytes * 8:g}-bit",
+          "trainer/plan/precision.py")
     for stage, name in mem.STAGE_NAMES.items():
         st = mem.model_states(plan.params, stage, inp.gpus, precision)
         s.add(f"states.zero{stage}", f"{name} params+grads+optimizer", st.total_bytes, "B",
@@ -275,16 +286,18 @@ def _memory_section(plan: Plan, inp: PlanInputs, precision: mem.Precision) -> Se
           "B", f"{precision.activation_bytes}·s·b·V (the logits' gradient)" if inp.compiled
           else "8·s·b·V (two fp32 gradients at the backward's start)",
           "measured: the CPU allocator's events (trainer/plan/memory.py)")
-    s.add("fsdp_working", "FSDP gathered root + 2 blocks, whole fp32 root gradient",
-          mem.fsdp_working_bytes(cfg, precision), "B", "p·(root + 2·block) + 4·root (ZeRO-3)",
+    s.add("fsdp_working", "FSDP gathered root + 2 blocks, whole root gradient (reduce dtype)",
+          mem.fsdp_working_bytes(cfg, precision), "B",
+          f"{precision.param_bytes:g}·(root + 2·block) + {precision.reduce_bytes:g}·root (ZeRO-3)",
           "trainer/parallel.py's wrapping (torchtitan's)")
     s.add("eval_forward", f"held-out eval, the forward at its fullest ({kind})",
           mem.eval_forward_bytes(cfg, cfg.seq_len, inp.micro_batch, compiled=inp.compiled,
                                  bytes_per_value=precision.activation_bytes),
           "B", "s·b·max(one block, head + logits), no autograd",
           "measured: the CPU allocator's events (trainer/plan/memory.py)")
-    s.add("accumulated_grads", "fp32 gradients kept whole (gradientSync: lastMicroBatch)",
-          mem.accumulated_grad_bytes(plan.params), "B", "4Ψ, only with several micro-batches",
+    s.add("accumulated_grads", "gradients kept whole in the reduce dtype (gradientSync: "
+          "lastMicroBatch)", mem.accumulated_grad_bytes(plan.params, 1, precision.reduce_bytes),
+          "B", f"{precision.reduce_bytes:g}Ψ, only with several micro-batches",
           "FSDP2 set_requires_gradient_sync(False)")
     s.notes.append(
         "Activations are counted as compiled blocks and loss keep them (training.compile, on by "
@@ -352,7 +365,8 @@ def _parallel_section(plan: Plan, inp: PlanInputs, batch: float) -> Section:
     s.add("step_time", "estimated step time", best.step_s, "s",
           "(compute + TP comm)/(1 − bubble) + exposed DP comm", "Narayanan et al. 2021")
     s.add("dp_comm", "data-parallel traffic per GPU per step", best.dp_bytes, "B",
-          "2Ψ (DDP, ZeRO-1/2) or 3Ψ (ZeRO-3) × (d−1)/d", "ZeRO §7")
+          f"{par.dp_bytes_per_param(lay.stage, mem.PRECISIONS[inp.precision]):g} B·Ψ × (d−1)/d: gradients in the "
+          "reduce dtype, parameters in theirs", "ZeRO §7")
     s.add("dp_comm_s", "data-parallel comm time", best.dp_s, "s", "bytes / bandwidth", "")
     s.add("tp_comm", "tensor-parallel traffic per GPU per step", best.tp_bytes, "B",
           "8·b·s·h·(t−1)/t per layer per micro-batch", "Narayanan §3.2")
@@ -387,7 +401,9 @@ def _checkpoint_section(plan: Plan, inp: PlanInputs) -> Section:
     s.add("mtbf", "job MTBF", ck.mtbf_s, "s", "given" if inp.mtbf_hours else "50,700 GPU-h / GPUs",
           src_mtbf)
     s.add("save", "blocking save time", ck.save_s, "s",
-          "given (measured)" if inp.save_seconds else "12 B/param / GPUs / 5 GB/s (assumed async copy)")
+          "given (measured)" if inp.save_seconds else
+          f"{crucible_precision(mem.PRECISIONS[inp.precision]).checkpoint_bytes:g} B/param / GPUs / 5 GB/s "
+          "(assumed async copy)")
     s.add("young", "Young interval", ck.young_s, "s", "sqrt(2·δ·M)", "Young 1974")
     s.add("daly", "Daly interval (used)", ck.daly_s, "s",
           "sqrt(2δM)(1 + √(δ/2M)/3 + δ/(18M)) − δ", "Daly 2006")

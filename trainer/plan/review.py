@@ -72,7 +72,8 @@ def _step_s(s: Setup, ctx: Context) -> float | None:
 
 def _run_s(s: Setup, ctx: Context) -> float | None:
     step = _step_s(s, ctx)
-    return step * s.total_steps if step and s.total_steps else None
+    # A batch ramp's steps are smaller: the run is worth fewer full-batch steps than it takes.
+    return step * (s.full_batch_steps or s.total_steps) if step and s.total_steps else None
 
 
 def _data(s: Setup, ctx: Context) -> list[Finding]:
@@ -223,18 +224,46 @@ def _accumulates_unsharded(s: Setup, lay: par.Layout) -> bool:
     return s.global_batch_tokens / (s.model.seq_len * s.micro_batch * lay.dp) > 1
 
 
-def _memory(s: Setup, ctx: Context) -> list[Finding]:
+def precision_of(s: Setup) -> mem.Precision:
+    """The bytes `s` keeps a parameter: its precision (fp16 counts as bf16, the same sizes)
+    with its reduce dtype."""
+    name = s.precision if s.precision in mem.PRECISIONS else "bf16"
+    return mem.with_reduce_dtype(mem.PRECISIONS[name], s.reduce_dtype)
+
+
+def _pipeline_microbatches(s: Setup, lay: par.Layout) -> int | None:
+    """A pipeline's micro-batches a step: as the file says, else the gradient accumulation's
+    (Crucible feeds the pipeline every micro-batch of the step); None when unknown."""
+    if s.pp_microbatches or lay.pp == 1:
+        return s.pp_microbatches
+    if s.global_batch_tokens and s.model and s.micro_batch:
+        return max(1, round(s.global_batch_tokens / (s.model.seq_len * s.micro_batch * lay.dp)))
+    return None
+
+
+def memory_estimate(s: Setup, ctx: Context) -> mem.MemoryEstimate | None:
+    """What one GPU of `s` holds at its fullest, as the setup runs it; None without a model
+    shape and a micro-batch."""
     if not (s.model and s.micro_batch):
+        return None
+    lay = _layout(s, ctx)
+    return mem.estimate(s.model, micro_batch=s.micro_batch, capacity_bytes=ctx.gpu.memory_bytes,
+                        stage=lay.stage, dp=lay.dp * s.cp, tp=lay.tp, pp=lay.pp,
+                        recompute=lay.recompute, precision=precision_of(s),
+                        flash_attention=s.flash_attention,
+                        accumulate_unsharded=_accumulates_unsharded(s, lay), compiled=s.compiled,
+                        compiled_loss=s.compiled_loss, loss_parallel=s.loss_parallel, cp=s.cp,
+                        step_in_backward=s.step_in_backward, unfused_linears=s.unfused_linears,
+                        microbatches=_pipeline_microbatches(s, lay),
+                        virtual_stages=s.virtual_stages, schedule=s.pp_schedule)
+
+
+def _memory(s: Setup, ctx: Context) -> list[Finding]:
+    est = memory_estimate(s, ctx)
+    if est is None or est.fits:
         return []
     lay = _layout(s, ctx)
-    prec = mem.PRECISIONS[s.precision if s.precision in ("fp32", "bf16-pure") else "bf16"]
-    est = mem.estimate(s.model, micro_batch=s.micro_batch, capacity_bytes=ctx.gpu.memory_bytes,
-                       stage=lay.stage, dp=lay.dp, tp=lay.tp, pp=lay.pp, recompute=lay.recompute,
-                       precision=prec, flash_attention=s.flash_attention,
-                       accumulate_unsharded=_accumulates_unsharded(s, lay), compiled=s.compiled,
-                       step_in_backward=s.step_in_backward, unfused_linears=s.unfused_linears)
-    if est.fits:
-        return []
+    prec = precision_of(s)
     gib = 2**30
     hint = ""
     if s.gpus:
@@ -244,18 +273,25 @@ def _memory(s: Setup, ctx: Context) -> list[Finding]:
                             flash_attention=s.flash_attention, compiled=s.compiled)
         hint = (f"; on {s.gpus} GPUs this fits: {rec.best.layout.describe()}" if rec.best
                 else f"; no layout of {s.gpus} {ctx.gpu.name} GPUs fits at this micro-batch")
+    parts = [f"states {est.states.total_bytes / gib:.1f} ({prec.name}, "
+             f"{prec.state_bytes:g} bytes a parameter)",
+             f"activations {est.activations_bytes / gib:.1f}",
+             f"logits {est.logits_bytes / gib:.1f} and the loss's transient "
+             f"{est.loss_transient_bytes / gib:.1f}"]
+    if est.recompute_bytes:
+        parts.append(f"or the block being recomputed {est.recompute_bytes / gib:.1f}")
+    if est.working_bytes:
+        parts.append("FSDP's gathered parameters and whole gradients "
+                     f"{est.working_bytes / gib:.1f}")
+    if est.accumulated_grad_bytes:
+        parts.append(f"gradients kept whole across micro-batches (gradientSync: lastMicroBatch) "
+                     f"{est.accumulated_grad_bytes / gib:.1f}")
     return [_f("error", "memory fit", "does-not-fit", f"{lay.describe()} needs "
-               f"{est.total_bytes / gib:.1f} GiB per GPU (states {est.states.total_bytes / gib:.1f}, "
-               f"activations {est.activations_bytes / gib:.1f}, logits {est.logits_bytes / gib:.1f}"
-               f" and the loss's transient {est.loss_transient_bytes / gib:.1f}"
-               + (f", FSDP's gathered root and blocks {est.working_bytes / gib:.1f}"
-                  if est.working_bytes else "")
-               + (f", fp32 gradients kept whole across micro-batches (gradientSync: "
-                  f"lastMicroBatch) {est.accumulated_grad_bytes / gib:.1f}"
-                  if est.accumulated_grad_bytes else "") + ") "
+               f"{est.total_bytes / gib:.1f} GiB per GPU ({', '.join(parts)}) "
                f"> {est.usable_bytes / gib:.1f} GiB usable on {ctx.gpu.name}{hint}",
                "the run would stop with CUDA out-of-memory at the first step",
-               "Rajbhandari et al. 2020 §3.1 (16 B/param); Korthikanti et al. 2022 Table 2")]
+               f"Rajbhandari et al. 2020 §3.1 ({prec.state_bytes:g} B/param at {prec.name}); "
+               "Korthikanti et al. 2022 Table 2")]
 
 
 def _parallelism(s: Setup, ctx: Context) -> list[Finding]:
@@ -323,9 +359,9 @@ def _checkpoint(s: Setup, ctx: Context) -> list[Finding]:
                       "so the run barely advances", YOUNG_DALY))
         return out
     if s.params:
-        # What a checkpoint holds a parameter: the fp32 master and both moments (12 bytes), or
-        # in an all-bf16 run the bf16 weight and moments (6).
-        per_param = 6 if s.precision == "bf16-pure" else 12
+        # What a checkpoint holds a parameter: the most precise weights and both moments (12
+        # bytes with an fp32 master, 10 rounding stochastically, 6 in an all-bf16 run).
+        per_param = precision_of(s).checkpoint_bytes
         save = ctx.save_s or per_param * s.params / gpus / 5e9  # async staging, as planned
         if not s.checkpoint_async and not ctx.save_s:
             per_node = s.procs_per_node or ctx.gpu.gpus_per_node

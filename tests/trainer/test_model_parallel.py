@@ -1,16 +1,19 @@
-"""Tensor parallelism end to end on CPU: `training.parallelism.tensor: 2` trains as FSDP does, and
-its commits resume on FSDP alone and the reverse.
+"""Tensor and pipeline parallelism end to end on CPU: `training.parallelism` `{tensor: 2}` and
+`{pipeline: 2}` train as FSDP does, and their commits resume on FSDP alone and the reverse.
 
 Four torchrun processes (gloo) on `llama-tiny` (RMSNorm, SwiGLU, grouped-query attention, an
-untied head): FSDP over 2 ranks x tensor parallel over 2, against FSDP over the 4. One straight
-20-step run of each layout, committing at steps 10 and 20 (a local folder), is shared by the
-tests of this module. Tensor parallelism splits each matmul's sum over two ranks and adds the
-halves, so its per-step losses differ from FSDP's by rounding only; a commit is one set of full
-tensors (DCP), so either layout's step-10 commit continues the other's curve.
+untied head): FSDP over 2 ranks x tensor parallel over 2, FSDP over 2 x 2 pipeline stages
+(1F1B over the step's two micro-batches), against FSDP over the 4. One straight 20-step run of
+each layout, committing at steps 10 and 20 (a local folder), is shared by the tests of this
+module. Tensor parallelism splits each matmul's sum over two ranks and adds the halves, so its
+per-step losses differ from FSDP's by rounding only; a pipeline computes what FSDP computes,
+stage by stage. A commit is one set of full tensors (DCP), so any layout's step-10 commit
+continues another's curve.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -21,6 +24,9 @@ from tests.trainer.chaos import TrainProcess, config, curve, stop_and_resume, tr
 
 STEPS, HALF, NPROC = 20, 10, 4
 TP = {"parallelism": {"tensor": 2}}
+LAYOUTS = {"tp": TP, "pp": {"parallelism": {"pipeline": 2}}, "fsdp": {}}
+DESCRIBED = {"tp": "FSDP over 2 rank(s) x tensor parallel over 2",
+             "pp": "FSDP over 2 rank(s) x 2 pipeline stages", "fsdp": "FSDP over 4 rank(s)"}
 # The acceptance bound: per step, relative, over the 20 steps (measured: identical to 4
 # decimals; see the printed figure).
 CURVE_RTOL = 2e-3
@@ -42,6 +48,10 @@ def _losses(folder, name) -> np.ndarray:
     return np.array([r["loss"] for r in train_records(folder / name / "metrics.jsonl")])
 
 
+def _evals(jsonl) -> list[dict]:
+    return [r for r in map(json.loads, jsonl.read_text().splitlines()) if r["kind"] == "eval"]
+
+
 def _train(corpus, folder, name, training, **kw):
     run = TrainProcess(_config(corpus, folder, name, str(folder / f"{name}-ckpt"), training, **kw),
                        folder / f"{name}.log", nproc=NPROC)
@@ -51,29 +61,35 @@ def _train(corpus, folder, name, training, **kw):
 
 @pytest.fixture(scope="module")
 def straight(corpus, tmp_path_factory):
-    """The two straight runs, tensor parallel ("tp") and FSDP only ("fsdp"): their folder."""
-    folder = tmp_path_factory.mktemp("tp")
-    log = _train(corpus, folder, "tp", TP)
-    assert "FSDP over 2 rank(s) x tensor parallel over 2" in log, log[-3000:]
-    assert "FSDP over 4 rank(s)" in _train(corpus, folder, "fsdp", {})
+    """The straight runs of every layout, each in a folder named after it: their folder."""
+    folder = tmp_path_factory.mktemp("layouts")
+    for name, training in LAYOUTS.items():
+        log = _train(corpus, folder, name, training)
+        assert DESCRIBED[name] in log, log[-3000:]
     return folder
 
 
-def test_tensor_parallel_follows_fsdp_step_by_step(straight):
-    tp, fsdp = _losses(straight, "tp"), _losses(straight, "fsdp")
-    assert len(tp) == len(fsdp) == STEPS
-    relative = float(np.max(np.abs(tp - fsdp) / fsdp))
-    print(f"llama-tiny, tensor 2 x FSDP 2 vs FSDP 4: max relative loss difference over {STEPS} "
-          f"steps {relative:.2e}")
+@pytest.mark.parametrize("name", ["tp", "pp"])
+def test_a_model_parallel_layout_follows_fsdp_step_by_step(straight, name):
+    ours, fsdp = _losses(straight, name), _losses(straight, "fsdp")
+    assert len(ours) == len(fsdp) == STEPS
+    relative = float(np.max(np.abs(ours - fsdp) / fsdp))
+    print(f"llama-tiny, {DESCRIBED[name]} vs FSDP over 4: max relative loss difference over "
+          f"{STEPS} steps {relative:.2e}")
     assert relative <= CURVE_RTOL
-    assert tp[-1] < tp[0] - 1  # it learned: the comparison is not of two flat lines
+    assert ours[-1] < ours[0] - 1  # it learned: the comparison is not of two flat lines
+    # The held-out eval runs through the layout too (a pipeline's loss is on its last stage).
+    evals, fsdp_evals = (_evals(straight / run / "metrics.jsonl") for run in (name, "fsdp"))
+    assert evals and abs(evals[-1]["loss"] - fsdp_evals[-1]["loss"]) <= CURVE_RTOL * \
+        fsdp_evals[-1]["loss"]
 
 
-@pytest.mark.parametrize("source, target", [("tp", "fsdp"), ("fsdp", "tp")])
+@pytest.mark.parametrize("source, target", [("tp", "fsdp"), ("fsdp", "tp"), ("pp", "fsdp"),
+                                            ("fsdp", "pp")])
 def test_a_commit_resumes_in_the_other_layout(straight, corpus, tmp_path, source, target):
     shutil.copytree(straight / f"{source}-ckpt" / "step_10", tmp_path / "ckpt" / "step_10")
-    run = TrainProcess(_config(corpus, tmp_path, target, str(tmp_path / "ckpt"),
-                               TP if target == "tp" else {}, every=STEPS),
+    run = TrainProcess(_config(corpus, tmp_path, target, str(tmp_path / "ckpt"), LAYOUTS[target],
+                               every=STEPS),
                        tmp_path / f"{target}.log", nproc=NPROC)
     assert run.finish() == 0, run.text()[-3000:]
     assert "(step 10, saved by 4 ranks, now 4)" in run.text(), run.text()[-3000:]
@@ -87,12 +103,13 @@ def test_a_commit_resumes_in_the_other_layout(straight, corpus, tmp_path, source
     np.testing.assert_allclose(resumed, before, rtol=CURVE_RTOL)
 
 
-@pytest.mark.parametrize("tier", ["storage", "memory"])
-def test_tensor_parallel_stopped_and_resumed_continues_its_curve_exactly(straight, corpus,
-                                                                         tmp_path, tier):
+@pytest.mark.parametrize("name, tier", [("tp", "storage"), ("tp", "memory"), ("pp", "storage"),
+                                        ("pp", "memory")])
+def test_a_model_parallel_run_stopped_and_resumed_continues_its_curve_exactly(
+        straight, corpus, tmp_path, name, tier):
     memory = {"inMemoryEverySteps": 5} if tier == "memory" else {}
     cfg = config(corpus, tmp_path, "resumed", str(tmp_path / "ckpt"), steps=STEPS, every=HALF,
-                 training=TP, **memory)
+                 training=LAYOUTS[name], **memory)
     doc = yaml.safe_load(cfg.read_text())
     doc["model"]["preset"] = "llama-tiny"
     cfg.write_text(yaml.safe_dump(doc))
@@ -100,7 +117,7 @@ def test_tensor_parallel_stopped_and_resumed_continues_its_curve_exactly(straigh
                              env={"CRUCIBLE_MEMORY_DIR": str(tmp_path / "shm")})
     where = "restored step 10 from memory" if tier == "memory" else "(step 10, saved by 4 ranks"
     assert where in second, second[-3000:]
-    assert curve(straight / "tp" / "metrics.jsonl") == curve(tmp_path / "resumed" / "metrics.jsonl")
+    assert curve(straight / name / "metrics.jsonl") == curve(tmp_path / "resumed" / "metrics.jsonl")
 
 
 def test_gpt_blocks_with_a_tied_head_learned_positions_biases_and_qk_norm(corpus, tmp_path):
@@ -112,3 +129,13 @@ def test_gpt_blocks_with_a_tied_head_learned_positions_biases_and_qk_norm(corpus
     tp, fsdp = _losses(tmp_path, "tp"), _losses(tmp_path, "fsdp")
     assert len(tp) == 4
     np.testing.assert_allclose(tp, fsdp, rtol=CURVE_RTOL)
+
+
+def test_tensor_and_pipeline_together(corpus, tmp_path):
+    # 2 stages of 2 tensor-parallel ranks (one data-parallel rank): the stages pass each other
+    # one tensor-parallel rank's slice of the sequence.
+    both = {"parallelism": {"tensor": 2, "pipeline": 2}}
+    for name, training in (("both", both), ("fsdp", {})):
+        _train(corpus, tmp_path, name, training, steps=4, every=4)
+    np.testing.assert_allclose(_losses(tmp_path, "both"), _losses(tmp_path, "fsdp"),
+                               rtol=CURVE_RTOL)

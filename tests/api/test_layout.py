@@ -1,0 +1,83 @@
+"""The model-parallel layout (crucible.api.layout) and the spec's parallelism rules."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from crucible.api.layout import LayoutError, layout, model_problems
+from crucible.api.spec import ParallelismSpec, PretrainJobSpec, TrainJobConfig
+
+
+def test_the_mesh_is_torchtitans_order_with_tensor_ranks_consecutive():
+    lay = layout("fsdp", None, world_size=16, local_world_size=8, tensor=2, pipeline=2)
+    assert lay.dims == (("pp", 2), ("dp_shard", 4), ("tp", 2))
+    assert lay.world_size == 16
+    # Consecutive ranks are one tensor-parallel group; a pipeline stage is half the world.
+    assert [lay.coordinates(r)["tp"] for r in range(4)] == [0, 1, 0, 1]
+    assert [lay.coordinates(r)["pp"] for r in (0, 7, 8, 15)] == [0, 0, 1, 1]
+    assert lay.coordinates(5) == {"pp": 0, "dp_shard": 2, "tp": 1}
+
+
+def test_without_model_parallelism_the_mesh_is_the_data_parallel_one():
+    assert layout("fsdp", None, world_size=8, local_world_size=8).dims == (("dp_shard", 8),)
+    hybrid = layout("hsdp", 4, world_size=8, local_world_size=4)
+    assert hybrid.dims == (("dp_replicate", 2), ("dp_shard", 4))
+
+
+def test_auto_sharding_counts_a_nodes_data_parallel_ranks_not_its_processes():
+    # 2 nodes of 8, tensor 2: each node holds 4 data-parallel ranks, so auto's HSDP groups are 4.
+    lay = layout("auto", None, world_size=16, local_world_size=8, tensor=2)
+    assert lay.dims == (("dp_replicate", 2), ("dp_shard", 4), ("tp", 2))
+    # One node holding both pipeline stages: a stage's data-parallel ranks are all on it.
+    one_node = layout("auto", None, world_size=4, local_world_size=4, pipeline=2)
+    assert one_node.dims == (("pp", 2), ("dp_shard", 2))
+
+
+def test_layouts_that_do_not_fit_are_refused_with_the_field_named():
+    with pytest.raises(LayoutError, match="tensor x pipeline = 6 does not divide the 8 ranks"):
+        layout("fsdp", None, world_size=8, local_world_size=8, tensor=2, pipeline=3)
+    with pytest.raises(LayoutError, match="tensor 4 must divide the 2 processes per node"):
+        layout("fsdp", None, world_size=8, local_world_size=2, tensor=4)
+
+
+def test_model_problems_name_heads_layers_and_a_tied_head():
+    assert model_problems(2, 2, layers=4, heads=8, kv_heads=2) == []
+    problems = model_problems(4, 3, layers=4, heads=6, kv_heads=2, tied_embeddings=True)
+    assert len(problems) == 4
+    assert "6 heads" in problems[0] and "2 key/value heads" in problems[1]
+    assert "pipeline 3 stages must divide the model's 4 layers" in problems[2]
+    assert "untied head" in problems[3]
+
+
+def _job(parallelism: dict, procs: int = 4, nodes: dict | None = None, model: dict | None = None):
+    return {"image": "x", "model": model or {"preset": "llama-tiny"}, "data": {"train": "d"},
+            "procsPerNode": procs, "nodes": nodes or {"min": 1, "max": 1},
+            "training": {"tokens": 1e6, "parallelism": parallelism}}
+
+
+def test_the_spec_takes_a_fitting_layout_and_refuses_each_misfit():
+    spec = PretrainJobSpec.model_validate(_job({"tensor": 2, "pipeline": 2}))
+    assert spec.training.parallelism.model_parallel == 4
+    with pytest.raises(ValidationError, match="tensor must divide procsPerNode"):
+        PretrainJobSpec.model_validate(_job({"tensor": 3}, procs=4))
+    # An elastic range: 8 stages fit 2 nodes of 4 ranks but not 1.
+    with pytest.raises(ValidationError, match="must divide the ranks at every node count"):
+        PretrainJobSpec.model_validate(_job({"pipeline": 8}, procs=4, nodes={"min": 1, "max": 2}))
+    with pytest.raises(ValidationError, match="must divide the model's 4 heads"):
+        PretrainJobSpec.model_validate(_job({"tensor": 8}, procs=8))
+    with pytest.raises(ValidationError, match="untied head"):
+        PretrainJobSpec.model_validate(_job({"pipeline": 2}, model={"preset": "tiny"}))
+
+
+def test_the_trainers_own_config_checks_the_model_too():
+    with pytest.raises(ValidationError, match="4 stages must divide the model's 2 layers"):
+        TrainJobConfig.model_validate({"model": {"preset": "llama-tiny"}, "data": {"train": "d"},
+                                       "training": {"tokens": 1e6,
+                                                    "parallelism": {"pipeline": 4}}})
+
+
+def test_the_schedule_is_one_torch_runs():
+    assert ParallelismSpec().schedule == "1F1B"
+    with pytest.raises(ValidationError, match="1F1B"):
+        ParallelismSpec(schedule="interleaved1F1B")
