@@ -73,12 +73,14 @@ def fits_every_size(model_parallel: int, procs_per_node: int, min_nodes: int,
     return sharding.group_fits_every_size(model_parallel, procs_per_node, min_nodes, max_nodes)
 
 
-def model_problems(tensor: int, pipeline: int, *, layers: int, heads: int,
-                   kv_heads: int, tied_embeddings: bool = False) -> list[str]:
+def model_problems(tensor: int, pipeline: int, *, layers: int, heads: int, kv_heads: int,
+                   seq_len: int, ffn_dim: int, tied_embeddings: bool = False) -> list[str]:
     """What in the model forbids this parallelism, one sentence each (empty: it fits). Pure.
 
     Tensor parallelism gives each rank whole attention heads, and whole key/value heads (so a
-    query head's key/value head is on its own rank); a pipeline gives each of its stages the
+    query head's key/value head is on its own rank), whole MLP units (a SwiGLU unit's gate and up
+    rows together), and an equal slice of the sequence between the blocks (sequence
+    parallelism: DTensor's slices are equal); a pipeline gives each of its stages the
     same number of whole layers. A tied head is the
     embedding itself, which a pipeline holds on its first stage and the head on its last."""
     out = []
@@ -87,6 +89,10 @@ def model_problems(tensor: int, pipeline: int, *, layers: int, heads: int,
     if kv_heads % tensor:
         out.append(f"parallelism.tensor {tensor} must divide the model's {kv_heads} key/value "
                    "heads")
+    if seq_len % tensor:
+        out.append(f"parallelism.tensor {tensor} must divide the model's seqLen {seq_len}")
+    if ffn_dim % tensor:
+        out.append(f"parallelism.tensor {tensor} must divide the model's MLP width {ffn_dim}")
     if layers % pipeline:
         out.append(f"parallelism.pipeline {pipeline} stages must divide the model's {layers} "
                    "layers")
@@ -114,6 +120,11 @@ def layout(sharding_mode: sharding.Sharding, shard_group_size: int | None, *, wo
     # A node's data-parallel ranks of one stage: its share of the ranks, unless the node holds
     # more than one stage (the pipeline is outermost), when a stage is all on it.
     local_dp = max(1, min(local_world_size // tensor, world_size // model_parallel))
-    dp = sharding.mesh_shape(sharding_mode, shard_group_size, world_size=world_size // model_parallel,
+    dp_world = world_size // model_parallel
+    if sharding_mode == "auto" and shard_group_size is None and dp_world % local_dp:
+        # A pipeline stage that ends inside a node (3 nodes of 8, 2 stages: 12 ranks each)
+        # leaves no whole-node group to replicate over; auto then shards over the stage.
+        return Layout(sharding.fsdp(dp_world), pipeline, tensor)
+    dp = sharding.mesh_shape(sharding_mode, shard_group_size, world_size=dp_world,
                              local_world_size=local_dp)
     return Layout(dp, pipeline, tensor)

@@ -36,7 +36,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, ValidationError,
                       field_validator, model_validator)
 from pydantic.alias_generators import to_camel
 
-from crucible.api import arch, launch, layout, sharding
+from crucible.api import arch, batch_ramp, launch, layout, sharding
 from crucible.api.names import JOB_NAME_PATTERN, KIND, MAX_JOB_NAME_LENGTH
 
 
@@ -92,17 +92,19 @@ def cel(rule: str, message: str) -> dict:
     return {"rule": rule, "message": message}
 
 
-def _preset_lookup(field: str, spec_field: str) -> str:
-    """CEL for a model field's effective value: the explicit one, else the preset's."""
-    table = ", ".join(f"'{name}': {getattr(cfg, field)}" for name, cfg in sorted(arch.PRESETS.items()))
-    return f"(has(self.{spec_field}) ? self.{spec_field} : {{{table}}}[self.preset])"
+def _preset_lookup(field: str, spec_field: str, on: str = "self") -> str:
+    """CEL for a model field's effective value: the explicit one, else the preset's (`on`: the
+    CEL path of the model spec)."""
+    table = ", ".join(f"'{name}': {str(getattr(cfg, field)).lower()}"
+                      for name, cfg in sorted(arch.PRESETS.items()))
+    return f"(has({on}.{spec_field}) ? {on}.{spec_field} : {{{table}}}[{on}.preset])"
 
 
-def _known_model(*spec_fields: str) -> str:
+def _known_model(*spec_fields: str, on: str = "self") -> str:
     """CEL guard: every named field is explicit, or comes from a known preset."""
     presets = "[" + ", ".join(f"'{name}'" for name in sorted(arch.PRESETS)) + "]"
-    known_preset = f"(has(self.preset) && self.preset in {presets})"
-    return " && ".join(f"(has(self.{f}) || {known_preset})" for f in spec_fields)
+    known_preset = f"(has({on}.preset) && {on}.preset in {presets})"
+    return " && ".join(f"(has({on}.{f}) || {known_preset})" for f in spec_fields)
 
 
 # Kubernetes resource quantity (k8s.io/apimachinery/pkg/api/resource: quantity.go's grammar).
@@ -786,8 +788,31 @@ _GROUP_MISFIT = ("training.shardGroupSize must divide the ranks at every node co
 _PARALLELISM = "(has(self.training.parallelism) && has(self.training.parallelism.{0}) ? " \
     "self.training.parallelism.{0} : 1)"
 _TENSOR, _PIPELINE = _PARALLELISM.format("tensor"), _PARALLELISM.format("pipeline")
+_M = "self.model"
+
+
+def _job_model(field: str, spec_field: str) -> str:
+    return _preset_lookup(field, spec_field, on=_M)
+
+
+_M_HEADS, _M_LAYERS = _job_model("heads", "heads"), _job_model("layers", "layers")
+_M_SEQ, _M_DIM = _job_model("seq_len", "seqLen"), _job_model("dim", "dim")
+_M_KV = f"({_job_model('kv_heads', 'kvHeads')} == 0 ? {_M_HEADS} : {_job_model('kv_heads', 'kvHeads')})"
+_M_FFN = f"({_job_model('d_ff', 'ffnDim')} == 0 ? 4 * {_M_DIM} : {_job_model('d_ff', 'ffnDim')})"
+_M_TIED = _job_model("tied_embeddings", "tiedEmbeddings")
+
+
+def _model_rule(rule: str, *fields: str, when: str) -> str:
+    """CEL: `rule` holds whenever `when` does and the model fields it reads are known (explicit,
+    or from a known preset; an unknown preset is refused by the model's own rule)."""
+    return f"!({when}) || !({_known_model(*fields, on=_M)}) || ({rule})"
+
+
 _TENSOR_MISFIT = ("training.parallelism.tensor must divide procsPerNode: tensor parallelism "
                   "stays inside a node")
+_GROUP_MP_MISFIT = ("training.shardGroupSize counts data-parallel ranks: it must divide "
+                    "procsPerNode x nodes / (tensor x pipeline) at every node count from "
+                    "nodes.min to nodes.max")
 _MODEL_PARALLEL_MISFIT = ("training.parallelism tensor x pipeline must divide the ranks at every "
                           "node count from nodes.min to nodes.max: a divisor of procsPerNode, "
                           "or, with nodes.min = nodes.max, of procsPerNode x nodes")
@@ -811,7 +836,22 @@ class PretrainJobSpec(Spec):
         # The same rules as _parallelism_fits below (layout.layout, layout.fits_every_size).
         cel(f"{_PROCS} % {_TENSOR} == 0", _TENSOR_MISFIT),
         cel(f"{_PROCS} % ({_TENSOR} * {_PIPELINE}) == 0 || ({_NODES_MIN} == {_NODES_MAX} && "
-            f"({_PROCS} * {_NODES_MIN}) % ({_TENSOR} * {_PIPELINE}) == 0)", _MODEL_PARALLEL_MISFIT)]})
+            f"({_PROCS} * {_NODES_MIN}) % ({_TENSOR} * {_PIPELINE}) == 0)", _MODEL_PARALLEL_MISFIT),
+        # A shard group counts data-parallel ranks: procsPerNode x nodes / (tensor x pipeline).
+        cel(f"!has(self.training.shardGroupSize) || {_TENSOR} * {_PIPELINE} == 1 || "
+            f"{_PROCS} % ({_TENSOR} * {_PIPELINE} * self.training.shardGroupSize) == 0 || "
+            f"({_NODES_MIN} == {_NODES_MAX} && ({_PROCS} * {_NODES_MIN}) % "
+            f"({_TENSOR} * {_PIPELINE} * self.training.shardGroupSize) == 0)", _GROUP_MP_MISFIT),
+        # The model's own rules (layout.model_problems, _model_fits_parallelism below).
+        cel(_model_rule(f"{_M_HEADS} % {_TENSOR} == 0 && {_M_KV} % {_TENSOR} == 0 && "
+                        f"{_M_SEQ} % {_TENSOR} == 0 && {_M_FFN} % {_TENSOR} == 0",
+                        "heads", "kvHeads", "seqLen", "dim", "ffnDim", when=f"{_TENSOR} > 1"),
+            "training.parallelism.tensor must divide the model's heads, key/value heads, seqLen "
+            "and MLP width"),
+        cel(_model_rule(f"{_M_LAYERS} % {_PIPELINE} == 0 && !{_M_TIED}", "layers",
+                        "tiedEmbeddings", when=f"{_PIPELINE} > 1"),
+            "training.parallelism.pipeline must divide the model's layers and needs an untied "
+            "head (model.tiedEmbeddings: false)")]})
 
     image: str = Field(..., min_length=1, description="Trainer image (has torch and crucible).")
     nodes: NodesSpec = Field(default_factory=NodesSpec)
@@ -870,8 +910,38 @@ class PretrainJobSpec(Spec):
             raise ValueError(f"{_MODEL_PARALLEL_MISFIT} (got {par.tensor} x {par.pipeline}, "
                              f"procsPerNode {self.procs_per_node}, nodes "
                              f"{self.nodes.min}-{self.nodes.max})")
+        group = self.training.shard_group_size
+        if group is not None and par.model_parallel > 1 and not layout.fits_every_size(
+                par.model_parallel * group, self.procs_per_node, self.nodes.min, self.nodes.max):
+            raise ValueError(f"{_GROUP_MP_MISFIT} (got {group}, tensor x pipeline "
+                             f"{par.model_parallel}, procsPerNode {self.procs_per_node}, nodes "
+                             f"{self.nodes.min}-{self.nodes.max})")
         _model_fits_parallelism(self.model, self.training)
+        self._pipeline_fills_at_every_size()
         return self
+
+    def _pipeline_fills_at_every_size(self) -> None:
+        """A pipeline step needs a micro-batch per stage on every data-parallel rank; the
+        fewest are at the most nodes (and at the batch ramp's start). Pydantic only (the
+        operator refuses it as InvalidSpec): CEL would need the ramp's arithmetic."""
+        t = self.training
+        par, seq = t.parallelism, self.model.to_arch().seq_len
+        if par.pipeline == 1:
+            return
+        dp = self.procs_per_node * self.nodes.max // par.model_parallel
+        unit = seq * t.micro_batch * dp
+        if dp == 0 or t.global_batch_tokens % unit:
+            return  # the trainer's batch check names this one
+        ramp = batch_ramp.BatchRamp.of(t.global_batch_tokens, unit,
+                                       *((t.batch_ramp.start_tokens, t.batch_ramp.ramp_tokens)
+                                         if t.batch_ramp is not None else ()))
+        if ramp.micro_steps(0) < par.pipeline:
+            raise ValueError(
+                f"training.parallelism.pipeline {par.pipeline} needs at least that many "
+                f"micro-batches per data-parallel rank in every step; at {self.nodes.max} "
+                f"node(s) the {'first ' if t.batch_ramp else ''}step has "
+                f"{ramp.micro_steps(0)}: raise globalBatchTokens"
+                f"{' or batchRamp.startTokens' if t.batch_ramp else ''}, or lower microBatch")
 
     @field_validator("resources")
     @classmethod
@@ -895,6 +965,7 @@ def _model_fits_parallelism(model: ModelSpec, training: TrainingSpec) -> None:
     cfg = model.to_arch()
     problems = layout.model_problems(par.tensor, par.pipeline,
                                      layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.n_kv_heads,
+                                     seq_len=cfg.seq_len, ffn_dim=cfg.ffn_dim,
                                      tied_embeddings=cfg.tied_embeddings)
     if problems:
         raise ValueError("; ".join(problems))

@@ -59,11 +59,15 @@ def evaluate(model: torch.nn.Module, val: ShardSet, *, seq_len: int, micro_batch
         count += n
     # Over every rank, not the data-parallel ones only: under a pipeline the loss is on the
     # last stage's ranks (the others add zeros and the same counts; `loss_of`).
+    # Every rank counted its data-parallel rank's tokens: tensor-parallel and pipeline ranks
+    # count the same ones again, `copies` times in all.
+    copies = 1
     if dist.is_initialized() and dist.get_world_size() > 1:
         totals = torch.stack([loss_sum, count])
         dist.all_reduce(totals)
         loss_sum, count = totals[0], totals[1]
+        copies = dist.get_world_size() // world_size
     model.train(was_training)
     mean = float(loss_sum / count)
     bpb = mean / math.log(2) / val.bytes_per_token
-    return EvalResult(loss=mean, bits_per_byte=bpb, tokens=int(count))
+    return EvalResult(loss=mean, bits_per_byte=bpb, tokens=int(count) // copies)

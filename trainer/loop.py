@@ -256,6 +256,8 @@ class Run:
             # No fp32 master copy: the parameters themselves are bf16, and the optimizer
             # rounds its fp32 update into them stochastically.
             store_params_in_bf16(self.model)
+            self.log("parameters: bf16, no fp32 master copy; AdamW moments fp32, updates "
+                     "rounded stochastically")
         self.optimizer = optim.build_optimizer(self.model, t)
         self.loss_context = functools.partial(tensor_parallel.loss_context, self.layout.tp > 1)
         self.pipeline = None
@@ -368,14 +370,12 @@ class Run:
         tokens_before = self.state.tokens_seen
         accum_steps = p.ramp.micro_steps(tokens_before)
         if self.pipeline is not None:
-            return self._pipeline_step(tokens_before, accum_steps, faults), self._clip(), lr
+            loss = self._pipeline_step(tokens_before, accum_steps, faults)
+            if self.slowdown > 1:
+                self._slow_down(started)
+            return loss, self._clip(), lr
         for micro in range(accum_steps):
-            inputs, targets = self.batches.get(tokens_before, micro)  # each (B, T), on the device
-            if "garbage" in faults:
-                gen = torch.Generator(device=env.device).manual_seed(step * 1000 + micro)
-                inputs, targets = torch.randint(0, self.train_shards.vocab_size,
-                                                (2, *inputs.shape), generator=gen,
-                                                device=env.device)
+            inputs, targets = self._micro_batch(tokens_before, micro, faults)  # (B, T) each
             if t.gradient_sync == "lastMicroBatch":
                 # Reduce-scatter once per step, after the last micro-batch: until then each
                 # rank holds full unsharded fp32 gradients.
@@ -402,13 +402,27 @@ class Run:
     def _pipeline_step(self, tokens_before: int, accum_steps: int, faults: set[str]) -> torch.Tensor:
         """The step's micro-batches through the pipeline's schedule, as one batch it splits
         again; this rank's share of the mean loss (`Pipeline.train_step`)."""
-        micro = [self.batches.get(tokens_before, i) for i in range(accum_steps)]
+        micro = [self._micro_batch(tokens_before, i, faults) for i in range(accum_steps)]
         self.local_timer.start_segment()
         with self.loss_context():
             loss = self.pipeline.train_step(torch.cat([i for i, _ in micro]),
                                             torch.cat([t for _, t in micro]), accum_steps)
         self.local_timer.end_segment()
+        # The injected NaN reaches the loss the guard reads (the schedule computes the
+        # gradients inside; the guard skips a step on its loss alone).
         return loss * float("nan") if "nan" in faults else loss
+
+    def _micro_batch(self, tokens_before: int, micro: int,
+                     faults: set[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Micro-batch `micro` of the step that starts after `tokens_before` tokens, (B, T)
+        inputs and targets on the device; random tokens under the injected `garbage` fault."""
+        inputs, targets = self.batches.get(tokens_before, micro)
+        if "garbage" in faults:
+            gen = torch.Generator(device=self.env.device).manual_seed(
+                self.state.step * 1000 + micro)
+            inputs, targets = torch.randint(0, self.train_shards.vocab_size, (2, *inputs.shape),
+                                            generator=gen, device=self.env.device)
+        return inputs, targets
 
     def _slow_down(self, started: float) -> None:
         """The injected straggler (CRUCIBLE_SLOW_RANK): compute (spin) for the extra time a
@@ -441,10 +455,11 @@ class Run:
         self.local_timer.collect()  # the GPU timings that have completed by now
         # The sums run over every rank. Each rank's loss is its own batch slice's, so the mean is
         # over the world size (a rank outside the data-parallel dimensions would hold a copy of
-        # its peer's loss, and the mean stay right). Each shard of the update is held by every
-        # replica of HSDP's shard groups: its sum counted it `replicas` times.
+        # its peer's loss, and the mean stay right; a pipeline's stages hold shares of it). Each
+        # rank's update square counts only its share of what several ranks hold (HSDP's replicas,
+        # tensor-parallel copies of a norm: `optim.next_update_sq`).
         return StepNumbers(loss=loss_sum / self.env.world_size, grad_norm=norm,
-                           update_norm=(math.sqrt(update_sq / self.dp.replicas)
+                           update_norm=(math.sqrt(update_sq)
                                         if flight.measure_update else None), save=saves > 0,
                            stop=stops > 0, local_seconds=local_s)
 

@@ -197,11 +197,14 @@ def _update_sq(optimizer: torch.optim.AdamW, group: dict, params: list) -> torch
     fresh = [_local(p.grad).float() for p, state in zip(params, states) if "exp_avg" not in state]
     seen = [(_local(p.grad).float(), state) for p, state in zip(params, states)
             if "exp_avg" in state]
+    # This rank's share of each parameter's square (`_holders`), in the two lists' orders.
+    shares = [1.0 / _holders(p) for p, state in zip(params, states) if "exp_avg" not in state]
+    seen_shares = [1.0 / _holders(p) for p, state in zip(params, states) if "exp_avg" in state]
     squares = []
     if fresh:   # their first step: AdamW starts both moments and the count at zero
         m = torch._foreach_mul(fresh, 1.0)    # m̂ = (1-β1)g / (1-β1): g (a copy, overwritten)
         v = torch._foreach_mul(fresh, fresh)  # v̂ = (1-β2)g² / (1-β2)
-        squares.append(_adam_direction_sq(m, v, group["eps"]))
+        squares.append(_adam_direction_sq(m, v, group["eps"], shares))
     if seen:
         g = [grad for grad, _ in seen]
         m = torch._foreach_lerp([_local(state["exp_avg"]) for _, state in seen], g, 1 - beta1)
@@ -214,18 +217,31 @@ def _update_sq(optimizer: torch.optim.AdamW, group: dict, params: list) -> torch
             torch._foreach_neg_(bias)
             torch._foreach_add_(bias, 1)
             torch._foreach_div_(moments, bias)
-        squares.append(_adam_direction_sq(m, v, group["eps"]))
+        squares.append(_adam_direction_sq(m, v, group["eps"], seen_shares))
     return torch.stack(squares).sum() * group["lr"] ** 2
 
 
-def _adam_direction_sq(m_hat: list, v_hat: list, eps: float) -> torch.Tensor:
-    """||m̂/(√v̂+ε)||² summed over the tensors, in float64; `m_hat` and `v_hat` are
-    overwritten."""
+def _adam_direction_sq(m_hat: list, v_hat: list, eps: float, shares: list[float]) -> torch.Tensor:
+    """||m̂/(√v̂+ε)||² summed over the tensors, each weighted by this rank's share of it
+    (`_holders`), in float64; `m_hat` and `v_hat` are overwritten."""
     torch._foreach_sqrt_(v_hat)
     torch._foreach_add_(v_hat, eps)
     torch._foreach_div_(m_hat, v_hat)
     norms = torch._foreach_norm(m_hat, 2, dtype=torch.float32)
+    # Scaling the norms by √share squares to the share; a list of numbers rides in the kernel's
+    # arguments (no tensor copied from the host, which on CUDA would wait for the device).
+    torch._foreach_mul_(norms, [math.sqrt(share) for share in shares])
     return torch.stack(norms).double().square().sum()
+
+
+def _holders(param: torch.Tensor) -> int:
+    """How many ranks hold the same local values of `param`: the sizes of the mesh dimensions
+    it is replicated over (HSDP's replicas; under tensor parallelism, the tp ranks for a norm's
+    weight). A sum over every rank counts each such value that many times."""
+    if not hasattr(param, "placements"):
+        return 1
+    return math.prod(param.device_mesh.size(dim) for dim, placement in
+                     enumerate(param.placements) if placement.is_replicate())
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -102,8 +102,11 @@ class Pipeline:
         the loss."""
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.is_first else ()
+        # return_outputs=False: the loss comes back through `losses`; returning outputs would
+        # keep every micro-batch's logits on the last stage until the next step begins (the
+        # stage's `output_chunks`, cleared only then), m·b·s·V values through the update.
         self.schedule(micro_batches).step(*args, target=targets if self.is_last else None,
-                                          losses=losses)
+                                          losses=losses, return_outputs=False)
         if not self.is_last:
             return torch.zeros((), device=self.device)
         return torch.stack([loss.detach() for loss in losses]).mean() * self.stages

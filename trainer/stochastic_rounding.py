@@ -6,11 +6,11 @@ model's parameters into bf16, and `StochasticRoundingAdamW`, which keeps AdamW's
 and writes each step's result into the bf16 parameters with `stochastic_round`. It does not
 choose the mode (`optim.build_optimizer` reads the spec) and does not shard (`parallel.py`).
 
-Why it works: an update smaller than half a bf16 step (2^-8 relative, so 4e-5 on a weight of
-0.02) is lost entirely by round-to-nearest, which is what late, low-LR training and decoupled
-weight decay mostly consist of. Rounding up with probability equal to the distance to the lower
-neighbour makes every update land in expectation (Gupta et al. 2015, "Deep Learning with
-Limited Numerical Precision", §3; Zamirai et al. 2020, "Revisiting BFloat16 Training", §4).
+Why it works: an update smaller than half a bf16 step (1/512 to 1/256 of the weight, so 6e-5 on
+a weight of 0.02) is lost entirely by round-to-nearest, which is what late, low-LR training and
+decoupled weight decay mostly consist of. Rounding up with probability equal to the distance to
+the lower neighbour makes every update land in expectation (Gupta et al. 2015, "Deep Learning
+with Limited Numerical Precision"; Zamirai et al. 2020, "Revisiting BFloat16 Training").
 The bit trick is torchao's (`pytorch/ao`, `torchao/optim/quant_utils.py::_fp32_to_bf16_sr`):
 bf16 is the upper half of an fp32 bit pattern, so adding 16 uniform random bits to the lower
 half and truncating carries into the upper half with exactly that probability.

@@ -32,6 +32,10 @@ def test_auto_sharding_counts_a_nodes_data_parallel_ranks_not_its_processes():
     # One node holding both pipeline stages: a stage's data-parallel ranks are all on it.
     one_node = layout("auto", None, world_size=4, local_world_size=4, pipeline=2)
     assert one_node.dims == (("pp", 2), ("dp_shard", 2))
+    # 3 nodes of 8, 2 stages: a stage's 12 ranks end inside a node, so no whole-node group
+    # divides them; auto shards over the stage instead of refusing a field nobody set.
+    straddling = layout("auto", None, world_size=24, local_world_size=8, pipeline=2)
+    assert straddling.dims == (("pp", 2), ("dp_shard", 12))
 
 
 def test_layouts_that_do_not_fit_are_refused_with_the_field_named():
@@ -42,12 +46,14 @@ def test_layouts_that_do_not_fit_are_refused_with_the_field_named():
 
 
 def test_model_problems_name_heads_layers_and_a_tied_head():
-    assert model_problems(2, 2, layers=4, heads=8, kv_heads=2) == []
-    problems = model_problems(4, 3, layers=4, heads=6, kv_heads=2, tied_embeddings=True)
-    assert len(problems) == 4
+    assert model_problems(2, 2, layers=4, heads=8, kv_heads=2, seq_len=128, ffn_dim=344) == []
+    problems = model_problems(4, 3, layers=4, heads=6, kv_heads=2, seq_len=126, ffn_dim=342,
+                              tied_embeddings=True)
+    assert len(problems) == 6
     assert "6 heads" in problems[0] and "2 key/value heads" in problems[1]
-    assert "pipeline 3 stages must divide the model's 4 layers" in problems[2]
-    assert "untied head" in problems[3]
+    assert "seqLen 126" in problems[2] and "MLP width 342" in problems[3]
+    assert "pipeline 3 stages must divide the model's 4 layers" in problems[4]
+    assert "untied head" in problems[5]
 
 
 def _job(parallelism: dict, procs: int = 4, nodes: dict | None = None, model: dict | None = None):
@@ -68,6 +74,18 @@ def test_the_spec_takes_a_fitting_layout_and_refuses_each_misfit():
         PretrainJobSpec.model_validate(_job({"tensor": 8}, procs=8))
     with pytest.raises(ValidationError, match="untied head"):
         PretrainJobSpec.model_validate(_job({"pipeline": 2}, model={"preset": "tiny"}))
+    with pytest.raises(ValidationError, match="seqLen 127"):
+        PretrainJobSpec.model_validate(_job({"tensor": 2}, model={"preset": "llama-tiny",
+                                                                 "seqLen": 127}))
+    with pytest.raises(ValidationError, match="MLP width 343"):
+        PretrainJobSpec.model_validate(_job({"tensor": 2}, model={"preset": "llama-tiny",
+                                                                 "ffnDim": 343}))
+    # A shard group of data-parallel ranks: 8 processes, tensor 4 leave 2 a node, not 8.
+    with pytest.raises(ValidationError, match="shardGroupSize counts data-parallel ranks"):
+        PretrainJobSpec.model_validate({**_job({"tensor": 4}, procs=8, nodes={"min": 1, "max": 4}),
+                                        "training": {"tokens": 1e6, "sharding": "hsdp",
+                                                     "shardGroupSize": 8,
+                                                     "parallelism": {"tensor": 4}}})
 
 
 def test_the_trainers_own_config_checks_the_model_too():
@@ -81,3 +99,19 @@ def test_the_schedule_is_one_torch_runs():
     assert ParallelismSpec().schedule == "1F1B"
     with pytest.raises(ValidationError, match="1F1B"):
         ParallelismSpec(schedule="interleaved1F1B")
+
+
+def test_the_spec_refuses_a_pipeline_its_steps_cannot_fill_at_the_most_nodes():
+    def job(nodes_max: int, **training):
+        return {"image": "x", "model": {"preset": "llama-tiny"}, "data": {"train": "d"},
+                "procsPerNode": 4, "nodes": {"min": 1, "max": nodes_max},
+                "training": {"tokens": 1e7, "microBatch": 8, "parallelism": {"pipeline": 2},
+                             **training}}
+    # 8192 tokens = 2 micro-batches of 8 x 128 on each of 4 data-parallel ranks at 2 nodes.
+    PretrainJobSpec.model_validate(job(2, globalBatchTokens=8192))
+    with pytest.raises(ValidationError, match="at 4 node.s. the step has 1"):
+        PretrainJobSpec.model_validate(job(4, globalBatchTokens=8192))
+    with pytest.raises(ValidationError, match="first step has 1: raise globalBatchTokens or "
+                                              "batchRamp.startTokens"):
+        PretrainJobSpec.model_validate(job(2, globalBatchTokens=8192,
+                                           batchRamp={"startTokens": 4096, "rampTokens": 1e6}))

@@ -67,6 +67,14 @@ CASES = [
      {"startTokens": 524288, "rampTokens": 1e5}, "startTokens must be below"),
     ("ramp-longer-than-run", "spec.training.batchRamp",
      {"startTokens": 32768, "rampTokens": 2e6}, "rampTokens must not exceed training.tokens"),
+    # tiny: 4 heads, tied head; the job: 1 process a node, 1 to 2 nodes.
+    ("tensor-outside-a-node", "spec.training.parallelism", {"tensor": 2},
+     "tensor must divide procsPerNode"),
+    ("tensor-misfits-heads", "spec.training.parallelism", {"tensor": 8},
+     "must divide the model's heads"),
+    ("pipeline-tied-head", "spec.training.parallelism", {"pipeline": 2}, "needs an untied head"),
+    ("unknown-pipeline-schedule", "spec.training.parallelism", {"schedule": "interleaved1F1B"},
+     "spec.training.parallelism.schedule"),
     ("keep-one", "spec.checkpoint.keep", 1, "spec.checkpoint.keep"),
     ("checkpoint-bad-bucket", "spec.checkpoint.uri", "s3://B/runs", "spec.checkpoint"),
     ("checkpoint-bad-scheme", "spec.checkpoint.uri", "gs://bucket/runs", "spec.checkpoint"),
@@ -143,6 +151,20 @@ def test_invalid_spec_is_rejected_naming_the_field(cluster, case, path, value, f
     if case not in APISERVER_ONLY:
         with pytest.raises(ValidationError):
             PretrainJobSpec.model_validate(doc["spec"])
+
+
+@pytest.mark.parametrize("model, parallelism", [
+    ({"preset": "llama-tiny"}, {"tensor": 2, "pipeline": 2}),
+    ({"preset": "llama-8b"}, {"tensor": 8, "schedule": "GPipe", "pipeline": 4}),
+    ({"preset": "gpt2-124m", "tiedEmbeddings": False}, {"pipeline": 4}),
+])
+def test_the_apiserver_accepts_the_layouts_that_fit(cluster, model, parallelism):
+    # The CEL rules must not refuse what the trainer runs: each is checked by pydantic too.
+    doc = _valid()
+    doc["spec"].update(model=model, procsPerNode=8, nodes={"min": 4, "max": 4})
+    doc["spec"]["training"]["parallelism"] = parallelism
+    PretrainJobSpec.model_validate(doc["spec"])
+    assert cluster.rejection(doc) is None
 
 
 def test_checkpoint_uri_cannot_change_once_set(cluster):

@@ -190,3 +190,44 @@ def test_a_pipelined_fsdp_stage_keeps_its_parameters_gathered_and_gradients_whol
     bf16_reduce = mem.with_reduce_dtype(fp32_reduce, "bfloat16")
     assert mem.pipeline_stage_bytes(n, fp32_reduce, 2) - mem.pipeline_stage_bytes(
         n, bf16_reduce, 2) == pytest.approx(2 * n / 2)
+
+
+def test_a_pipeline_stage_holds_its_micro_batches_outputs_and_on_the_last_its_logits():
+    """Per micro-batch in flight: the stage's blocks and its output (the schedule starts the
+    backward from it), or the head and the loss with the logits the schedule holds (eager:
+    bf16 beside the fp32 log-softmax; compiled: the logits the loss keeps anyway)."""
+    cfg = arch.preset("llama-8b")
+    s, h, v = cfg.seq_len, cfg.dim, cfg.vocab_size
+    block = mem.block_activation_bytes(cfg, s, 1, tp=2)
+    first = mem.stage_activation_bytes(cfg, s, 1, 0, 4, tp=2)
+    assert first == pytest.approx(8 * block + 2 * s * h / 2)
+    last = mem.stage_activation_bytes(cfg, s, 1, 3, 4, tp=2)
+    assert last == pytest.approx(8 * block + mem.head_activation_bytes(cfg, s, 1, tp=2)
+                                 + (4 + 2) * s * v / 2)
+    compiled = mem.stage_activation_bytes(cfg, s, 1, 3, 4, tp=2, compiled=True)
+    assert compiled - mem.stage_activation_bytes(cfg, s, 1, 3, 4, tp=2, compiled=True,
+                                                 recompute="full") \
+        == pytest.approx(8 * (mem.block_activation_bytes(cfg, s, 1, tp=2, compiled=True)
+                              - mem.block_activation_bytes(cfg, s, 1, tp=2, recompute="full")))
+
+
+@pytest.mark.parametrize("schedule, m, first_held, last_held", [
+    ("1F1B", 8, 4, 1),     # p on the first stage, one on the last
+    ("GPipe", 8, 8, 8),    # every forward before any backward, on every stage
+])
+def test_a_pipelined_estimate_is_its_fuller_stage_times_its_micro_batches(schedule, m,
+                                                                          first_held, last_held):
+    cfg = arch.preset("llama-8b", vocab_size=512)   # a small head: the blocks decide
+    kw = dict(micro_batch=1, capacity_bytes=1e12, stage=3, dp=2, pp=4, flash_attention=True,
+              microbatches=m, schedule=schedule)
+    est = mem.estimate(cfg, **kw)
+    per_first = mem.stage_activation_bytes(cfg, cfg.seq_len, 1, 0, 4)
+    per_last = mem.stage_activation_bytes(cfg, cfg.seq_len, 1, 3, 4)
+    fullest = max(first_held * per_first, last_held * per_last)
+    assert est.activations_bytes + est.logits_bytes == pytest.approx(fullest)
+    if schedule == "GPipe":
+        # It holds the last stage's logits for every micro-batch: with Llama 3's vocabulary
+        # that stage is the fuller one by far.
+        big = mem.estimate(arch.preset("llama-8b"), **kw)
+        held = mem.last_stage_logits_bytes(cfg.seq_len, 1, 128256)
+        assert big.logits_bytes == pytest.approx(m * held)

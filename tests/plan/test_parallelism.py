@@ -2,6 +2,8 @@
 arXiv 2104.04473: bubble (p−1)/m over ideal time, (p−1)/(m+p−1) of the total, (1/v)(p−1)/m
 interleaved, §2.2; TP moves 8·b·s·h·(t−1)/t per layer per micro-batch, §3.2)."""
 
+import dataclasses
+
 import pytest
 
 from crucible.api import arch
@@ -62,3 +64,84 @@ def test_nothing_fits_says_so():
     cfg = arch.GPTConfig(layers=96, heads=96, dim=12288, seq_len=2048)  # GPT-3 175B
     rec = par.recommend(cfg, H100, 1, global_batch_tokens=2048, micro_batch=1, mfu=0.4)
     assert rec.best is None and "no layout" in rec.reasons[0]
+
+
+BF16 = par.mem.PRECISIONS["bf16"]
+
+
+@pytest.mark.parametrize("stage, pipelined, per_param", [
+    (3, False, 4 * 8),       # FSDP: gather twice (bf16) and reduce (fp32) every micro-batch
+    (3, True, 4 * 2 + 4),    # pipelined: gather once a micro-batch, reduce once a step
+    (2, False, 4 * 4 + 2),   # ZeRO-2: reduce every micro-batch, gather the update once
+    (1, False, 4 + 2),       # ZeRO-1: reduce and gather once a step
+    (0, False, 2 * 4),       # DDP: all-reduce once a step
+])
+def test_data_parallel_traffic_of_a_step_of_four_micro_batches(stage, pipelined, per_param):
+    assert par.dp_bytes_per_step(stage, BF16, 4, pipelined) == per_param
+
+
+def test_hsdp_keeps_its_gathers_in_a_node_and_all_reduces_across_nodes():
+    cfg = arch.preset("gpt2-124m")
+    kw = dict(global_batch_tokens=2**19, micro_batch=4, mfu=0.4, flash_attention=True)
+    fsdp = par.cost_layout(cfg, par.Layout(64, 1, 1, 3, "none"), H100, **kw)
+    hsdp = par.cost_layout(cfg, par.Layout(64, 1, 1, 3, "none", shard_group=8), H100, **kw)
+    assert "8 replicas x shard groups of 8" in hsdp.layout.describe()
+    # The states are sharded 8 ways, not 64 ...
+    assert hsdp.memory.states.total_bytes == pytest.approx(8 * fsdp.memory.states.total_bytes)
+    # ... and the gathers run on NVLink: a shorter step for a small model across nodes.
+    m, n = fsdp.microbatches, arch.param_count(cfg)
+    shard = n / 8
+    assert hsdp.dp_bytes == pytest.approx(n * m * 8 * 7 / 8 + m * 2 * 4 * shard * 7 / 8)
+    assert hsdp.step_s < fsdp.step_s
+
+
+def test_the_job_runs_the_nearest_layout_crucibles_trainer_offers():
+    """llama-8b on 64 H100s: the plan picks data parallelism without sharding beside 8-way
+    tensor parallelism, which the trainer does not run (it shards with FSDP); the job runs
+    the fastest layout it does run, and says why."""
+    cfg = arch.preset("llama-8b")
+    kw = dict(global_batch_tokens=2**21, micro_batch=1, mfu=0.4, flash_attention=True,
+              compiled=True)
+    rec = par.recommend(cfg, H100, 64, **kw)
+    job = par.runnable(cfg, H100, 64, rec, **kw)
+    lay = job.cost.layout
+    assert rec.best.layout.stage != 3 and lay.stage == 3 and job.cost.memory.fits
+    assert par.runnable_problem(cfg, rec.best.layout, rec.best.microbatches, 8) is not None
+    assert par.runnable_problem(job.model, lay, job.cost.microbatches, 8) is None
+    assert "not what Crucible's trainer runs" in job.notes[0]
+    assert job.schedule == "1F1B" and job.sharding in ("auto", "fsdp")
+
+
+def test_a_pipeline_needs_a_micro_batch_per_stage_and_whole_heads_per_tensor_rank():
+    cfg = arch.preset("llama-8b")   # 32 heads, 8 key/value heads
+    assert "cannot fill" in par.runnable_problem(cfg, par.Layout(8, 1, 4, 3, "none"), 2, 8)
+    assert par.runnable_problem(cfg, par.Layout(8, 1, 4, 3, "none"), 4, 8) is None
+    assert "key/value heads" in par.runnable_problem(cfg, par.Layout(4, 16, 1, 3, "none"), 1, 16)
+    assert "ZeRO-1" in par.runnable_problem(cfg, par.Layout(8, 8, 1, 1, "none"), 1, 8)
+    # Tensor parallelism never splits a key/value head: 16 does not divide 8.
+    assert all(lay.tp <= 8 for lay in par.candidate_layouts(cfg, 256, 16))
+
+
+def test_a_tied_model_is_costed_untied_under_a_pipeline():
+    """The 70B shape the planner derives from a bare parameter count (GPT-2's tied head) on 512
+    H100s: the job pipelines it, so it unties the head, V·h more parameters, and says so."""
+    from crucible.trainer.plan import recipes
+
+    cfg = recipes.shape_for_params(70e9, 2048)
+    kw = dict(global_batch_tokens=3.2e6, micro_batch=4, mfu=0.4, flash_attention=True,
+              compiled=True)
+    job = par.runnable(cfg, H100, 512, par.recommend(cfg, H100, 512, **kw), **kw)
+    assert cfg.tied_embeddings and cfg.heads % 8 == 0
+    assert job.cost.layout.tp == 8 and job.cost.layout.pp == 2
+    assert job.model == dataclasses.replace(cfg, tied_embeddings=False)
+    assert "untied head" in " ".join(job.notes)
+    assert job.cost.microbatches >= job.cost.layout.pp
+
+
+@pytest.mark.parametrize("params", [1.3e9, 7e9, 13e9, 70e9, 175e9, 405e9])
+def test_a_derived_shape_splits_into_whole_heads_over_a_node(params):
+    from crucible.trainer.plan import recipes
+
+    cfg = recipes.shape_for_params(params, 2048)
+    assert cfg.heads % 8 == 0 and cfg.head_dim == 128
+    assert arch.param_count(cfg) == pytest.approx(params, rel=0.05)

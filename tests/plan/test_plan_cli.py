@@ -4,6 +4,7 @@ emitted job passes `crucible review` with no error), and clear one-line errors."
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -178,3 +179,81 @@ def test_the_plan_counts_compiled_activations_unless_told_eager(capsys):
             < 0.85 * eager["activations.selective"]["value"])
     assert "compiled" in compiled["activations.selective"]["formula"]
     assert "eager" in eager["activations.selective"]["formula"]
+
+
+def _emitted(capsys, *argv):
+    rc, out, err = _run(capsys, *argv, "--emit-job")
+    assert rc == 0, err
+    notes = [line[2:] for line in out.splitlines() if line.startswith("# ")]
+    return PretrainJobSpec.model_validate(yaml.safe_load(out)["spec"]), " ".join(notes)
+
+
+def test_emit_job_writes_the_recommended_tensor_and_pipeline_layout(capsys):
+    """70B on 512 H100s: the plan's layout goes into training.parallelism, and what must agree
+    with it does: whole micro-batches on every data-parallel rank, at least one per stage a
+    step, whole heads per tensor rank, whole layers per stage, an untied head."""
+    spec, notes = _emitted(capsys, "--params", "70B", "--gpus", "512")
+    par, t, cfg = spec.training.parallelism, spec.training, spec.model.to_arch()
+    assert par.tensor > 1 and par.schedule in ("1F1B", "GPipe")
+    world = spec.nodes.max * spec.procs_per_node
+    assert world == 512 and spec.procs_per_node % par.tensor == 0
+    dp = world // par.model_parallel
+    per_step = cfg.seq_len * t.micro_batch * dp
+    assert t.global_batch_tokens % per_step == 0
+    assert t.global_batch_tokens // per_step >= par.pipeline   # the pipeline is filled
+    assert cfg.heads % par.tensor == 0 and cfg.n_kv_heads % par.tensor == 0
+    assert cfg.layers % par.pipeline == 0
+    if par.pipeline > 1:
+        assert not cfg.tied_embeddings and "untied head" in notes
+    assert f"tp={par.tensor}" in notes and "micro-batches a step" in notes
+    # What the trainer reads of it: the projection onto its config validates too.
+    from crucible.api.spec import TrainJobConfig
+    assert TrainJobConfig.from_job(spec, "plan").training.parallelism == par
+
+
+def test_emit_job_for_a_small_model_has_no_parallelism_block(capsys):
+    rc, out, _ = _run(capsys, "--model", "gpt2-124m", "--gpus", "8", "--emit-job")
+    assert rc == 0 and "parallelism" not in yaml.safe_load(out)["spec"]["training"]
+    assert not out.startswith("#")
+
+
+def test_emit_job_unties_a_tied_preset_under_a_pipeline():
+    from crucible.api.arch import preset
+    from crucible.trainer.plan import emit_job
+
+    cfg = replace(preset("llama-1b"), tied_embeddings=False)
+    doc = emit_job.pretrain_job(
+        name="one", image="img", cfg=cfg, preset="llama-1b", params=1.2e9, tokens=1e9,
+        gpus=16, gpus_per_node=8, micro_batch=2, checkpoint_minutes=10,
+        activation_checkpointing=False, global_batch_tokens=2**20, data_train="s3://bucket/t",
+        data_val=None, checkpoint_uri="s3://bucket/c", tensor=2, pipeline=4)
+    spec = PretrainJobSpec.model_validate(doc["spec"])
+    assert doc["spec"]["model"] == {"preset": "llama-1b", "tiedEmbeddings": False}
+    assert spec.model.to_arch() == cfg
+    # 16 ranks of tensor 2 x pipeline 4: 2 data-parallel ranks, 8192 x 2 x 2 tokens a
+    # micro-step; the 1M batch is 32 of them, at least 4.
+    assert spec.training.global_batch_tokens == 2**20
+    assert spec.training.parallelism.model_dump() == {"tensor": 2, "pipeline": 4,
+                                                      "schedule": "1F1B"}
+    small = emit_job.pretrain_job(
+        name="one", image="img", cfg=cfg, preset="llama-1b", params=1.2e9, tokens=1e9,
+        gpus=16, gpus_per_node=8, micro_batch=2, checkpoint_minutes=10,
+        activation_checkpointing=False, global_batch_tokens=32768, data_train="s3://bucket/t",
+        data_val=None, checkpoint_uri="s3://bucket/c", tensor=2, pipeline=4)
+    # One micro-batch a step would not fill four stages: raised to four.
+    assert small["spec"]["training"]["globalBatchTokens"] == 4 * 8192 * 2 * 2
+
+
+def test_model_fields_keep_a_shape_the_spec_can_say():
+    from crucible.api.arch import GPTConfig, preset
+    from crucible.trainer.plan import emit_job
+
+    llama = replace(preset("llama-400m"), seq_len=4096)   # a config file's shape, no preset
+    fields = emit_job.model_fields(llama, None)
+    assert fields["mlp"] == "swiglu" and fields["norm"] == "rmsnorm" and fields["kvHeads"] == 4
+    assert fields["tiedEmbeddings"] is False
+    plain = GPTConfig(layers=4, heads=4, dim=256, seq_len=512)
+    assert emit_job.model_fields(plain, None) == {"layers": 4, "heads": 4, "dim": 256,
+                                                  "seqLen": 512, "vocabSize": 50304}
+    assert emit_job.model_fields(preset("gpt2-124m", seq_len=2048), "gpt2-124m") == {
+        "preset": "gpt2-124m", "seqLen": 2048}

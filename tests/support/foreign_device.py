@@ -15,6 +15,7 @@ runs (on the CPU) and results can be compared. The mode holds the device to CUDA
     CUDA allows them;
   * what is CPU-only by contract refuses a foreign tensor by itself (`torch.set_rng_state`
     checks the tensor's device: no help is needed);
+  * a random draw on the device refuses a host generator, and a host draw a device one;
   * every crossing between host and device is recorded in `ForeignDevice.syncs` as it would
     block the host on CUDA: a device value read on the host (`.item()`, `.tolist()`, `bool()`,
     a copy to the host), a copy from pageable host memory to the device (which includes every
@@ -324,10 +325,27 @@ _FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
 class _DataMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        _check_generator(args, kwargs)
         if func in _FROM_DATA and _is_foreign_device(kwargs.get("device")):
             kwargs["device"] = torch.device("cpu")
             return func(*args, **kwargs).to(FOREIGN)
         return func(*args, **kwargs)
+
+
+def _check_generator(args, kwargs) -> None:
+    """A random draw takes a generator of its output's device, as CUDA's do ("Expected a 'cuda'
+    device type for generator but found 'cpu'"). Checked here, where the caller's generator is
+    still the object it made: the dispatcher hands the mode a new wrapper of the same host
+    generator, whichever device it stands in for."""
+    generator = kwargs.get("generator")
+    if generator is None:
+        return
+    on_device = _is_foreign_device(kwargs.get("device")) or any(
+        isinstance(t, ForeignTensor) for t in tree_flatten(args)[0])
+    device_generator = type(generator) is _HostGenerator
+    if on_device != device_generator:
+        want, found = (FOREIGN.type, "cpu") if on_device else ("cpu", FOREIGN.type)
+        raise RuntimeError(f"Expected a '{want}' device type for generator but found '{found}'")
 
 
 def _aliased_returns(func, args, kwargs, unwrapped, out_foreign: bool):

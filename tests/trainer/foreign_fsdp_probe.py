@@ -31,16 +31,22 @@ def _env(device: torch.device):
                    "gloo", int(os.environ["LOCAL_WORLD_SIZE"]))
 
 
-def _build(device: torch.device):
+def _build(device: torch.device, rounding: bool = False):
+    """The sharded `tiny` and its optimizer on `device`; `rounding`: bf16 parameters under
+    `training.optimizer.bf16StochasticRounding`, as the loop builds them."""
     from crucible.api import arch
     from crucible.api.spec import TrainingSpec
     from crucible.trainer import optim, parallel
+    from crucible.trainer.stochastic_rounding import store_params_in_bf16
 
     env = _env(device)
     mesh = parallel.build_mesh(env)
     cfg = arch.PRESETS["tiny"]
     model = parallel.build_sharded_model(cfg, env, mesh, precision="bf16", seed=7)
-    return env, mesh, cfg, model, optim.build_optimizer(model, TrainingSpec(tokens=1e6))
+    if rounding:
+        store_params_in_bf16(model)
+    spec = TrainingSpec(tokens=1e6, optimizer={"bf16StochasticRounding": rounding})
+    return env, mesh, cfg, model, optim.build_optimizer(model, spec)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -94,6 +100,12 @@ def _is_device(t) -> bool:
 
 def _maybe_local(t):
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _bf16_step(t: torch.Tensor) -> torch.Tensor:
+    """The distance from each bf16 value to its neighbour away from zero, in fp32."""
+    away = torch.where(t >= 0, float("inf"), float("-inf")).to(t.dtype)
+    return (torch.nextafter(t, away) - t).float().abs()
 
 
 def _batch(env, cfg, seed: int) -> torch.Tensor:
@@ -197,6 +209,32 @@ def main(work: Path) -> None:
                     "placement": _placement(model, optimizer)}
 
         results.append(_result("storage", storage))
+
+        def rounding():
+            # bf16 shards under the stochastic-rounding AdamW: each rank draws its shard's bits
+            # on the device, reads nothing back in the step, and lands where the host does:
+            # attention's kernels differ between the two, so each element is within the step
+            # path's gap (two AdamW steps at the default peak LR) and a bf16 step either way
+            # (a value near a rounding threshold may go the other way), not equal.
+            env, _, cfg, model, optimizer = _build(FOREIGN, rounding=True)
+            host_env, _, _, host_model, host_optimizer = _build(torch.device("cpu"),
+                                                                rounding=True)
+            start, syncs = _shards(model), []
+            for seed in (1, 2):
+                tokens = _batch(env, cfg, seed)
+                mark = dev.mark()
+                _step(env, cfg, model, optimizer, seed, tokens)
+                syncs.append([f"{s.kind} {s.op}" for s in dev.since(mark)])
+                _step(host_env, cfg, host_model, host_optimizer, seed)
+            mine, host_shards = _shards(model), _shards(host_model)
+            apart = [name for name, host_shard in host_shards.items()
+                     if not torch.all((mine[name] - host_shard).float().abs()
+                                      <= 4 * 6e-4 + 2 * _bf16_step(host_shard))]
+            return {"placement": _placement(model, optimizer), "syncs": syncs, "apart": apart,
+                    "changed": not _same(start, mine),
+                    "dtypes": sorted({str(t.dtype) for t in mine.values()})}
+
+        results.append(_result("rounding", rounding))
     dist.barrier()
     with open(work / f"fsdp.{dist.get_rank()}.json", "w") as out:
         json.dump(results, out)

@@ -47,6 +47,32 @@ def _train_step(model, optimizer, cfg, seed: int, before_update=None) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
+def _rounding_steps(device: torch.device, dev):
+    """Two steps of `tiny` with bf16 parameters and stochastic rounding on `device`, on the same
+    made-up gradients wherever it runs (a backward on the device takes another attention kernel
+    than on the host, and one ulp apart a rounding may go the other way); returns (model,
+    optimizer) and the syncs each update (with its update norm) recorded."""
+    from crucible.api.spec import TrainingSpec
+    from crucible.trainer import optim
+    from crucible.trainer.stochastic_rounding import store_params_in_bf16
+
+    model, _ = _tiny_model()
+    store_params_in_bf16(model).to(device)
+    optimizer = optim.build_optimizer(
+        model, TrainingSpec(tokens=1e6, optimizer={"bf16StochasticRounding": True}))
+    syncs = []
+    for seed in (1, 2):
+        gen = torch.Generator().manual_seed(seed)
+        for p in model.parameters():
+            p.grad = (torch.randn(p.shape, generator=gen) * 1e-2).to(device, torch.bfloat16)
+        mark = dev.mark()
+        optim.next_update_sq(optimizer)
+        optimizer.step()
+        syncs.append([f"{s.kind} {s.op}" for s in dev.since(mark)])
+        optimizer.zero_grad(set_to_none=True)
+    return (model, optimizer), syncs
+
+
 def _values(model) -> dict[str, torch.Tensor]:
     return {name: on_host(p).detach().clone() for name, p in model.named_parameters()}
 
@@ -192,6 +218,23 @@ def main(work: Path, val: Path) -> None:
                     "tensors": len(state)}
 
         results.append(_result("export", export))
+
+        def rounding():
+            # bf16 parameters under the stochastic-rounding AdamW: its generators are the
+            # device's (the stand-in refuses a host one for a device draw, as CUDA does), its
+            # state stays there through a state_dict round trip, its step and the update norm
+            # read nothing back, and it rounds as the same run on the host does.
+            on_device, syncs = _rounding_steps(FOREIGN, dev)
+            on_cpu, _ = _rounding_steps(torch.device("cpu"), dev)
+            model, optimizer = on_device
+            optimizer.load_state_dict(optimizer.state_dict())
+            return {"placement": _placement(model, optimizer), "syncs": syncs,
+                    "same_as_host": _same(_values(model), _values(on_cpu[0])),
+                    "dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+                    "moments": sorted({str(v.dtype) for state in optimizer.state.values()
+                                       for k, v in state.items() if k != "step"})}
+
+        results.append(_result("rounding", rounding))
     dist.destroy_process_group()
     for result in results:
         print(json.dumps(result))

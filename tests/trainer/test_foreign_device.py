@@ -7,7 +7,9 @@ would have crash-looped). No GPU runs here, so tests/support/foreign_device.py s
 (a mock: a dispatch mode whose tensors report another device, compute on the CPU and obey CUDA's
 placement rules). The first tests check that stand-in itself; then one process runs each state
 path (a training step, the in-memory snapshot and restore, a storage save, load and rollback,
-eval, the export's full state) with the model on it, and each test reads its path's result.
+eval, the export's full state, bf16 parameters under stochastic rounding, whose random bits
+must be drawn by a generator of the device) with the model on it, and each test reads its path's
+result.
 """
 
 from __future__ import annotations
@@ -41,6 +43,16 @@ def test_the_foreign_device_refuses_what_cuda_refuses():
             torch.stack([x.sum(), torch.tensor(1.0)])   # joining takes no host scalar
         with pytest.raises(RuntimeError, match="same device"):
             torch.zeros(()).add_(x.sum())           # a host tensor written from the device
+        with pytest.raises(RuntimeError, match="'foreign' device type for generator"):
+            torch.randint(0, 9, (3,), device=FOREIGN, generator=torch.Generator())
+        with pytest.raises(RuntimeError, match="'foreign' device type for generator"):
+            x.random_(0, 9, generator=torch.Generator())   # a host generator on device values
+        with pytest.raises(RuntimeError, match="'cpu' device type for generator"):
+            torch.randint(0, 9, (3,), generator=torch.Generator(device=FOREIGN))
+        drawn = torch.randint(0, 9, (3,), device=FOREIGN,
+                              generator=torch.Generator(device=FOREIGN).manual_seed(0))
+        assert torch.equal(on_host(drawn), torch.randint(0, 9, (3,), generator=torch.Generator(
+            ).manual_seed(0)))                      # the device's draw is the host's, seeded alike
 
 
 def test_the_foreign_device_records_what_would_block_the_host():
@@ -109,6 +121,14 @@ def test_eval_on_the_device_scores_as_on_the_host(paths):
     assert result["loss"] == pytest.approx(result["cpu_loss"], rel=1e-5)
 
 
+def test_stochastic_rounding_draws_on_the_device_and_rounds_as_the_host_does(paths):
+    result = _ok(paths["rounding"])
+    assert result["placement"] == [], "a parameter or optimizer state off the device"
+    assert result["syncs"] == [[], []], "the rounding step or its update norm waited for the device"
+    assert result["same_as_host"], "the device's rounding differs from the host's, seeded alike"
+    assert result["dtypes"] == ["torch.bfloat16"] and result["moments"] == ["torch.float32"]
+
+
 def test_the_export_state_is_on_the_host(paths):
     export = _ok(paths["export"])
     assert export["tensors"] > 0 and export["values"]
@@ -161,3 +181,15 @@ def test_the_sharded_memory_restore_and_storage_load_on_the_device(sharded):
         storage = _ok(rank["storage"])
         assert storage["changed"] and storage["loaded"] == 3
         assert storage["values"] and storage["placement"] == []
+
+
+def test_sharded_stochastic_rounding_on_the_device_reads_back_once_and_rounds_near_the_host(
+        sharded):
+    for rank in sharded:
+        result = _ok(rank["rounding"])
+        assert result["placement"] == [] and result["changed"]
+        assert result["dtypes"] == ["torch.bfloat16"]
+        # The packed all-reduce's read alone: the rounding's seeds are made on the host from
+        # numbers it holds, and its bits are drawn on the device.
+        assert result["syncs"] == [["read tolist"], ["read tolist"]], result["syncs"]
+        assert result["apart"] == [], "shards farther from the host's than rounding explains"

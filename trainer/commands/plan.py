@@ -7,6 +7,7 @@ Thin adapter: parses quantities, calls `planner.make_plan`, prints. Errors becom
 from __future__ import annotations
 
 import argparse
+import textwrap
 from dataclasses import replace
 from pathlib import Path
 
@@ -153,11 +154,15 @@ def run(args) -> int:
             "see `crucible plan --help`"
         raise UserError(str(err), hint) from None
     if args.emit_job:
+        for note in job_notes(plan):
+            print("\n".join(textwrap.wrap(note, 96, initial_indent="# ",
+                                           subsequent_indent="# ")))
         print(yaml.safe_dump(emit(plan, inp, args), sort_keys=False), end="")
         return 0
     if args.json:
         extra = {"recommendation": plan.recommendation.best.layout.describe()
-                 if plan.recommendation.best else None}
+                 if plan.recommendation.best else None,
+                 "job_layout": plan.job.cost.layout.describe() if plan.job else None}
         print(to_json(plan.sections, extra))
         return 0
     print(render(plan.sections), end="")
@@ -174,18 +179,41 @@ def _job_name(args, inp: planner.PlanInputs) -> str:
     return base if job_name_problem(base) is None else f"gpt-{base}"
 
 
+def job_notes(plan: planner.Plan) -> list[str]:
+    """What the emitted job runs and where it departs from the recommendation, as comment
+    lines above the manifest."""
+    best, job = plan.recommendation.best, plan.job
+    if job is not None:
+        lay = job.cost.layout
+        head = (f"Layout: {lay.describe()}" + (f", {job.schedule} schedule" if lay.pp > 1 else "")
+                + f", {job.cost.microbatches} micro-batches a step per data-parallel rank, "
+                f"{job.cost.memory.total_bytes / 2**30:.1f} GiB per GPU (estimated).")
+        return [head, *job.notes]
+    if best is not None and best.layout.tp * best.layout.pp > 1:
+        return [f"The recommended {best.layout.describe()} has no runnable counterpart on "
+                "Crucible's trainer that fits; the job runs FSDP over every GPU."]
+    return []
+
+
 def emit(plan: planner.Plan, inp: planner.PlanInputs, args) -> dict:
     from crucible.trainer.cli import UserError
 
     name = _job_name(args, inp)
-    fsdp = plan.fsdp
+    fsdp, job = plan.fsdp, plan.job
+    # The recommended tensor/pipeline layout as the trainer runs it (planner `job`), else FSDP
+    # over every GPU.
+    layout = job.cost.layout if job is not None else (fsdp.layout if fsdp else None)
+    parallel = ({"tensor": job.cost.layout.tp, "pipeline": job.cost.layout.pp,
+                 "schedule": job.schedule} if job is not None else {})
     try:
         return emit_job.pretrain_job(
-            name=name, image=args.image, cfg=plan.model, preset=inp.preset, params=plan.params,
+            name=name, image=args.image, cfg=job.model if job is not None else plan.model,
+            preset=inp.preset, params=plan.params,
             tokens=plan.tokens, gpus=inp.gpus, gpus_per_node=plan.gpu.gpus_per_node,
             gpu_resource=plan.gpu.resource,
             micro_batch=inp.micro_batch, checkpoint_minutes=plan.checkpoint.daly_s / 60,
-            activation_checkpointing=bool(fsdp and fsdp.layout.recompute == "full"),
+            activation_checkpointing=bool(layout and layout.recompute == "full"), **parallel,
+            sharding=plan.sharding,
             global_batch_tokens=inp.global_batch_tokens, data_train=args.data, data_val=args.val,
             tokenizer=args.tokenizer,
             checkpoint_uri=args.checkpoint_uri or f"s3://change-me/runs/{name}",

@@ -58,6 +58,13 @@ peak is here, next to the others it is weighed against in `estimate`. Sources:
 - Tensor parallelism as torch's parallel styles run it (Crucible's and torchtitan's plans):
   the norms' outputs gathered whole for the projections, and the vocabulary-parallel loss's
   eager backward, 16 bytes a logit (`block_activation_bytes`, `loss_transient_bytes`).
+- A pipeline stage as torch.distributed.pipelining runs it (`stage_activation_bytes`): per
+  micro-batch in flight, what autograd saves for the stage's blocks, plus the stage's output,
+  which the schedule keeps to start that micro-batch's backward from (b·s·h values, or the
+  logits on the last stage). 1F1B holds p micro-batches on the first stage and one on the last;
+  GPipe holds all m on every stage (`first_stage_in_flight`, `last_stage_in_flight`).
+  Measured per stage against autograd's saved tensors on CPU (tests/trainer/
+  test_model_parallel_memory.py), as the tensor-parallel block is on two processes.
 - Checked against torchtitan's own published runs (tests/plan/test_published_configs.py):
   Llama 3.1 8B under FSDP with and without torch.compile, with context parallelism up to
   256K tokens, and 405B under interleaved 1F1B, within 10% of the memory they report.
@@ -321,6 +328,67 @@ def first_stage_in_flight(pp: int, microbatches: int | None = None, virtual_stag
     return stages / virtual_stages
 
 
+def last_stage_in_flight(pp: int, microbatches: int | None = None,
+                         schedule: str = "1F1B") -> float:
+    """Micro-batches the last pipeline rank holds activations for at its fullest. 1F1B (and
+    torch's interleaved schedules, whose last rank is counted the same way, an approximation:
+    its earlier virtual stages warm up too) runs each micro-batch's backward on the last stage
+    right after its forward: one. GPipe runs every forward first: all m (p when unknown)."""
+    if schedule == "GPipe":
+        return float(microbatches or pp)
+    return 1.0
+
+
+def stage_output_bytes(seq_len: int, micro_batch: int, dim: int, tp: int = 1,
+                       bytes_per_value: int = 2) -> float:
+    """What a non-last pipeline stage keeps per micro-batch in flight beyond autograd's saved
+    tensors: its output, which torch.distributed.pipelining holds (`_forward_chunk_states`)
+    until that micro-batch's backward starts from it; b·s·h values, this rank's 1/t slice of
+    the sequence under sequence parallelism. Nothing saves it for backward (the residual add
+    that makes it saves nothing), so it is counted apart."""
+    return bytes_per_value * seq_len * micro_batch * dim / tp
+
+
+def last_stage_logits_bytes(seq_len: int, micro_batch: int, vocab: int, tp: int = 1,
+                            compiled_loss: bool = False, bytes_per_value: int = 2) -> float:
+    """What the last pipeline stage's loss keeps per micro-batch in flight: `logits_bytes`,
+    and, for an eager loss, the logits themselves in their own dtype, the stage's output that
+    the schedule holds until the backward (unpipelined, nothing holds them past the loss's
+    fp32 upcast). A compiled loss already keeps the logits: nothing more."""
+    kept = logits_bytes(seq_len, micro_batch, vocab, tp, compiled_loss, bytes_per_value)
+    if compiled_loss:
+        return kept
+    return kept + bytes_per_value * seq_len * micro_batch * vocab / tp
+
+
+def stage_activation_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, stage: int,
+                           stages: int, *, tp: int = 1, sequence_parallel: bool = True,
+                           recompute: Recompute = "none", bytes_per_value: int = 2,
+                           flash_attention: bool = True, compiled: bool = False,
+                           compiled_loss: bool | None = None,
+                           unfused_linears: bool = False) -> float:
+    """Bytes one micro-batch in flight keeps on pipeline stage `stage` (0-based) of `stages`
+    until its backward, on one GPU: its L/p blocks' saved tensors (`block_activation_bytes`),
+    and the stage's output (`stage_output_bytes`), or, on the last stage, the final norm's
+    and the loss's kept tensors (`head_activation_bytes`, `last_stage_logits_bytes`; with one
+    stage, `logits_bytes`: nothing holds the logits). The embeddings keep only the token ids."""
+    if not 0 <= stage < stages or cfg.layers % stages:
+        raise ValueError(f"stage {stage} of {stages} must be one of an equal split of the "
+                         f"{cfg.layers} layers")
+    compiled_loss = compiled if compiled_loss is None else compiled_loss
+    blocks = cfg.layers // stages * block_activation_bytes(
+        cfg, seq_len, micro_batch, tp, sequence_parallel, recompute, bytes_per_value,
+        flash_attention, compiled, unfused_linears)
+    if stage < stages - 1:
+        return blocks + stage_output_bytes(seq_len, micro_batch, cfg.dim, tp, bytes_per_value)
+    head = head_activation_bytes(cfg, seq_len, micro_batch, bytes_per_value, tp)
+    if stages == 1:
+        return blocks + head + logits_bytes(seq_len, micro_batch, cfg.vocab_size, tp,
+                                            compiled_loss, bytes_per_value)
+    return blocks + head + last_stage_logits_bytes(seq_len, micro_batch, cfg.vocab_size, tp,
+                                                   compiled_loss, bytes_per_value)
+
+
 def eval_forward_bytes(cfg: GPTConfig, seq_len: int, micro_batch: int, tp: int = 1,
                        compiled: bool = False, bytes_per_value: int = 2) -> float:
     """The held-out eval's fullest point beyond the weights: a forward without autograd keeps
@@ -451,20 +519,25 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
                                          flash_attention, compiled)
                   if recompute == "full" else 0.0)
     # 1F1B: the first stage holds p micro-batches × L/p layers (Korthikanti §4.2.3), L layers'
-    # worth; the last holds one micro-batch of its L/p layers and the output layer's logits and
-    # loss, which at a large vocabulary make it the fuller one. Unpipelined both are the one GPU.
+    # worth, and each one's output; the last holds one micro-batch of its L/p layers and the
+    # output layer's logits and loss, which at a large vocabulary make it the fuller one. GPipe:
+    # every stage holds all m. Unpipelined both are the one GPU.
     acts = cfg.layers * per_layer
     if pp == 1:
         acts += head
     else:
         stage_layers = cfg.layers / pp
+        # Interleaved: each of a rank's v stages hands its own output on.
+        output = virtual_stages * stage_output_bytes(seq, micro_batch, cfg.dim, tp, value)
         first = first_stage_in_flight(pp, microbatches, virtual_stages, schedule) \
-            * stage_layers * per_layer
-        last = stage_layers * per_layer + head
-        if last + max(logits + transient, recomputed) <= first + recomputed:
+            * (stage_layers * per_layer + output)
+        held = last_stage_in_flight(pp, microbatches, schedule)
+        last = held * (stage_layers * per_layer + head)
+        kept = held * last_stage_logits_bytes(seq, micro_batch, vocab, tp, compiled_loss, value)
+        if last + max(kept + transient, recomputed) <= first + recomputed:
             acts, logits, transient = first, 0.0, 0.0    # the first stage is the fullest
         else:
-            acts = last
+            acts, logits = last, kept
     pipelined_fsdp = stage == 3 and pp > 1
     if pipelined_fsdp:
         working = pipeline_stage_bytes(n, precision, mp)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from crucible.api import sharding
+from crucible.api import layout, sharding
 from crucible.api.arch import GPTConfig, flops_per_token, non_embedding_params, param_count
 from crucible.trainer.hardware import Accelerator, accelerator
 from crucible.trainer.plan import cost as costs
@@ -65,6 +65,11 @@ class Plan:
     recommendation: par.Recommendation
     fsdp: par.LayoutCost | None  # the layout Crucible's trainer runs (ZeRO-3 over all GPUs)
     checkpoint: reliability.CheckpointPlan
+    # With tensor or pipeline parallelism recommended: what `--emit-job` runs instead of `fsdp`.
+    job: par.JobLayout | None = None
+    # training.sharding for --emit-job: what `job` runs, else auto where its HSDP fits and fsdp
+    # (what `fsdp` counts) where it does not.
+    sharding: str = "auto"
     sections: list[Section] = field(default_factory=list)
 
 
@@ -128,6 +133,12 @@ def make_plan(inp: PlanInputs) -> Plan:
                         micro_batch=inp.micro_batch, mfu=inp.mfu, precision=precision,
                         flash_attention=FLASH_ATTENTION, compiled=inp.compiled)
     fsdp = _crucible_layout(cfg, gpu, inp, batch, crucible_precision(precision))
+    job = None
+    if rec.best is not None and rec.best.layout.tp * rec.best.layout.pp > 1:
+        job = par.runnable(cfg, gpu, inp.gpus, rec, global_batch_tokens=batch,
+                           micro_batch=inp.micro_batch, mfu=inp.mfu,
+                           precision=crucible_precision(precision),
+                           flash_attention=FLASH_ATTENTION, compiled=inp.compiled)
     train_flops = flops_per_token(cfg) * d
     price = inp.price_usd_per_gpu_hour
     money = costs.training_cost(train_flops, gpu, inp.gpus, inp.mfu, price)
@@ -138,7 +149,12 @@ def make_plan(inp: PlanInputs) -> Plan:
         crucible_precision(precision).checkpoint_bytes * n / inp.gpus / ASSUMED_D2H_BYTES_PER_S)
     restart_s = ASSUMED_RESTART_S if inp.restart_seconds is None else inp.restart_seconds
     ckpt = reliability.plan_checkpoints(money.wall_s, save_s, mtbf_s, restart_s)
-    plan = Plan(n, d, c, cfg, derived, gpu, rec, fsdp, ckpt)
+    if job is not None:
+        sharding_mode = job.sharding
+    else:
+        sharding_mode = (_sharding(cfg, gpu, inp, fsdp, crucible_precision(precision))
+                         if fsdp else "auto")
+    plan = Plan(n, d, c, cfg, derived, gpu, rec, fsdp, ckpt, job, sharding_mode)
     plan.sections = [
         _budget_section(plan, inp, how),
         _scaling_section(plan, inp),
@@ -171,6 +187,27 @@ def _crucible_layout(cfg, gpu, inp, batch, precision) -> par.LayoutCost | None:
         if c.memory.fits:
             return c
     return None
+
+
+def _sharding(cfg: GPTConfig, gpu: Accelerator, inp: PlanInputs, planned: par.LayoutCost,
+              precision: mem.Precision) -> str:
+    """`auto` if what it runs fits (HSDP with a node's data-parallel ranks a shard group, on
+    more than one node: api/layout.py), else `fsdp`, the sharding over every data-parallel rank
+    that the plan's memory counts."""
+    lay = planned.layout
+    per_node = min(inp.gpus, gpu.gpus_per_node)
+    if inp.gpus % per_node:
+        return "auto"
+    mesh = layout.layout("auto", None, world_size=inp.gpus, local_world_size=per_node,
+                         tensor=lay.tp, pipeline=lay.pp).dp
+    if not mesh.hybrid:
+        return "auto"
+    hsdp = mem.estimate(cfg, micro_batch=inp.micro_batch, capacity_bytes=gpu.memory_bytes,
+                        stage=3, dp=mesh.shard, tp=lay.tp, pp=lay.pp, recompute=lay.recompute,
+                        precision=precision, flash_attention=FLASH_ATTENTION,
+                        compiled=inp.compiled, compiled_loss=inp.compiled and lay.tp == 1,
+                        microbatches=planned.microbatches)
+    return "auto" if hsdp.fits else "fsdp"
 
 
 def _budget_section(plan: Plan, inp: PlanInputs, how: str) -> Section:
@@ -374,6 +411,20 @@ def _parallel_section(plan: Plan, inp: PlanInputs, batch: float) -> Section:
           "2·b·s·h per micro-batch", "Narayanan §4.1")
     s.add("bubble", "pipeline bubble", best.bubble, "1", "(p−1)/(m+p−1)", "Narayanan §2.2",
           percent=True)
+    job = plan.job
+    if job is not None:
+        s.add("job_layout", "what --emit-job runs", f"{job.cost.layout.describe()}"
+              + (f", {job.schedule}" if job.cost.layout.pp > 1 else ""), "1",
+              "FSDP or HSDP (training.sharding) over the data-parallel ranks, tensor x "
+              "pipeline inside",
+              "trainer/plan/parallelism.py `runnable`")
+        s.add("job_memory", "memory per GPU of the job", job.cost.memory.total_bytes, "B",
+              "states+activations+logits+FSDP working set", "ZeRO; Korthikanti")
+        s.add("job_microbatches", "micro-batches per step of the job", job.cost.microbatches,
+              "1", "B/(s·b·dp), at least p", "trainer/pipeline.py")
+        s.add("job_step_time", "estimated step time of the job", job.cost.step_s, "s",
+              "(compute + TP comm)/(1 − bubble) + exposed DP comm", "Narayanan et al. 2021")
+        s.notes.extend(job.notes)
     return s
 
 

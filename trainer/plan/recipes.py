@@ -89,20 +89,26 @@ LLAMA3_FLAVORS = {
 # GPT-3 Table 2.1 keeps dim/layers between ~43 and 128; 128 for the 6.7B–175B models.
 TARGET_ASPECT = 128
 HEAD_DIM = 128
+# Heads in multiples of 8, a node's GPUs, so that tensor parallelism up to a node gives each
+# rank whole heads: true of GPT-3's shapes from 6.7B up (Table 2.1) and of every head count,
+# 24 to 160, of the Megatron-LM configurations in Narayanan et al. 2021, Table 1.
+HEAD_MULTIPLE = 8
 
 
 def shape_for_params(params: float, seq_len: int, vocab_size: int = 50304) -> GPTConfig:
     """A GPT shape with about `params` parameters, for when only a count was given.
 
-    Width is a multiple of 128 (head dimension 128), depth makes 12·L·d² + V·d ≈ N, and among
-    those the shape whose d/L is closest to GPT-3's large models (128) wins.
+    Width is a multiple of 128 (head dimension 128), and from 1024 on of 8 heads' width
+    (`HEAD_MULTIPLE`); depth makes 12·L·d² + V·d ≈ N, and among those the shape whose d/L is
+    closest to GPT-3's large models (128) wins.
     """
     if params < 1e6:
         raise ValueError(f"{params:g} parameters is too small to shape a GPT; give --model")
     best, best_score = None, math.inf
     for layers in range(2, 257):
         d = (-vocab_size + math.sqrt(vocab_size**2 + 48 * layers * params)) / (24 * layers)
-        dim = max(HEAD_DIM, round(d / HEAD_DIM) * HEAD_DIM)
+        step = HEAD_DIM * HEAD_MULTIPLE if d >= HEAD_DIM * HEAD_MULTIPLE else HEAD_DIM
+        dim = max(HEAD_DIM, round(d / step) * step)
         count = 12 * layers * dim**2 + vocab_size * dim
         score = abs(math.log(count / params)) * 4 + abs(math.log((dim / layers) / TARGET_ASPECT))
         if score < best_score:
