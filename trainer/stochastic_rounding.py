@@ -100,8 +100,8 @@ class StochasticRoundingAdamW(torch.optim.AdamW):
     updates, for comparison. The step counter that seeds the rounding (`rounding_step`) is in
     every parameter group, so DCP saves and restores it with the groups' hyperparameters."""
 
-    def __init__(self, params, *, seed: int, rounding: Literal["stochastic", "nearest"] =
-                 "stochastic", **adamw):
+    def __init__(self, params, *, seed: int,
+                 rounding: Literal["stochastic", "nearest"] = "stochastic", **adamw):
         if rounding not in ROUNDINGS:
             raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
         super().__init__(params, fused=True, **adamw)

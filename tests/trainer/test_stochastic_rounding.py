@@ -297,8 +297,8 @@ def test_bf16_with_stochastic_rounding_ends_where_fp32_master_weights_do(corpus)
     run = subprocess.run([sys.executable, "-m", "tests.trainer.rounding_probe",
                           str(corpus.train), str(corpus.val), "200", "6e-4"],
                          capture_output=True, text=True, timeout=600, cwd=REPO,
-                         # One math thread: ~45 s on a busy 2-core machine, where two spin-waited
-                         # on each other for 70-200 s.
+                         # One math thread: 45-80 s on a shared 2-core machine, where two
+                         # threads spin-waited on each other for 70-200 s.
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stderr[-3000:]
     results = {r["variant"]: r for r in map(json.loads, run.stdout.splitlines())}
