@@ -126,7 +126,13 @@ def job_hashes(cfg) -> tuple[str, str]:
     """(model hash, config hash) of a TrainJobConfig: a checkpoint loads only into the same
     architecture; other training settings may differ (a warning says so)."""
     settings = cfg.model_dump(mode="json", include={"model", "data", "training"})
-    return stable_hash(cfg.model.to_arch().fingerprint()), stable_hash(settings)
+    fingerprint = cfg.model.to_arch().fingerprint()
+    if cfg.training.optimizer.bf16_stochastic_rounding:
+        # bf16 parameters and a rounding counter in the optimizer's groups: a checkpoint of
+        # either kind cannot be loaded as the other (DCP misses the counter one way, and widens
+        # the weights silently the other), so the storage is part of what must match.
+        fingerprint = {**fingerprint, "parameter_storage": "bf16-stochastic-rounding"}
+    return stable_hash(fingerprint), stable_hash(settings)
 
 
 # How long rank 0 may retry a read every other rank waits for in a broadcast on the default
@@ -355,8 +361,9 @@ class Checkpointer:
             if manifest is not None and manifest["model_hash"] != self.model_hash:
                 raise CheckpointError(
                     f"{self.uri}/{step_name(step)} was written for a different model architecture "
-                    f"(hash {manifest['model_hash']} != {self.model_hash}); use a new "
-                    "checkpoint.uri for a new model, or restore the model fields")
+                    f"or parameter storage (hash {manifest['model_hash']} != {self.model_hash}); "
+                    "use a new checkpoint.uri for a new model, or restore the model fields and "
+                    "training.optimizer.bf16StochasticRounding as they were")
             folder, needed = None, []
             self._fetch_outage = False   # set by _get when the store, not the commit, failed
             if problem is None:

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from crucible.api.spec import TrainingSpec
+from crucible.trainer.parallel import canonical_name
 from crucible.trainer.stochastic_rounding import StochasticRoundingAdamW
 
 
@@ -44,7 +45,8 @@ def build_optimizer(model: torch.nn.Module, spec: TrainingSpec) -> torch.optim.A
     groups = param_groups(model, spec.weight_decay)
     hyper = dict(lr=spec.lr, betas=(spec.beta1, spec.beta2), eps=spec.eps)
     if spec.optimizer.bf16_stochastic_rounding:
-        return StochasticRoundingAdamW(groups, seed=spec.seed, **hyper)
+        names = {param: canonical_name(name) for name, param in model.named_parameters()}
+        return StochasticRoundingAdamW(groups, seed=spec.seed, names=names, **hyper)
     # Fused, on every device: one kernel a step, the step counts stay where the parameters
     # are (no host read), and it takes `found_inf`, so the stability guard's skip is decided on
     # the device (`skip_flag`) without the host waiting for the step's numbers. (The CPU ran

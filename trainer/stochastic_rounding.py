@@ -57,9 +57,9 @@ def stochastic_round(value: torch.Tensor, generator: torch.Generator) -> torch.T
     return torch.where(value.isnan(), value, rounded).to(torch.bfloat16)
 
 
-def rounding_seed(seed: int, step: int, index: int, shard: int) -> int:
-    """The generator seed for parameter `index` (its place in the optimizer's groups) on the
-    shard numbered `shard`, at optimizer step `step` (counted from 0). Pure."""
+def rounding_seed(seed: int, step: int, index: int | str, shard: int) -> int:
+    """The generator seed for parameter `index` (its name, or its place in the optimizer's
+    groups) on the shard numbered `shard`, at optimizer step `step` (counted from 0). Pure."""
     key = f"{seed}/{step}/{index}/{shard}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
@@ -101,7 +101,8 @@ class StochasticRoundingAdamW(torch.optim.AdamW):
     every parameter group, so DCP saves and restores it with the groups' hyperparameters."""
 
     def __init__(self, params, *, seed: int,
-                 rounding: Literal["stochastic", "nearest"] = "stochastic", **adamw):
+                 rounding: Literal["stochastic", "nearest"] = "stochastic",
+                 names: dict | None = None, **adamw):
         if rounding not in ROUNDINGS:
             raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
         super().__init__(params, fused=True, **adamw)
@@ -113,8 +114,11 @@ class StochasticRoundingAdamW(torch.optim.AdamW):
                                      f"{p.dtype} (store_params_in_bf16 casts a model's)")
         self.seed, self.rounding = seed, rounding
         params = [p for group in self.param_groups for p in group["params"]]
-        # (index, shard) per parameter, fixed for the optimizer's life: the seed's pure part.
-        self._identity = {p: (i, shard_index(p)) for i, p in enumerate(params)}
+        # (name or index, shard) per parameter, fixed for the optimizer's life: the seed's pure
+        # part. By name when given (`names`, the model's own): a pipeline stage's optimizer
+        # numbers only its own parameters, and two stages' i-th would draw the same bits.
+        names = names or {}
+        self._identity = {p: (names.get(p, i), shard_index(p)) for i, p in enumerate(params)}
         self._generators: dict[torch.device, torch.Generator] = {}
 
     def _state(self, param: torch.Tensor) -> dict:

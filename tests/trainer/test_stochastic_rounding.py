@@ -312,3 +312,19 @@ def test_bf16_with_stochastic_rounding_ends_where_fp32_master_weights_do(corpus)
     assert abs(rounded - master) <= 0.02 * master
     assert nearest - master > 0.02, "round-to-nearest was expected to lose updates"
     assert abs(rounded - master) < (nearest - master) / 4
+
+
+def test_a_checkpoint_with_or_without_rounding_loads_only_into_the_same_kind():
+    # The rounding counter lives in the optimizer's groups and the weights are bf16: a resume
+    # that turns the option on or off is refused by the model hash with a message naming it,
+    # not by DCP's missing key (on) or a silent widening of the weights (off).
+    from crucible.api.spec import TrainJobConfig
+    from crucible.trainer.checkpoint import job_hashes
+
+    def config(rounding: bool) -> TrainJobConfig:
+        return TrainJobConfig.model_validate({
+            "model": {"preset": "tiny"}, "data": {"train": "d"},
+            "training": {"tokens": 1e6, "optimizer": {"bf16StochasticRounding": rounding}}})
+
+    assert job_hashes(config(True))[0] != job_hashes(config(False))[0]
+    assert job_hashes(config(True))[0] == job_hashes(config(True))[0]
