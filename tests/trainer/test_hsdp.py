@@ -21,8 +21,11 @@ STEPS, HALF, NPROC = 20, 10, 4
 HSDP = {"sharding": "hsdp", "shardGroupSize": 2}
 # Measured: HSDP's gradient reduction (a reduce-scatter in each group of 2, then an all-reduce
 # across the 2 groups) sums in another order than FSDP's one reduce-scatter over 4; over 20
-# steps the per-step losses differ by at most 6.2e-6 (at a gradient spike, step 15).
-LOSS_TOLERANCE = 1e-5
+# steps the per-step losses differ by at most 1.1e-4, at a gradient spike (step 15), and by
+# under 5e-7 before it. (The bound was 1e-5 on the earlier initial weights, whose spike was
+# milder: AdamW turns the last bits of a near-zero gradient into a step of lr's size, and a
+# spike shows such differences.)
+LOSS_TOLERANCE = 3e-4
 
 
 def _losses(jsonl) -> np.ndarray:
