@@ -25,6 +25,7 @@ from crucible.api import arch
 from crucible.trainer.model import GPT, cross_entropy_loss
 from crucible.trainer.parallel import compile_model
 from crucible.trainer.plan import memory as mem
+from tests.support.measure import saved_for_backward
 
 SEQ, BATCH, VOCAB = 48, 2, 512
 
@@ -37,20 +38,10 @@ def saved_for_backward_bytes(cfg: arch.GPTConfig, dtype: torch.dtype = torch.flo
     model.to(dtype)   # bf16: as FSDP's mixed precision computes, on parameters cast to bf16
     if compiled:
         compile_model(model)   # what training.compile does (trainer/parallel.py)
-    owned = {t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()]}
-    kept: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage._cdata not in owned:
-            kept[storage._cdata] = storage.nbytes()
-        return t
-
     idx = torch.randint(0, cfg.vocab_size, (BATCH, SEQ))
     if compiled:
         model(idx, idx).backward()   # compiles; counted on the next pass
-        kept.clear()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_for_backward(model) as kept:
         model(idx, idx)
     return sum(kept.values())
 

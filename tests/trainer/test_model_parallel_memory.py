@@ -37,6 +37,7 @@ from crucible.trainer import pipeline
 from crucible.trainer.model import GPT
 from crucible.trainer.plan import memory as mem
 from tests.trainer.tensor_parallel_memory_probe import LAYERS, LOSS_ROWS, LOSS_VOCAB
+from tests.support.measure import saved_for_backward
 from tests.trainer.test_activation_memory import BATCH, SEQ, VOCAB
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,21 +99,12 @@ def stage_kept_bytes(cfg: arch.GPTConfig, stage: int, stages: int,
     pipeline.keep_stage(model, stage, stages)
     model.to_empty(device="cpu")
     model.to(dtype)
-    owned = {t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()]}
-    kept: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage._cdata not in owned:
-            kept[storage._cdata] = storage.nbytes()
-        return t
-
     gen = torch.Generator().manual_seed(0)
     idx = torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=gen)
     # What pipelining hands a later stage: the previous stage's output, needing a gradient.
     inputs = idx if stage == 0 else torch.randn(BATCH, SEQ, cfg.dim, generator=gen, dtype=dtype,
                                                 requires_grad=True)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_for_backward(model) as kept:
         out = model(inputs)
         if stage == stages - 1:
             model.loss_fn(out, idx)

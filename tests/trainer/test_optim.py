@@ -11,6 +11,7 @@ from crucible.api import arch
 from crucible.api.spec import TrainingSpec
 from crucible.trainer.model import GPT
 from crucible.trainer.optim import lr_at, param_groups
+from tests.support.measure import record_host_reads
 
 
 def spec(**kw) -> TrainingSpec:
@@ -95,12 +96,7 @@ def test_update_norm_reads_nothing_back_to_the_host(monkeypatch):
     model(x[0], x[1]).backward()
     opt.step()
     model(x[0], x[1]).backward()
-    reads = []
-    for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
-        real = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name,
-                            lambda self, *a, _real=real, _name=name: reads.append(_name)
-                            or _real(self, *a))
+    reads = record_host_reads(monkeypatch)
     total = next_update_sq(opt)
     monkeypatch.undo()
     assert reads == [] and isinstance(total, torch.Tensor) and total.ndim == 0

@@ -28,6 +28,7 @@ from crucible.trainer.stochastic_rounding import (StochasticRoundingAdamW, round
                                                   shard_index, stochastic_round,
                                                   store_params_in_bf16)
 from tests.support.repo import REPO
+from tests.support.measure import record_host_reads
 from tests.support.training import job_config, write_config
 from tests.trainer.chaos import TrainProcess, curve, stop_and_resume, train_records
 
@@ -245,12 +246,7 @@ def test_the_update_norm_is_the_fp32_adamw_update_and_reads_nothing(monkeypatch)
     optimizer.step()
     _set_grads(model, 1)
     fp32, ref = _reference(model, optimizer)
-    reads = []
-    for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
-        real = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name,
-                            lambda self, *a, _real=real, _name=name: reads.append(_name)
-                            or _real(self, *a))
+    reads = record_host_reads(monkeypatch)
     predicted = optim.next_update_sq(optimizer)
     before = [p.detach().float() for p in model.parameters()]
     optimizer.step()
