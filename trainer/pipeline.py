@@ -83,6 +83,8 @@ class Pipeline:
         self.schedules: dict[int, object] = {}
 
     def schedule(self, micro_batches: int):
+        """The schedule for a step of `micro_batches` micro-batches (made once per count);
+        PipelineError when they cannot give every stage one."""
         if micro_batches < self.stages:
             raise PipelineError(
                 f"a step of {micro_batches} micro-batch(es) per data-parallel rank cannot fill "
