@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 from crucible.api.spec import TrainingSpec
-from crucible.trainer.parallel import canonical_name
+from crucible.trainer.parallel import canonical_name, chunks_with_grads
+from crucible.trainer.parallel import local as _local
 from crucible.trainer.stochastic_rounding import StochasticRoundingAdamW
 
 
@@ -171,19 +172,8 @@ def next_update_sq(optimizer: torch.optim.AdamW) -> torch.Tensor:
     shards only, with `torch._foreach_*` ops over chunks of each parameter group (a few dozen
     launches a chunk, not a dozen a parameter), two temporaries per element of a chunk. The step
     counts stay tensors (fused AdamW keeps them on the device)."""
-    parts = []
-    for group in optimizer.param_groups:
-        chunk, size = [], 0
-        for param in group["params"]:
-            if param.grad is None:
-                continue
-            chunk.append(param)
-            size += _local(param.grad).numel()
-            if size >= UPDATE_NORM_CHUNK:
-                parts.append(_update_sq(optimizer, group, chunk))
-                chunk, size = [], 0
-        if chunk:
-            parts.append(_update_sq(optimizer, group, chunk))
+    parts = [_update_sq(optimizer, group, chunk) for group in optimizer.param_groups
+             for chunk in chunks_with_grads(group["params"], UPDATE_NORM_CHUNK)]
     if not parts:
         param = next(p for group in optimizer.param_groups for p in group["params"])
         return torch.zeros((), dtype=torch.float64, device=param.device)
@@ -244,8 +234,3 @@ def _holders(param: torch.Tensor) -> int:
         return 1
     return math.prod(param.device_mesh.size(dim) for dim, placement in
                      enumerate(param.placements) if placement.is_replicate())
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's slice of a sharded (FSDP2, DTensor) tensor; a plain tensor as it is."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor

@@ -150,6 +150,28 @@ def data_parallel(mesh: DeviceMesh) -> DataParallel:
     return DataParallel(rank, size, replicas)
 
 
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's slice of a sharded (DTensor) tensor; a plain tensor as it is."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def chunks_with_grads(params, elements: int):
+    """`params` that have gradients, in order, as lists of about `elements` local elements each
+    (the last may be smaller): what a pass over optimizer state takes at once, so that its
+    temporaries stay bounded whatever the model's size."""
+    chunk, size = [], 0
+    for param in params:
+        if param.grad is None:
+            continue
+        chunk.append(param)
+        size += local(param).numel()
+        if size >= elements:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
 def wants_compile(setting: bool | None, device_type: str) -> bool:
     """`training.compile`: forced on or off, or (unset) on where it pays, CUDA. Pure."""
     return device_type == "cuda" if setting is None else setting

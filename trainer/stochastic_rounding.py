@@ -33,6 +33,9 @@ from typing import Literal
 import torch
 from torch.optim.adamw import adamw
 
+from crucible.trainer.parallel import chunks_with_grads
+from crucible.trainer.parallel import local as _local
+
 ROUNDINGS = ("stochastic", "nearest")
 
 # Elements of parameters one fused AdamW call takes at a time: the fp32 copies of their values
@@ -85,11 +88,6 @@ def store_params_in_bf16(model: torch.nn.Module) -> torch.nn.Module:
     `.to(torch.bfloat16)`, which would also cast the fp32 RoPE tables."""
     params = {id(p) for p in model.parameters() if p.is_floating_point()}
     return model._apply(lambda t: t.to(torch.bfloat16) if id(t) in params else t)
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's slice of a sharded (FSDP2, DTensor) tensor; a plain tensor as it is."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 class StochasticRoundingAdamW(torch.optim.AdamW):
@@ -145,16 +143,7 @@ class StochasticRoundingAdamW(torch.optim.AdamW):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            chunk, size = [], 0
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                chunk.append(param)
-                size += _local(param).numel()
-                if size >= STEP_CHUNK:
-                    self._update(group, chunk)
-                    chunk, size = [], 0
-            if chunk:
+            for chunk in chunks_with_grads(group["params"], STEP_CHUNK):
                 self._update(group, chunk)
             group["rounding_step"] = group.get("rounding_step", 0) + 1
         return loss

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 
-import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
@@ -31,6 +30,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                loss_parallel, parallelize_module)
 
 from crucible.trainer.model import GPT
+from crucible.trainer.pipeline import holds_parameters
 
 
 def block_plan(qk_norm: bool) -> dict:
@@ -86,7 +86,7 @@ def apply(model: GPT, tp_mesh: DeviceMesh) -> GPT:
         # row block are the same rows of the one tensor, so tying them again is exact.
         model.lm_head.weight = model.wte.weight
     for block in model.h:
-        if next(block.parameters(), None) is not None:  # not another pipeline stage's place
+        if holds_parameters(block):  # not another pipeline stage's place
             parallelize_module(block, tp_mesh, block_plan(cfg.qk_norm))
     model.loss_fn = _local_loss(model.loss_fn)
     return model
