@@ -181,8 +181,7 @@ class Run:
         self.layout = layout.layout(t.sharding, t.shard_group_size, world_size=env.world_size,
                                     local_world_size=env.local_world_size,
                                     tensor=t.parallelism.tensor, pipeline=t.parallelism.pipeline)
-        self.mesh_shape = self.layout.dp
-        self.shape = run_shape(cfg, self.mesh_shape.dp_size)
+        self.shape = run_shape(cfg, self.layout.dp.dp_size)
         self.train_shards = ShardSet(cfg.data.train)
         self.train_shards.check_compatible(self.model_cfg.vocab_size, _tokenizer_hash(cfg))
         self.val_shards = ShardSet(cfg.data.val) if cfg.data.val else None
@@ -327,7 +326,7 @@ class Run:
         return MemoryTier(job=self.cfg.name, rank=self.env.rank,
                           world_size=self.env.world_size,
                           local_world_size=self.env.local_world_size, model_hash=model_hash,
-                          mesh_shape=self.mesh_shape.dims, keep=spec.in_memory_keep)
+                          mesh_shape=self.layout.dp.dims, keep=spec.in_memory_keep)
 
     def snapshot(self) -> None:
         """An in-memory snapshot of this step (every rank, at the same steps)."""
