@@ -483,6 +483,11 @@ def _seaweedfs(l: Layout) -> list[str]:
             "-master.volumeSizeLimitMB=256",
             f"-volume.port={p('seaweedfs-volume')}", f"-volume.port.grpc={p('seaweedfs-volume-grpc')}",
             "-volume.max=64",
+            # SeaweedFS's default marks every volume read-only once the disk has under 1% free:
+            # 2.5 GB on a 250 GB shared disk, which a test machine can reach while this stack's
+            # few GB would still fit. Writes then fail with InternalError in the middle of the
+            # suite; 256 MiB keeps the guard against a truly full disk.
+            "-volume.minFreeSpace=256MiB",
             "-filer", f"-filer.port={p('seaweedfs-filer')}", f"-filer.port.grpc={p('seaweedfs-filer-grpc')}",
             "-s3", f"-s3.port={p('s3')}", f"-s3.port.grpc={p('s3-grpc')}",
             f"-s3.config={l.state / 'seaweedfs-s3.json'}",

@@ -91,3 +91,18 @@ def test_the_printed_env_is_an_environment_the_script_accepts(stack_env):
     assert out.returncode == 0, out.stderr
     assert "not an integer" not in out.stderr
     assert stack_env["CRUCIBLE_KWOK_NODES"] == str(len(stack_env["CRUCIBLE_KWOK_NODE_NAMES"].split(",")))
+
+
+def test_the_s3_store_stays_writable_on_a_big_disk_with_little_free(layout):
+    # SeaweedFS's default guard is a share of the disk (1%): on a shared 250 GB disk with 2.4 GB
+    # free every volume turned read-only and S3 writes failed mid-suite with InternalError. The
+    # guard must be an absolute size, small beside what the suite writes but not zero.
+    from stack import services
+    svc = next(s for s in services.SERVICES if s.name == "seaweedfs")
+    flags = dict(a.lstrip("-").split("=", 1) for a in svc.argv(layout) if "=" in a)
+    assert "volume.minFreeSpacePercent" not in flags
+    guard = flags.get("volume.minFreeSpace", "1")
+    number, unit = guard.rstrip("KMGTiB"), guard[len(guard.rstrip("KMGTiB")):]
+    assert unit, f"volume.minFreeSpace={guard} is a percentage of the disk, not a size"
+    scale = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+    assert 64 * 2**20 <= float(number) * scale <= 1 * 2**30, guard
