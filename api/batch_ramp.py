@@ -74,6 +74,11 @@ class BatchRamp:
         units = (start * ramp + (self.full_tokens - start) * tokens_before) // (ramp * self.unit_tokens)
         return min(self.full_units, max(1, units))
 
+    def counts(self) -> range:
+        """Every micro-batch count a step can have, from the ramp's first to the full batch
+        (a count the ramp steps over is included: which it skips depends on the step sizes)."""
+        return range(self.micro_steps(0), self.full_units + 1)
+
     def tokens_reaching(self, units: int) -> int:
         """The fewest tokens before a step at which m >= `units` (for units <= A on a ramp that
         starts below the full batch)."""

@@ -74,7 +74,8 @@ def fits_every_size(model_parallel: int, procs_per_node: int, min_nodes: int,
 
 
 def model_problems(tensor: int, pipeline: int, *, layers: int, heads: int, kv_heads: int,
-                   seq_len: int, ffn_dim: int, tied_embeddings: bool = False) -> list[str]:
+                   seq_len: int, ffn_dim: int, tied_embeddings: bool = False,
+                   virtual_stages: int = 1) -> list[str]:
     """What in the model forbids this parallelism, one sentence each (empty: it fits). Pure.
 
     Tensor parallelism gives each rank whole attention heads, and whole key/value heads (so a
@@ -93,13 +94,31 @@ def model_problems(tensor: int, pipeline: int, *, layers: int, heads: int, kv_he
         out.append(f"parallelism.tensor {tensor} must divide the model's seqLen {seq_len}")
     if ffn_dim % tensor:
         out.append(f"parallelism.tensor {tensor} must divide the model's MLP width {ffn_dim}")
-    if layers % pipeline:
-        out.append(f"parallelism.pipeline {pipeline} stages must divide the model's {layers} "
+    if layers % (pipeline * virtual_stages):
+        stages = f"{pipeline} x virtualStages {virtual_stages}" if virtual_stages > 1 else pipeline
+        out.append(f"parallelism.pipeline {stages} stages must divide the model's {layers} "
                    "layers")
     if pipeline > 1 and tied_embeddings:
         out.append("parallelism.pipeline needs an untied head (model.tiedEmbeddings: false): the "
                    "first stage holds the embedding and the last the head")
     return out
+
+
+def schedule_problem(schedule: str, pipeline: int, micro_batches: int) -> str | None:
+    """Why a pipeline schedule cannot run a step of `micro_batches` micro-batches per
+    data-parallel rank (None: it can). Pure.
+
+    Every stage needs one. Interleaved 1F1B runs them in rounds of about `pipeline` (torch's
+    `ScheduleInterleaved1F1B`: max(1, m // pipeline) rounds, which must divide m)."""
+    if micro_batches < pipeline:
+        return (f"a step of {micro_batches} micro-batch(es) per data-parallel rank cannot fill "
+                f"{pipeline} pipeline stages")
+    rounds = max(1, micro_batches // pipeline)
+    if schedule == "interleaved1F1B" and micro_batches % rounds:
+        return (f"interleaved1F1B runs a step's micro-batches in rounds of equal size; "
+                f"{micro_batches} micro-batches on {pipeline} pipeline ranks make {rounds} "
+                f"rounds, which do not divide them")
+    return None
 
 
 def layout(sharding_mode: sharding.Sharding, shard_group_size: int | None, *, world_size: int,

@@ -221,6 +221,13 @@ class ProfileSpec(Spec):
                        "Chrome trace of them under <outputDir>/profile/.")
 
 
+_INTERLEAVED = "has(self.schedule) && self.schedule == 'interleaved1F1B'"
+_VIRTUAL_MISFIT = ("training.parallelism.virtualStages is at least 2 with schedule "
+                   "interleaved1F1B and 1 (or unset) with 1F1B or GPipe")
+_INTERLEAVED_NEEDS_STAGES = ("training.parallelism.schedule interleaved1F1B needs pipeline of at "
+                             "least 2")
+
+
 class ParallelismSpec(Spec):
     """Model parallelism inside the data-parallel ranks (torchtitan's mesh: dp_replicate,
     dp_shard, pp, tp): `tensor` ranks split each block's matmuls, `pipeline` stages split the
@@ -233,16 +240,43 @@ class ParallelismSpec(Spec):
     pipeline: int = Field(1, ge=1, le=256, description="Pipeline stages, each an equal share of "
                           "the layers (it must divide them), fed the step's micro-batches "
                           "(the gradient accumulation's, at least one per stage) by `schedule`.")
-    schedule: Literal["1F1B", "GPipe"] = Field(
+    schedule: Literal["1F1B", "GPipe", "interleaved1F1B"] = Field(
         "1F1B", description="Pipeline schedule (torch.distributed.pipelining): 1F1B (one "
         "forward, one backward: activations of at most `pipeline` micro-batches held) or GPipe "
-        "(every forward, then every backward: activations of all of them). Both idle "
-        "(p-1)/(m+p-1) of the step for m micro-batches.")
+        "(every forward, then every backward: activations of all of them), both idle "
+        "(p-1)/(m+p-1) of the step for m micro-batches; or interleaved1F1B, where each rank "
+        "holds `virtualStages` stages spread along the model, which cuts the idle share to "
+        "(p-1)/(v·m+p-1) for more point-to-point traffic and somewhat more activations.")
+    virtual_stages: int = Field(1, ge=1, le=16, description="Stages per pipeline rank, for "
+                                "interleaved1F1B (at least 2 there, 1 otherwise): the layers "
+                                "split into pipeline x virtualStages equal stages, rank r "
+                                "holding stages r, r+pipeline, ...")
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel(f"({_INTERLEAVED}) == (has(self.virtualStages) && self.virtualStages > 1)",
+            _VIRTUAL_MISFIT),
+        cel(f"!({_INTERLEAVED}) || (has(self.pipeline) && self.pipeline > 1)",
+            _INTERLEAVED_NEEDS_STAGES)]})
+
+    @model_validator(mode="after")
+    def _virtual_stages_fit_schedule(self) -> "ParallelismSpec":
+        interleaved = self.schedule == "interleaved1F1B"
+        if interleaved != (self.virtual_stages > 1):
+            raise ValueError(f"{_VIRTUAL_MISFIT} (got schedule {self.schedule}, virtualStages "
+                             f"{self.virtual_stages})")
+        if interleaved and self.pipeline == 1:
+            raise ValueError(_INTERLEAVED_NEEDS_STAGES)
+        return self
 
     @property
     def model_parallel(self) -> int:
         """Ranks that hold one copy of the model between them (tensor x pipeline)."""
         return self.tensor * self.pipeline
+
+    @property
+    def stages(self) -> int:
+        """Pipeline stages in all: `pipeline` ranks, each holding `virtual_stages` of them."""
+        return self.pipeline * self.virtual_stages
 
 
 class BatchRampSpec(Spec):
@@ -788,6 +822,7 @@ _GROUP_MISFIT = ("training.shardGroupSize must divide the ranks at every node co
 _PARALLELISM = "(has(self.training.parallelism) && has(self.training.parallelism.{0}) ? " \
     "self.training.parallelism.{0} : 1)"
 _TENSOR, _PIPELINE = _PARALLELISM.format("tensor"), _PARALLELISM.format("pipeline")
+_VIRTUAL = _PARALLELISM.format("virtualStages")
 _M = "self.model"
 
 
@@ -848,10 +883,10 @@ class PretrainJobSpec(Spec):
                         "heads", "kvHeads", "seqLen", "dim", "ffnDim", when=f"{_TENSOR} > 1"),
             "training.parallelism.tensor must divide the model's heads, key/value heads, seqLen "
             "and MLP width"),
-        cel(_model_rule(f"{_M_LAYERS} % {_PIPELINE} == 0 && !{_M_TIED}", "layers",
-                        "tiedEmbeddings", when=f"{_PIPELINE} > 1"),
-            "training.parallelism.pipeline must divide the model's layers and needs an untied "
-            "head (model.tiedEmbeddings: false)")]})
+        cel(_model_rule(f"{_M_LAYERS} % ({_PIPELINE} * {_VIRTUAL}) == 0 && !{_M_TIED}",
+                        "layers", "tiedEmbeddings", when=f"{_PIPELINE} > 1"),
+            "training.parallelism pipeline x virtualStages must divide the model's layers, and "
+            "a pipeline needs an untied head (model.tiedEmbeddings: false)")]})
 
     image: str = Field(..., min_length=1, description="Trainer image (has torch and crucible).")
     nodes: NodesSpec = Field(default_factory=NodesSpec)
@@ -922,26 +957,35 @@ class PretrainJobSpec(Spec):
 
     def _pipeline_fills_at_every_size(self) -> None:
         """A pipeline step needs a micro-batch per stage on every data-parallel rank; the
-        fewest are at the most nodes (and at the batch ramp's start). Pydantic only (the
-        operator refuses it as InvalidSpec): CEL would need the ramp's arithmetic."""
+        fewest are at the most nodes (and at the batch ramp's start). Interleaved 1F1B also
+        needs its rounds to divide every count a step can have, at every node count. Pydantic
+        only (the operator refuses it as InvalidSpec): CEL would need the ramp's arithmetic."""
         t = self.training
         par, seq = t.parallelism, self.model.to_arch().seq_len
         if par.pipeline == 1:
             return
-        dp = self.procs_per_node * self.nodes.max // par.model_parallel
-        unit = seq * t.micro_batch * dp
-        if dp == 0 or t.global_batch_tokens % unit:
-            return  # the trainer's batch check names this one
-        ramp = batch_ramp.BatchRamp.of(t.global_batch_tokens, unit,
-                                       *((t.batch_ramp.start_tokens, t.batch_ramp.ramp_tokens)
-                                         if t.batch_ramp is not None else ()))
-        if ramp.micro_steps(0) < par.pipeline:
-            raise ValueError(
-                f"training.parallelism.pipeline {par.pipeline} needs at least that many "
-                f"micro-batches per data-parallel rank in every step; at {self.nodes.max} "
-                f"node(s) the {'first ' if t.batch_ramp else ''}step has "
-                f"{ramp.micro_steps(0)}: raise globalBatchTokens"
-                f"{' or batchRamp.startTokens' if t.batch_ramp else ''}, or lower microBatch")
+        nodes = range(self.nodes.min, self.nodes.max + 1) \
+            if par.schedule == "interleaved1F1B" else [self.nodes.max]
+        for count in reversed(nodes):
+            dp = self.procs_per_node * count // par.model_parallel
+            unit = seq * t.micro_batch * dp
+            if dp == 0 or (self.procs_per_node * count) % par.model_parallel \
+                    or t.global_batch_tokens % unit:
+                continue  # the layout's rules and the trainer's batch check name these
+            ramp = batch_ramp.BatchRamp.of(t.global_batch_tokens, unit,
+                                           *((t.batch_ramp.start_tokens, t.batch_ramp.ramp_tokens)
+                                             if t.batch_ramp is not None else ()))
+            for m in ramp.counts():
+                problem = layout.schedule_problem(par.schedule, par.pipeline, m)
+                if problem is None:
+                    continue
+                fix = (f"raise globalBatchTokens{' or batchRamp.startTokens' if t.batch_ramp else ''}"
+                       ", or lower microBatch" if m < par.pipeline else
+                       "choose globalBatchTokens and microBatch (and a batch ramp) whose counts "
+                       "the rounds divide, or schedule 1F1B")
+                raise ValueError(f"training.parallelism: at {count} node(s), {problem}"
+                                 f"{' (a step of the batch ramp)' if m < ramp.full_units else ''}: "
+                                 f"{fix}")
 
     @field_validator("resources")
     @classmethod
@@ -963,7 +1007,7 @@ def _model_fits_parallelism(model: ModelSpec, training: TrainingSpec) -> None:
     if par.model_parallel == 1:
         return
     cfg = model.to_arch()
-    problems = layout.model_problems(par.tensor, par.pipeline,
+    problems = layout.model_problems(par.tensor, par.pipeline, virtual_stages=par.virtual_stages,
                                      layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.n_kv_heads,
                                      seq_len=cfg.seq_len, ffn_dim=cfg.ffn_dim,
                                      tied_embeddings=cfg.tied_embeddings)

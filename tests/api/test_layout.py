@@ -98,7 +98,50 @@ def test_the_trainers_own_config_checks_the_model_too():
 def test_the_schedule_is_one_torch_runs():
     assert ParallelismSpec().schedule == "1F1B"
     with pytest.raises(ValidationError, match="1F1B"):
-        ParallelismSpec(schedule="interleaved1F1B")
+        ParallelismSpec(schedule="zeroBubble")
+
+
+def test_virtual_stages_go_with_the_interleaved_schedule_only():
+    spec = ParallelismSpec(pipeline=2, schedule="interleaved1F1B", virtualStages=2)
+    assert spec.stages == 4 and spec.model_parallel == 2
+    with pytest.raises(ValidationError, match="virtualStages is at least 2 with schedule "
+                                              "interleaved1F1B"):
+        ParallelismSpec(pipeline=2, schedule="interleaved1F1B")
+    with pytest.raises(ValidationError, match="1 .or unset. with 1F1B or GPipe"):
+        ParallelismSpec(pipeline=2, virtualStages=2)
+    with pytest.raises(ValidationError, match="needs pipeline of at least 2"):
+        ParallelismSpec(schedule="interleaved1F1B", virtualStages=2)
+    # Every stage is an equal share of the layers: llama-tiny's 2 layers make 2 stages, not 4.
+    with pytest.raises(ValidationError, match="pipeline 2 x virtualStages 2 stages must divide "
+                                              "the model's 2 layers"):
+        TrainJobConfig.model_validate({
+            "model": {"preset": "llama-tiny"}, "data": {"train": "d"},
+            "training": {"tokens": 1e6, "parallelism": {"pipeline": 2, "virtualStages": 2,
+                                                        "schedule": "interleaved1F1B"}}})
+
+
+def test_the_spec_refuses_interleaved_rounds_that_do_not_divide_a_steps_micro_batches():
+    def job(global_batch: int, nodes_min: int = 2, **training):
+        return {"image": "x", "model": {"preset": "llama-tiny", "layers": 4},
+                "data": {"train": "d"}, "procsPerNode": 2,
+                "nodes": {"min": nodes_min, "max": 2},
+                "training": {"tokens": 1e7, "microBatch": 1, "globalBatchTokens": global_batch,
+                             "parallelism": {"pipeline": 2, "schedule": "interleaved1F1B",
+                                             "virtualStages": 2}, **training}}
+    # 2 data-parallel ranks of 128-token micro-batches: 256 tokens each.
+    for micro_batches in (2, 3, 4, 6, 8):   # 1, 1, 2, 3, 4 rounds: each divides its count
+        PretrainJobSpec.model_validate(job(256 * micro_batches))
+    with pytest.raises(ValidationError, match="5 micro-batches on 2 pipeline ranks make 2 "
+                                              "rounds, which do not divide them"):
+        PretrainJobSpec.model_validate(job(256 * 5))
+    # An elastic range is checked at every size: 6 a step at 2 nodes (3 rounds), 12 at 1 (6).
+    PretrainJobSpec.model_validate(job(256 * 6, nodes_min=1))
+    # 7 a step at 2 nodes is refused; a ramp through 5 is refused even when the full batch fits.
+    with pytest.raises(ValidationError, match="at 2 node.s., interleaved1F1B"):
+        PretrainJobSpec.model_validate(job(256 * 7, nodes_min=1))
+    with pytest.raises(ValidationError, match=r"make 2 rounds.*\(a step of the batch ramp\)"):
+        PretrainJobSpec.model_validate(job(256 * 6, batchRamp={"startTokens": 256 * 4,
+                                                               "rampTokens": 1e5}))
 
 
 def test_the_spec_refuses_a_pipeline_its_steps_cannot_fill_at_the_most_nodes():
@@ -109,9 +152,11 @@ def test_the_spec_refuses_a_pipeline_its_steps_cannot_fill_at_the_most_nodes():
                              **training}}
     # 8192 tokens = 2 micro-batches of 8 x 128 on each of 4 data-parallel ranks at 2 nodes.
     PretrainJobSpec.model_validate(job(2, globalBatchTokens=8192))
-    with pytest.raises(ValidationError, match="at 4 node.s. the step has 1"):
+    with pytest.raises(ValidationError, match="at 4 node.s., a step of 1 micro-batch.es. per "
+                                              "data-parallel rank cannot fill 2"):
         PretrainJobSpec.model_validate(job(4, globalBatchTokens=8192))
-    with pytest.raises(ValidationError, match="first step has 1: raise globalBatchTokens or "
+    with pytest.raises(ValidationError, match=r"cannot fill 2 pipeline stages \(a step of the "
+                                              r"batch ramp\): raise globalBatchTokens or "
                                               "batchRamp.startTokens"):
         PretrainJobSpec.model_validate(job(2, globalBatchTokens=8192,
                                            batchRamp={"startTokens": 4096, "rampTokens": 1e6}))

@@ -73,8 +73,14 @@ CASES = [
     ("tensor-misfits-heads", "spec.training.parallelism", {"tensor": 8},
      "must divide the model's heads"),
     ("pipeline-tied-head", "spec.training.parallelism", {"pipeline": 2}, "needs an untied head"),
-    ("unknown-pipeline-schedule", "spec.training.parallelism", {"schedule": "interleaved1F1B"},
+    ("unknown-pipeline-schedule", "spec.training.parallelism", {"schedule": "zeroBubble"},
      "spec.training.parallelism.schedule"),
+    ("interleaved-one-virtual-stage", "spec.training.parallelism",
+     {"pipeline": 2, "schedule": "interleaved1F1B"}, "virtualStages is at least 2"),
+    ("virtual-stages-without-interleaving", "spec.training.parallelism",
+     {"pipeline": 2, "virtualStages": 2}, "virtualStages is at least 2"),
+    ("interleaved-without-a-pipeline", "spec.training.parallelism",
+     {"schedule": "interleaved1F1B", "virtualStages": 2}, "needs pipeline of at least 2"),
     ("keep-one", "spec.checkpoint.keep", 1, "spec.checkpoint.keep"),
     ("checkpoint-bad-bucket", "spec.checkpoint.uri", "s3://B/runs", "spec.checkpoint"),
     ("checkpoint-bad-scheme", "spec.checkpoint.uri", "gs://bucket/runs", "spec.checkpoint"),
@@ -157,6 +163,8 @@ def test_invalid_spec_is_rejected_naming_the_field(cluster, case, path, value, f
     ({"preset": "llama-tiny"}, {"tensor": 2, "pipeline": 2}),
     ({"preset": "llama-8b"}, {"tensor": 8, "schedule": "GPipe", "pipeline": 4}),
     ({"preset": "gpt2-124m", "tiedEmbeddings": False}, {"pipeline": 4}),
+    ({"preset": "llama-8b"}, {"tensor": 8, "pipeline": 4, "schedule": "interleaved1F1B",
+                              "virtualStages": 4}),
 ])
 def test_the_apiserver_accepts_the_layouts_that_fit(cluster, model, parallelism):
     # The CEL rules must not refuse what the trainer runs: each is checked by pydantic too.
