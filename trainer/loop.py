@@ -250,7 +250,8 @@ class Run:
         self.model = parallel.build_sharded_model(
             self.model_cfg, env, self.mesh, precision=t.precision, seed=t.seed,
             activation_checkpointing=t.activation_checkpointing_mode,
-            checkpoint_every=t.activation_checkpointing_every, compile_blocks=compile_blocks)
+            checkpoint_every=t.activation_checkpointing_every, compile_blocks=compile_blocks,
+            virtual_stages=t.parallelism.virtual_stages)
         if t.optimizer.bf16_stochastic_rounding:
             # No fp32 master copy: the parameters themselves are bf16, and the optimizer
             # rounds its fp32 update into them stochastically.
@@ -262,10 +263,14 @@ class Run:
         self.pipeline = None
         if self.layout.pp > 1:
             self.pipeline = pipeline.Pipeline(
-                self.model, self.mesh, env.device, t.parallelism.schedule,
+                self.model, self.model.pipeline_chunks, self.mesh, env.device,
+                t.parallelism.schedule,
                 torch.bfloat16 if t.precision == "bf16" else torch.float32)
-            # Refused here, before any step, if the smallest step cannot fill the stages.
-            self.pipeline.schedule(self.shape.ramp.micro_steps(0))
+            # Refused here, before any step, if a step the run can have cannot fill the stages
+            # (or, interleaved, be split into rounds).
+            for micro_batches in self.shape.ramp.counts():
+                self.pipeline.check(micro_batches)
+            self.log(self.pipeline.describe())
 
     def _build_straggler_timing(self) -> None:
         """Every rank times its own work (straggler.SegmentTimer) and shares it in the step's
@@ -319,10 +324,15 @@ class Run:
         model_hash, _ = job_hashes(self.cfg)
         # A snapshot is each rank's local shards: it restores only into the same layout. The
         # data-parallel mesh alone does not say it (tensor 2 and pipeline 2 on 4 ranks both
-        # leave 2 data-parallel ranks), so the model-parallel degrees join the model's hash.
+        # leave 2 data-parallel ranks), so the model-parallel degrees join the model's hash,
+        # and the stages a pipeline rank holds (interleaved, rank 0 of 2 holds layers 0 and
+        # 2 of 4; not, layers 0 and 1).
         lay = self.layout
         if lay.tp > 1 or lay.pp > 1:
             model_hash = f"{model_hash}:tp{lay.tp}:pp{lay.pp}"
+        virtual = self.cfg.training.parallelism.virtual_stages
+        if virtual > 1:
+            model_hash = f"{model_hash}x{virtual}"
         return MemoryTier(job=self.cfg.name, rank=self.env.rank,
                           world_size=self.env.world_size,
                           local_world_size=self.env.local_world_size, model_hash=model_hash,

@@ -222,13 +222,21 @@ class GPT(nn.Module):
         A pipeline stage (pipeline.py) lacks the parts other stages hold: without the embedding
         it takes the previous stage's activations (B, T, C) for `idx`, and without the head it
         returns its own."""
+        return self.forward_through(idx, targets, self.h, embed=self.wte is not None,
+                                    head=self.lm_head is not None)
+
+    def forward_through(self, idx: torch.Tensor, targets: torch.Tensor | None,
+                        blocks, *, embed: bool, head: bool) -> torch.Tensor:
+        """`forward` over `blocks` only, embedding `idx` first when `embed` and ending with
+        the head when `head` (an interleaved pipeline stage runs a share of this model's
+        blocks, and embeds or ends only when it is the first or the last of all stages)."""
         B, T = idx.shape[:2]
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than model.seqLen {self.cfg.seq_len}")
-        x = idx if self.wte is None else self.wte(idx)  # (B, T, C)
+        x = self.wte(idx) if embed else idx  # (B, T, C)
         rope = None
         if self.cfg.position == "learned":
-            if self.wpe is not None:
+            if embed:
                 x = x + self.wpe(torch.arange(T, device=idx.device))  # (T, C) broadcast over B
         else:
             # fp32 tables (angles up to seq_len radians need its mantissa), cast once here
@@ -236,9 +244,9 @@ class GPT(nn.Module):
             # pipeline stage's input may be one tensor-parallel rank's slice of the sequence,
             # whose length is not the attention's).
             rope = (self.rope_cos.to(x.dtype), self.rope_sin.to(x.dtype))
-        for block in self.h:
+        for block in blocks:
             x = block(x, rope)
-        if self.lm_head is None:
+        if not head:
             return x
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)
         if targets is None:

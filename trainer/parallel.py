@@ -28,6 +28,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
@@ -239,9 +240,14 @@ def compile_model(model: GPT, *, loss: bool = True) -> None:
 
 
 def shard(model: GPT, mesh: DeviceMesh, precision: str, *, activation_checkpointing: str = "none",
-          checkpoint_every: int = 2, compile_blocks: bool = False) -> GPT:
+          checkpoint_every: int = 2, compile_blocks: bool = False,
+          virtual_stages: int = 1) -> GPT:
     """Apply TP (when `mesh` has a tp dimension), AC, compile and FSDP2 over the data-parallel
     dimensions to `model` in place (torchtitan's order) and return it.
+
+    Under a pipeline (`mesh` has a pp dimension, `model` is a rank's share: `keep_stage`) the
+    FSDP roots are the rank's stages (`pipeline.stage_chunks`, kept as `model.pipeline_chunks`
+    in order), not the model: torch's schedules gather, free and reduce stage by stage.
 
     Blocks are wrapped, as torchtitan does (the wrappers' name segments leave checkpoint keys
     alone: `canonical_name`), not compiled in place with `Module.compile()`: in place, FSDP's
@@ -266,7 +272,35 @@ def shard(model: GPT, mesh: DeviceMesh, precision: str, *, activation_checkpoint
         fully_shard(model.h[i], mesh=data, mp_policy=mp)
     # The root unit holds embeddings, final norm and head. It is not resharded after forward:
     # backward needs it first, so FSDP would gather it again at once (torchtitan does the same).
-    fully_shard(model, mesh=data, mp_policy=mp, reshard_after_forward=False)
+    for root in _make_roots(model, mesh, virtual_stages):
+        fully_shard(root, mesh=data, mp_policy=mp, reshard_after_forward=False)
+    return model
+
+
+def _make_roots(model: GPT, mesh: DeviceMesh, virtual_stages: int) -> list[nn.Module]:
+    if "pp" not in _names(mesh):
+        return [model]
+    pp = mesh["pp"]
+    model.pipeline_chunks = pipeline.stage_chunks(model, pp.get_local_rank(), pp.size(),
+                                                  virtual_stages)
+    return model.pipeline_chunks
+
+
+def fsdp_roots(model: GPT) -> list[nn.Module]:
+    """The modules FSDP made roots of `model`'s parameters: the model, or a pipeline rank's
+    stages."""
+    return getattr(model, "pipeline_chunks", None) or [model]
+
+
+def apply_to_tensors(model: GPT, fn) -> GPT:
+    """`Module._apply(fn)` over the whole model through its FSDP roots, whose `_apply`
+    re-registers the sharded parameters it replaces (`to_empty`, a dtype cast); a pipeline
+    rank's model is not a root itself, so its own buffers (the RoPE tables) are done alone."""
+    roots = fsdp_roots(model)
+    for root in roots:
+        root._apply(fn)
+    if roots[0] is not model:
+        model._apply(fn, recurse=False)
     return model
 
 
@@ -288,7 +322,7 @@ def _seed_for(seed: int, name: str) -> int:
 
 def materialize(model: GPT, device: torch.device, seed: int) -> GPT:
     """Allocate the (sharded) parameters on `device` and fill them, world-size independently."""
-    model.to_empty(device=device)
+    apply_to_tensors(model, lambda t: torch.empty_like(t, device=device))  # `to_empty`
     params = dict(model.named_parameters())
 
     def full_init(name: str, std: float) -> torch.Tensor:
@@ -311,7 +345,8 @@ def build_sharded_model(cfg, env: DistEnv, mesh: DeviceMesh, *, precision: str, 
     with torch.device("meta"):
         model = GPT(cfg)
     if "pp" in _names(mesh):
-        pipeline.keep_stage(model, mesh["pp"].get_local_rank(), mesh["pp"].size())
+        pipeline.keep_stage(model, mesh["pp"].get_local_rank(), mesh["pp"].size(),
+                            techniques.get("virtual_stages", 1))
     shard(model, mesh, precision, **techniques)
     return materialize(model, env.device, seed)
 

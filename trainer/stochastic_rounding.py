@@ -33,7 +33,7 @@ from typing import Literal
 import torch
 from torch.optim.adamw import adamw
 
-from crucible.trainer.parallel import chunks_with_grads
+from crucible.trainer.parallel import apply_to_tensors, chunks_with_grads
 from crucible.trainer.parallel import local as _local
 
 ROUNDINGS = ("stochastic", "nearest")
@@ -84,10 +84,11 @@ def shard_index(param: torch.Tensor) -> int:
 def store_params_in_bf16(model: torch.nn.Module) -> torch.nn.Module:
     """Cast the model's floating-point parameters (not its buffers) to bf16 in place, before its
     first forward. Through `Module._apply`, which FSDP2 overrides to re-register its sharded
-    parameters (it reads the parameters' dtype at its lazy init, for exactly this); not
+    parameters (it reads the parameters' dtype at its lazy init, for exactly this), through
+    every root of a pipeline rank's stages (`parallel.apply_to_tensors`); not
     `.to(torch.bfloat16)`, which would also cast the fp32 RoPE tables."""
     params = {id(p) for p in model.parameters() if p.is_floating_point()}
-    return model._apply(lambda t: t.to(torch.bfloat16) if id(t) in params else t)
+    return apply_to_tensors(model, lambda t: t.to(torch.bfloat16) if id(t) in params else t)
 
 
 class StochasticRoundingAdamW(torch.optim.AdamW):

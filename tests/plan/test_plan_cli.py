@@ -211,6 +211,22 @@ def test_emit_job_writes_the_recommended_tensor_and_pipeline_layout(capsys):
     assert TrainJobConfig.from_job(spec, "plan").training.parallelism == par
 
 
+def test_emit_job_interleaves_the_pipeline_where_it_fits_and_is_faster(capsys):
+    """70B on 512 H200s: two stages a rank halve the bubble, and the extra activations fit in
+    141 GB (they do not in an H100's 80: the test above gets 1F1B there)."""
+    spec, notes = _emitted(capsys, "--params", "70B", "--gpus", "512", "--gpu", "H200")
+    par, cfg = spec.training.parallelism, spec.model.to_arch()
+    assert (par.schedule, par.virtual_stages) == ("interleaved1F1B", 2)
+    assert cfg.layers % par.stages == 0 and "interleaved1F1B schedule with 2 stages a rank" in notes
+    from crucible.trainer.plan import parallelism as plan_par, planner
+    plan = planner.make_plan(planner.PlanInputs(params=70e9, gpus=512, gpu="H200"))
+    job = plan.job
+    one = plan_par.cost_layout(
+        job.model, job.cost.layout, plan.gpu, global_batch_tokens=job.cost.batch_tokens,
+        micro_batch=spec.training.micro_batch, mfu=0.4, schedule="1F1B")
+    assert job.cost.bubble < one.bubble and job.cost.pp_bytes == 2 * one.pp_bytes
+
+
 def test_emit_job_for_a_small_model_has_no_parallelism_block(capsys):
     rc, out, _ = _run(capsys, "--model", "gpt2-124m", "--gpus", "8", "--emit-job")
     assert rc == 0 and "parallelism" not in yaml.safe_load(out)["spec"]["training"]
@@ -234,7 +250,15 @@ def test_emit_job_unties_a_tied_preset_under_a_pipeline():
     # micro-step; the 1M batch is 32 of them, at least 4.
     assert spec.training.global_batch_tokens == 2**20
     assert spec.training.parallelism.model_dump() == {"tensor": 2, "pipeline": 4,
-                                                      "schedule": "1F1B"}
+                                                      "schedule": "1F1B", "virtual_stages": 1}
+    interleaved = emit_job.pretrain_job(
+        name="one", image="img", cfg=cfg, preset="llama-1b", params=1.2e9, tokens=1e9,
+        gpus=16, gpus_per_node=8, micro_batch=2, checkpoint_minutes=10,
+        activation_checkpointing=False, global_batch_tokens=2**20, data_train="s3://bucket/t",
+        data_val=None, checkpoint_uri="s3://bucket/c", tensor=2, pipeline=4,
+        schedule="interleaved1F1B", virtual_stages=2)
+    assert interleaved["spec"]["training"]["parallelism"] == {
+        "tensor": 2, "pipeline": 4, "schedule": "interleaved1F1B", "virtualStages": 2}
     small = emit_job.pretrain_job(
         name="one", image="img", cfg=cfg, preset="llama-1b", params=1.2e9, tokens=1e9,
         gpus=16, gpus_per_node=8, micro_batch=2, checkpoint_minutes=10,

@@ -150,3 +150,49 @@ def test_tensor_and_pipeline_together(corpus, tmp_path):
         _train(corpus, tmp_path, name, training, steps=4, every=4)
     np.testing.assert_allclose(_losses(tmp_path, "both"), _losses(tmp_path, "fsdp"),
                                rtol=CURVE_RTOL)
+
+
+INTERLEAVED = {"parallelism": {"pipeline": 2, "schedule": "interleaved1F1B", "virtualStages": 2}}
+
+
+def test_interleaved_1f1b_follows_fsdp_and_its_commit_resumes_on_fsdp(corpus, tmp_path):
+    # llama-tiny with 4 layers: 2 pipeline ranks of 2 stages each (rank 0 holds layers 0 and
+    # 2, rank 1 layers 1 and 3, the activations going round the ranks twice), FSDP over 2.
+    four = {"layers": 4}
+    log = _train(corpus, tmp_path, "interleaved", INTERLEAVED, model=four, steps=8, every=4)
+    assert "FSDP over 2 rank(s) x 2 pipeline stages" in log, log[-3000:]
+    assert "interleaved1F1B, 4 stages on 2 ranks; this rank holds stage(s) 0, 2, layers 0, 2" \
+        in log, log[-3000:]
+    _train(corpus, tmp_path, "fsdp", {}, model=four, steps=8, every=8)
+    ours, fsdp = _losses(tmp_path, "interleaved"), _losses(tmp_path, "fsdp")
+    assert len(ours) == len(fsdp) == 8
+    print(f"llama-tiny 4 layers, interleaved 1F1B (2 x 2 stages) vs FSDP over 4: max relative "
+          f"loss difference over 8 steps {float(np.max(np.abs(ours - fsdp) / fsdp)):.2e}")
+    np.testing.assert_allclose(ours, fsdp, rtol=CURVE_RTOL)
+    # The held-out eval passes activations round the ranks too: the same loss as FSDP's.
+    evals = [r["loss"] for r in _evals(tmp_path / "interleaved" / "metrics.jsonl")]
+    assert evals and np.allclose(evals, [r["loss"] for r in _evals(tmp_path / "fsdp" /
+                                                                   "metrics.jsonl")],
+                                 rtol=CURVE_RTOL), evals
+    # Its step-4 commit, on FSDP alone: the next step is the interleaved run's step 5.
+    shutil.copytree(tmp_path / "interleaved-ckpt" / "step_4", tmp_path / "ckpt" / "step_4")
+    (tmp_path / "resumed").mkdir()
+    run = TrainProcess(_config(corpus, tmp_path / "resumed", "fsdp", str(tmp_path / "ckpt"), {},
+                               model=four, steps=8, every=8),
+                       tmp_path / "resumed.log", nproc=NPROC)
+    assert run.finish() == 0, run.text()[-3000:]
+    assert "(step 4, saved by 4 ranks, now 4)" in run.text(), run.text()[-3000:]
+    resumed = _losses(tmp_path / "resumed", "fsdp")
+    print(f"interleaved step 4 -> FSDP: step 5 loss {resumed[0]:.7f} vs {ours[4]:.7f}")
+    assert abs(resumed[0] - ours[4]) <= NEXT_STEP_RTOL * ours[4], (resumed[0], ours[4])
+    # Stopped at step 4 and resumed from the in-memory tier: its own curve, bit for bit.
+    cfg = _config(corpus, tmp_path / "resumed", "stopped", str(tmp_path / "stopped-ckpt"),
+                  INTERLEAVED, model=four, steps=8, every=4)
+    doc = yaml.safe_load(cfg.read_text())
+    doc["checkpoint"]["inMemoryEverySteps"] = 2
+    cfg.write_text(yaml.safe_dump(doc))
+    second = stop_and_resume(cfg, tmp_path / "resumed", 4, nproc=NPROC,
+                             env={"CRUCIBLE_MEMORY_DIR": str(tmp_path / "shm")})
+    assert "restored step 4 from memory" in second, second[-3000:]
+    assert curve(tmp_path / "interleaved" / "metrics.jsonl") == \
+        curve(tmp_path / "resumed" / "stopped" / "metrics.jsonl")

@@ -204,7 +204,8 @@ def emit(plan: planner.Plan, inp: planner.PlanInputs, args) -> dict:
     # over every GPU.
     layout = job.cost.layout if job is not None else (fsdp.layout if fsdp else None)
     parallel = ({"tensor": job.cost.layout.tp, "pipeline": job.cost.layout.pp,
-                 "schedule": job.schedule} if job is not None else {})
+                 "schedule": job.schedule, "virtual_stages": job.virtual_stages}
+                if job is not None else {})
     try:
         return emit_job.pretrain_job(
             name=name, image=args.image, cfg=job.model if job is not None else plan.model,

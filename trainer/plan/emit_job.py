@@ -54,11 +54,13 @@ def pretrain_job(*, name: str, image: str, cfg: GPTConfig, preset: str | None, p
                  checkpoint_uri: str, lr: float | None = None,
                  tokenizer: str | None = None, gpu_resource: str = "nvidia.com/gpu",
                  precision: str = "bf16", tensor: int = 1, pipeline: int = 1,
-                 schedule: str = "1F1B", sharding: str = "auto") -> dict:
+                 schedule: str = "1F1B", virtual_stages: int = 1,
+                 sharding: str = "auto") -> dict:
     """The manifest as a dict; raises ValueError (with the spec's own words) if it is invalid.
     `precision` is one Crucible's trainer runs: bf16, fp32, or bf16-sr (bf16 with
     training.optimizer.bf16StochasticRounding). `tensor` x `pipeline` > 1 writes
-    `training.parallelism` (with `schedule`); `cfg` must already be untied under a pipeline.
+    `training.parallelism` (with `schedule` and, above 1, `virtual_stages`); `cfg` must already
+    be untied under a pipeline.
     `sharding` other than auto is written as training.sharding."""
     problem = job_name_problem(name)
     if problem:
@@ -102,7 +104,9 @@ def pretrain_job(*, name: str, image: str, cfg: GPTConfig, preset: str | None, p
             "evalEvery": max(1, steps // 50),
             "activationCheckpointing": activation_checkpointing,
             **({"sharding": sharding} if sharding != "auto" else {}),
-            **({"parallelism": {"tensor": tensor, "pipeline": pipeline, "schedule": schedule}}
+            **({"parallelism": {"tensor": tensor, "pipeline": pipeline, "schedule": schedule,
+                                **({"virtualStages": virtual_stages}
+                                   if virtual_stages > 1 else {})}}
                if tensor * pipeline > 1 else {}),
         },
         "checkpoint": {"uri": checkpoint_uri, "everyMinutes": round(checkpoint_minutes, 1),

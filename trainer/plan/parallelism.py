@@ -32,8 +32,9 @@ from `memory`. Sources:
 - The layouts Crucible's trainer runs (`runnable`): FSDP (ZeRO-3) over the data-parallel
   ranks, or HSDP with a node's data-parallel ranks a shard group (`training.sharding: auto`
   on more than one node), tensor parallelism inside a node over whole heads and key/value
-  heads, a 1F1B or GPipe pipeline fed at least one micro-batch per stage, recomputation none
-  or full.
+  heads, a 1F1B or GPipe pipeline fed at least one micro-batch per stage, or interleaved 1F1B
+  (v stages a rank, rounds of about p micro-batches that divide the step's), recomputation
+  none or full.
 - Korthikanti et al. 2022 §5: selective recomputation costs ≈2.7% extra FLOPs for GPT-3
   (recomputing attention scores, 4·b·s²·h FLOPs per layer forward); full recomputation adds a
   forward pass, ≈ +1/3 of the 6N training FLOPs (2N of forward on top of 6N).
@@ -42,6 +43,7 @@ from `memory`. Sources:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
 from crucible.api import layout as api_layout
@@ -163,10 +165,11 @@ def recompute_overhead(cfg: GPTConfig, recompute: mem.Recompute) -> float:
 def cost_layout(cfg: GPTConfig, layout: Layout, gpu: Accelerator, *, global_batch_tokens: float,
                 micro_batch: int, mfu: float, precision: mem.Precision = mem.PRECISIONS["bf16"],
                 flash_attention: bool = False, compiled: bool = False,
-                schedule: str = "1F1B") -> LayoutCost:
+                schedule: str = "1F1B", virtual_stages: int = 1) -> LayoutCost:
     """Memory, traffic and step time for one layout (all estimates, see module docstring);
     a pipeline runs `schedule` over the step's micro-batches (the bubble is the same for 1F1B
-    and GPipe, the memory is not)."""
+    and GPipe, the memory is not; interleaved 1F1B with `virtual_stages` stages a rank cuts
+    the bubble v-fold for v times the point-to-point traffic and more activations held)."""
     n = param_count(cfg)
     s, h, b = cfg.seq_len, cfg.dim, micro_batch
     micro = max(1, round(global_batch_tokens / (s * b * layout.dp)))
@@ -178,10 +181,10 @@ def cost_layout(cfg: GPTConfig, layout: Layout, gpu: Accelerator, *, global_batc
                        dp=group, tp=layout.tp, pp=layout.pp, recompute=layout.recompute,
                        precision=precision, flash_attention=flash_attention, compiled=compiled,
                        compiled_loss=compiled and layout.tp == 1, microbatches=micro,
-                       schedule=schedule)
+                       schedule=schedule, virtual_stages=virtual_stages)
     flops = flops_per_token(cfg) * global_batch_tokens * (1 + recompute_overhead(cfg, layout.recompute))
     compute_s = flops / (layout.gpus * gpu.peak_bf16_flops * mfu)
-    bubble = bubble_fraction(layout.pp, micro)
+    bubble = bubble_fraction(layout.pp, micro, virtual_stages)
     # Data parallel: ring collectives move (d−1)/d of each collective's payload per GPU, within
     # the shard group (every dp rank, but under HSDP), on NVLink if the group's ranks are one
     # node's.
@@ -207,8 +210,9 @@ def cost_layout(cfg: GPTConfig, layout: Layout, gpu: Accelerator, *, global_batc
                 * cfg.layers / layout.pp * micro * again)
     tp_s = tp_bytes / gpu.nvlink_one_way_bytes_per_s if layout.tp > 1 else 0.0
     # Pipeline: b·s·h values forward and back per micro-batch per stage boundary, each rank its
-    # 1/t slice of the sequence under sequence parallelism.
-    pp_bytes = (2 * b * s * h * BYTES_PER_COMM_VALUE * micro / layout.tp
+    # 1/t slice of the sequence under sequence parallelism; a rank of an interleaved pipeline
+    # sends from each of its v stages.
+    pp_bytes = (2 * b * s * h * BYTES_PER_COMM_VALUE * micro / layout.tp * virtual_stages
                 if layout.pp > 1 else 0.0)
     step = (compute_s + tp_s) / (1 - bubble) + dp_exposed
     return LayoutCost(layout, est, micro, compute_s, dp_bytes, dp_s, dp_exposed, tp_bytes, tp_s,
@@ -287,9 +291,11 @@ def recommend(cfg: GPTConfig, gpu: Accelerator, gpus: int, *, global_batch_token
     return Recommendation(best, smallest, len(costs), tuple(reasons))
 
 
-# What Crucible's trainer offers (api/spec.py `ParallelismSpec`): no interleaved schedule. 1F1B
-# is chosen over GPipe: the same bubble, and at most p micro-batches' activations held, not m.
-TRAINER_SCHEDULE = "1F1B"
+# The schedules the planner picks from for Crucible's trainer (api/spec.py `ParallelismSpec`):
+# 1F1B, or interleaved 1F1B with two stages a rank (torchtitan's default split) where the
+# layers and the step's micro-batches allow it. GPipe is never picked over 1F1B: the same
+# bubble, with all m micro-batches' activations held instead of at most p.
+TRAINER_SCHEDULES = (("1F1B", 1), ("interleaved1F1B", 2))
 
 
 @dataclass(frozen=True)
@@ -304,15 +310,25 @@ class JobLayout:
     schedule: str
     sharding: str
     notes: tuple[str, ...]
+    virtual_stages: int = 1
+
+    def describe(self) -> str:
+        lay = self.cost.layout
+        if lay.pp == 1:
+            return lay.describe()
+        stages = f", {self.virtual_stages} stages a rank" if self.virtual_stages > 1 else ""
+        return f"{lay.describe()}, {self.schedule}{stages}"
 
 
 def runnable_problem(cfg: GPTConfig, layout: Layout, microbatches: int,
-                     procs_per_node: int) -> str | None:
+                     procs_per_node: int, schedule: str = "1F1B",
+                     virtual_stages: int = 1) -> str | None:
     """Why Crucible's trainer cannot run `layout` as is (None: it can). It shards with FSDP
     over the data-parallel ranks, recomputes all of a block or none of it (with fused
     attention, Korthikanti's selective recomputation keeps what none keeps), keeps tensor
     parallelism inside a node over whole heads, and feeds a pipeline at least one micro-batch
-    per stage (trainer/pipeline.py)."""
+    per stage, equal whole layers per stage, and, interleaved, rounds that divide the step's
+    micro-batches (api/layout.py `schedule_problem`)."""
     if layout.stage != 3:
         return (f"{mem.STAGE_NAMES[layout.stage]} over the data-parallel ranks, where the "
                 "trainer shards with FSDP (ZeRO-3)")
@@ -321,9 +337,13 @@ def runnable_problem(cfg: GPTConfig, layout: Layout, microbatches: int,
     if procs_per_node % layout.tp or cfg.heads % layout.tp or cfg.n_kv_heads % layout.tp:
         return (f"tp={layout.tp} must divide the {procs_per_node} GPUs a node, the {cfg.heads} "
                 f"heads and the {cfg.n_kv_heads} key/value heads")
-    if layout.pp > 1 and microbatches < layout.pp:
-        return (f"pp={layout.pp} with {microbatches} micro-batch(es) a step cannot fill the "
-                "pipeline")
+    if layout.pp > 1:
+        if cfg.layers % (layout.pp * virtual_stages):
+            return (f"pp={layout.pp} x {virtual_stages} stages a rank do not divide the "
+                    f"{cfg.layers} layers")
+        problem = api_layout.schedule_problem(schedule, layout.pp, microbatches)
+        if problem:
+            return f"pp={layout.pp}: {problem}"
     return None
 
 
@@ -360,19 +380,22 @@ def runnable(cfg: GPTConfig, gpu: Accelerator, gpus: int, rec: Recommendation, *
         if base.stage != 3 or base.recompute == "selective":
             continue
         model = dataclasses.replace(cfg, tied_embeddings=False) if base.pp > 1 else cfg
-        for lay, sharding in _trainer_variants(base, gpus, procs):
+        schedules = TRAINER_SCHEDULES if base.pp > 1 else TRAINER_SCHEDULES[:1]
+        for (lay, sharding), (schedule, virtual) in itertools.product(
+                _trainer_variants(base, gpus, procs), schedules):
             cost = cost_layout(model, lay, gpu, global_batch_tokens=global_batch_tokens,
                                micro_batch=micro_batch, mfu=mfu, precision=precision,
                                flash_attention=flash_attention, compiled=compiled,
-                               schedule=TRAINER_SCHEDULE)
-            if cost.memory.fits and runnable_problem(model, lay, cost.microbatches, procs) is None:
-                options.append((model, cost, sharding))
+                               schedule=schedule, virtual_stages=virtual)
+            if cost.memory.fits and runnable_problem(model, lay, cost.microbatches, procs,
+                                                     schedule, virtual) is None:
+                options.append((model, cost, sharding, schedule, virtual))
     if not options:
         return None
-    model, cost, sharding = min(options, key=lambda o: (
+    model, cost, sharding, schedule, virtual = min(options, key=lambda o: (
         round(o[1].step_s, 6), (o[1].layout.tp, o[1].layout.pp) != (pick.tp, pick.pp),
         o[1].layout.tp * o[1].layout.pp, mem.RECOMPUTE_MODES.index(o[1].layout.recompute),
-        o[2] != "auto"))
+        o[2] != "auto", o[4]))
     lay, notes = cost.layout, []
     if (lay.tp, lay.pp, lay.stage, lay.recompute, lay.hybrid) != (
             pick.tp, pick.pp, pick.stage, pick.recompute, False):
@@ -380,9 +403,10 @@ def runnable(cfg: GPTConfig, gpu: Accelerator, gpus: int, rec: Recommendation, *
         why = problem or "it is slower or does not fit under FSDP"
         notes.append(f"The recommended {pick.describe()} is not what Crucible's trainer runs "
                      f"({why}); the job runs the nearest runnable layout, {lay.describe()}"
-                     + (f", {TRAINER_SCHEDULE} schedule" if lay.pp > 1 else "")
+                     + (f", {schedule} schedule" if lay.pp > 1 else "")
+                     + (f" with {virtual} stages a rank" if virtual > 1 else "")
                      + f", estimated {cost.step_s:.3g} s a step against {rec.best.step_s:.3g} s.")
     if lay.pp > 1 and cfg.tied_embeddings:
         notes.append(f"A pipeline needs an untied head: the job unties the embeddings "
                      f"({cfg.vocab_size * cfg.dim / 1e6:.0f}M more parameters).")
-    return JobLayout(cost, model, TRAINER_SCHEDULE, sharding, tuple(notes))
+    return JobLayout(cost, model, schedule, sharding, tuple(notes), virtual)

@@ -413,8 +413,7 @@ def _parallel_section(plan: Plan, inp: PlanInputs, batch: float) -> Section:
           percent=True)
     job = plan.job
     if job is not None:
-        s.add("job_layout", "what --emit-job runs", f"{job.cost.layout.describe()}"
-              + (f", {job.schedule}" if job.cost.layout.pp > 1 else ""), "1",
+        s.add("job_layout", "what --emit-job runs", job.describe(), "1",
               "FSDP or HSDP (training.sharding) over the data-parallel ranks, tensor x "
               "pipeline inside",
               "trainer/plan/parallelism.py `runnable`")
