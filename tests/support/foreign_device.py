@@ -146,6 +146,15 @@ class _Runtime:
     def manual_seed_all(self, seed: int) -> None:
         pass
 
+    # A draw on the device runs on the host copy with the host's default generator, so the
+    # device's generator state is the host's (a CPU byte tensor, as CUDA's is too); torch's
+    # `fork_rng` saves and restores it (the pipeline schedule's first-step shape inference).
+    def get_rng_state(self, device=None) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor, device=None) -> None:
+        torch.set_rng_state(state)
+
     def current_stream(self, device=None) -> _Stream:
         return self._stream
 
@@ -265,6 +274,8 @@ class _Mode(TorchDispatchMode):
             # come back here (as FakeTensorMode defers to subclasses it does not know).
             return NotImplemented
         kwargs = dict(kwargs or {})
+        if func is aten.to.device:
+            return self._to_device(types, *args, **kwargs)
         flat, _ = tree_flatten((args, kwargs))
         foreign_in = [t for t in flat if isinstance(t, ForeignTensor)]
         host_in = [t for t in flat if isinstance(t, torch.Tensor)
@@ -293,6 +304,21 @@ class _Mode(TorchDispatchMode):
             return unwrapped
         return tree_map(lambda x: ForeignTensor(x) if isinstance(x, torch.Tensor) else x,
                         unwrapped)
+
+    def _to_device(self, types, source, device, dtype, non_blocking=False, copy=False,
+                   memory_format=None):
+        """`Tensor.to(device, dtype)` reaching the mode whole (a call from inside a
+        `torch._disable_dynamo` function, as DTensor's vocabulary-parallel loss makes, is not
+        decomposed first): itself when nothing changes, as torch returns it, else the copy
+        `_to_copy` makes, with its checks and records."""
+        same = (source.device == torch.device(device) if torch.device(device).index is not None
+                else source.device.type == torch.device(device).type)
+        if same and source.dtype == dtype and not copy:
+            return source
+        return self.__torch_dispatch__(
+            aten._to_copy.default, types, (source,),
+            {"dtype": dtype, "device": device, "non_blocking": non_blocking,
+             **({"memory_format": memory_format} if memory_format is not None else {})})
 
     def _output_on_device(self, func, args, kwargs, foreign_in, to_device) -> bool:
         if func is aten._to_copy.default:

@@ -193,3 +193,44 @@ def test_sharded_stochastic_rounding_on_the_device_reads_back_once_and_rounds_ne
         # numbers it holds, and its bits are drawn on the device.
         assert result["syncs"] == [["read tolist"], ["read tolist"]], result["syncs"]
         assert result["apart"] == [], "shards farther from the host's than rounding explains"
+
+
+# --- Tensor and pipeline parallelism over it: two ranks, one data-parallel rank ------------------
+@pytest.fixture(scope="module")
+def model_parallel(tmp_path_factory) -> list[dict[str, dict]]:
+    """tests/trainer/foreign_model_parallel_probe.py on two ranks: each rank's results by
+    layout (tensor 2, pipeline 2 under 1F1B, 2 x 2 stages under interleaved 1F1B)."""
+    from crucible.api.launch import TORCHRUN_ENV
+
+    work = tmp_path_factory.mktemp("foreign-model-parallel")
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node=2", "-m", "tests.trainer.foreign_model_parallel_probe",
+                          str(work)], capture_output=True, text=True, timeout=600, cwd=REPO,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", **TORCHRUN_ENV})
+    assert run.returncode == 0, run.stderr[-3000:]
+    return [{r["path"]: r for r in json.loads((work / f"model_parallel.{rank}.json").read_text())}
+            for rank in (0, 1)]
+
+
+@pytest.mark.parametrize("layout", ["tp", "pp", "interleaved"])
+def test_a_model_parallel_step_on_the_device_trains_as_on_the_host(model_parallel, layout):
+    for rank in model_parallel:
+        step = _ok(rank[layout])
+        assert step["placement"] == [], "a shard or optimizer state off the device"
+        # After the first step, the packed all-reduce's read and nothing else: no host read in
+        # the vocabulary-parallel loss, the sequence-parallel norms, the schedule's sends and
+        # receives or the stages' gradient norm. A pipeline's first step (each schedule's, one
+        # per micro-batch count) infers its stages' shapes by exchanging them through the host.
+        assert step["syncs"][1] == ["read tolist"], step["syncs"]
+        assert step["syncs"][0][-1] == "read tolist"
+        if layout == "tp":
+            assert step["syncs"][0] == ["read tolist"], step["syncs"]
+        assert step["losses"] == pytest.approx(step["host_losses"], rel=1e-4)
+        assert step["max_update_gap"] < 4 * 6e-4   # two AdamW steps at the default peak LR
+        # The held-out loss, passed stage to stage (round the ranks twice when interleaved):
+        # the probe's own read of it, and a stage's read of each received activation's shape.
+        assert step["eval"] == pytest.approx(step["host_eval"], rel=1e-4)
+        reads = [s for s in step["eval_syncs"] if s.startswith("read")]
+        assert reads[-1] == "read aten._local_scalar_dense.default" and all(
+            s == "read tolist" for s in reads[:-1]), step["eval_syncs"]
+    assert model_parallel[0][layout]["losses"] == model_parallel[1][layout]["losses"]
