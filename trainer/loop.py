@@ -271,6 +271,13 @@ class Run:
             for micro_batches in self.shape.ramp.counts():
                 self.pipeline.check(micro_batches)
             self.log(self.pipeline.describe())
+            if t.gradient_sync == "everyMicroBatch":
+                # torch's stages keep their whole gradients through the step and reduce them
+                # after the last micro-batch (stage.py, `backward_maybe_with_nosync`); the
+                # planner counts that (`memory.pipeline_stage_bytes`).
+                self.log("gradientSync: everyMicroBatch is not what a pipeline does: its "
+                         "stages reduce their gradients once, after the step's last "
+                         "micro-batch")
 
     def _build_straggler_timing(self) -> None:
         """Every rank times its own work (straggler.SegmentTimer) and shares it in the step's
