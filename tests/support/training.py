@@ -66,3 +66,15 @@ def run_crucible(*args: str, nproc: int = 1, timeout: float = 300, env: dict | N
     env = {**os.environ, "OMP_NUM_THREADS": threads, **TORCHRUN_ENV, **(env or {})}
     return subprocess.run(crucible_cmd(*args, nproc=nproc), capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, env=env, **kw)
+
+
+def run_probe(module: str, work: Path, nproc: int = 2) -> None:
+    """`python -m <module> <work>` under torchrun on `nproc` ranks, one thread each (a test
+    probe that writes its results under `work`); fails the test with its stderr's tail."""
+    from crucible.api.launch import TORCHRUN_ENV
+
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          f"--nproc-per-node={nproc}", "-m", module, str(work)],
+                         capture_output=True, text=True, timeout=600, cwd=REPO,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", **TORCHRUN_ENV})
+    assert run.returncode == 0, run.stderr[-3000:]

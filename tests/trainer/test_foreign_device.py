@@ -24,6 +24,7 @@ import torch
 
 from tests.support.foreign_device import FOREIGN, ForeignTensor, foreign_device, on_host
 from tests.support.repo import REPO
+from tests.support.training import run_probe
 
 
 # --- the stand-in holds CUDA's rules (else the tier below would prove nothing) ------------------
@@ -140,14 +141,8 @@ def test_the_export_state_is_on_the_host(paths):
 def sharded(tmp_path_factory) -> list[dict[str, dict]]:
     """tests/trainer/foreign_fsdp_probe.py on two ranks (gloo for both devices): each rank's
     results by path."""
-    from crucible.api.launch import TORCHRUN_ENV
-
     work = tmp_path_factory.mktemp("foreign-fsdp")
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc-per-node=2", "-m", "tests.trainer.foreign_fsdp_probe",
-                          str(work)], capture_output=True, text=True, timeout=600, cwd=REPO,
-                         env={**os.environ, "OMP_NUM_THREADS": "1", **TORCHRUN_ENV})
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_probe("tests.trainer.foreign_fsdp_probe", work)
     return [{r["path"]: r for r in json.loads((work / f"fsdp.{rank}.json").read_text())}
             for rank in (0, 1)]
 
@@ -200,14 +195,8 @@ def test_sharded_stochastic_rounding_on_the_device_reads_back_once_and_rounds_ne
 def model_parallel(tmp_path_factory) -> list[dict[str, dict]]:
     """tests/trainer/foreign_model_parallel_probe.py on two ranks: each rank's results by
     layout (tensor 2, pipeline 2 under 1F1B, 2 x 2 stages under interleaved 1F1B)."""
-    from crucible.api.launch import TORCHRUN_ENV
-
     work = tmp_path_factory.mktemp("foreign-model-parallel")
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc-per-node=2", "-m", "tests.trainer.foreign_model_parallel_probe",
-                          str(work)], capture_output=True, text=True, timeout=600, cwd=REPO,
-                         env={**os.environ, "OMP_NUM_THREADS": "1", **TORCHRUN_ENV})
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_probe("tests.trainer.foreign_model_parallel_probe", work)
     return [{r["path"]: r for r in json.loads((work / f"model_parallel.{rank}.json").read_text())}
             for rank in (0, 1)]
 

@@ -24,10 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -39,8 +35,8 @@ from crucible.trainer.plan import memory as mem
 from tests.trainer.tensor_parallel_memory_probe import LAYERS, LOSS_ROWS, LOSS_VOCAB
 from tests.support.measure import saved_for_backward
 from tests.trainer.test_activation_memory import BATCH, SEQ, VOCAB
+from tests.support.training import run_probe
 
-REPO = Path(__file__).resolve().parents[2]
 TOLERANCE = 0.05
 FP32 = mem.PRECISIONS["fp32"]
 
@@ -48,14 +44,8 @@ FP32 = mem.PRECISIONS["fp32"]
 @pytest.fixture(scope="module")
 def tensor_parallel_ranks(tmp_path_factory) -> list[dict]:
     """Each rank's counts from tests/trainer/tensor_parallel_memory_probe.py on two ranks."""
-    from crucible.api.launch import TORCHRUN_ENV
-
     work = tmp_path_factory.mktemp("tp-memory")
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc-per-node=2", "-m", "tests.trainer.tensor_parallel_memory_probe",
-                          str(work)], capture_output=True, text=True, timeout=600, cwd=REPO,
-                         env={**os.environ, "OMP_NUM_THREADS": "1", **TORCHRUN_ENV})
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_probe("tests.trainer.tensor_parallel_memory_probe", work)
     return [json.loads((work / f"tp.{rank}.json").read_text()) for rank in (0, 1)]
 
 
