@@ -85,6 +85,7 @@ class RunShape:
     flops_per_token: float
     params: int
     ramp: BatchRamp
+    lr_total_steps: int = 0   # the LR schedule's length: total_steps, unless a resume kept it
 
 
 def run_shape(cfg: TrainJobConfig, dp_size: int) -> RunShape:
@@ -107,9 +108,9 @@ def run_shape(cfg: TrainJobConfig, dp_size: int) -> RunShape:
     return RunShape(dp_size=dp_size, seq_len=T, micro_batch=t.micro_batch,
                     accum_steps=seqs // per_step, global_batch_seqs=seqs,
                     tokens_per_step=t.global_batch_tokens,
-                    total_steps=BatchSchedule(ramp, t.tokens).total_steps,
+                    total_steps=(total := BatchSchedule(ramp, t.tokens).total_steps),
                     flops_per_token=arch.flops_per_token(model_cfg),
-                    params=arch.param_count(model_cfg), ramp=ramp)
+                    params=arch.param_count(model_cfg), ramp=ramp, lr_total_steps=total)
 
 
 @dataclass(frozen=True)
@@ -322,7 +323,7 @@ class Run:
                             model_hash=model_hash, config_hash=config_hash,
                             on_commit=self.on_commit,
                             batch_tokens=self.shape.tokens_per_step,
-                            batch_notes=restore.batch_notes(self.cfg.training))
+                            batch_notes=self.batch_notes())
 
     def _memory_tier(self) -> MemoryTier | None:
         spec = self.cfg.checkpoint
@@ -345,12 +346,17 @@ class Run:
                           local_world_size=self.env.local_world_size, model_hash=model_hash,
                           mesh_shape=self.layout.dp.dims, keep=spec.in_memory_keep)
 
+    def batch_notes(self) -> dict:
+        """What each checkpoint and snapshot records on how the steps are cut
+        (`restore.batch_notes`)."""
+        return restore.batch_notes(self.cfg.training, self.shape.lr_total_steps)
+
     def snapshot(self) -> None:
         """An in-memory snapshot of this step (every rank, at the same steps)."""
         blocking_s = self.memory.snapshot(self.app, self.state.step,
                                           notes={"global_batch_tokens": self.shape.tokens_per_step,
                                                  "tokens": self.state.tokens_seen,
-                                                 **restore.batch_notes(self.cfg.training)})
+                                                 **self.batch_notes()})
         self.metrics.set(memory_snapshot_blocking_seconds=blocking_s)
 
     def on_commit(self, commit: Commit, upload_s: float | None) -> None:
@@ -378,7 +384,7 @@ class Run:
         step = self.state.step
         faults = self.faults.take(step + 1)
         self.taken_faults = (step + 1, faults)   # given back if the step is dropped
-        lr = optim.lr_at(step, t, p.total_steps) * self.lr_scale.at(step)
+        lr = optim.lr_at(step, t, p.lr_total_steps) * self.lr_scale.at(step)
         if "lr_x100" in faults:
             lr *= 100
         optim.set_lr(self.optimizer, lr)

@@ -48,13 +48,15 @@ class TrainState:
 
 @dataclass(frozen=True)
 class Resume:
-    """How a run continues from a loaded checkpoint: a refusal (`problem`), or the sampler offset
-    and total step count to continue with, and what changed (`notes`, for the log)."""
+    """How a run continues from a loaded checkpoint: a refusal (`problem`), or the sampler offset,
+    total step count and LR schedule length to continue with, and what changed (`notes`, for
+    the log)."""
 
     problem: str | None = None
     sample_offset: int = 0
     total_steps: int = 0
     notes: tuple[str, ...] = ()
+    lr_total_steps: int = 0
 
 
 # What a sampler's offset counts from, recorded in every checkpoint: "tokens" (the samples
@@ -62,19 +64,22 @@ class Resume:
 OFFSET_FROM_TOKENS = "tokens"
 
 
-def batch_notes(training) -> dict:
+def batch_notes(training, lr_total_steps: int) -> dict:
     """What a checkpoint records about how its steps were cut, beside its global batch: the
-    batch ramp (as the spec spells it) and what the sampler's offset counts from."""
+    batch ramp (as the spec spells it), what the sampler's offset counts from, and the length
+    of the LR schedule with the tokens it was counted for."""
     ramp = training.batch_ramp
     return {"batch_ramp": ramp.model_dump(by_alias=True, mode="json") if ramp else None,
-            "sample_offset_from": OFFSET_FROM_TOKENS}
+            "sample_offset_from": OFFSET_FROM_TOKENS,
+            "lr_schedule": {"total_steps": lr_total_steps, "tokens": training.tokens}}
 
 
 def plan_resume(state: TrainState, *, saved_batch_tokens: int | None, batch_tokens: int,
                 seq_len: int, saved_data_tokens: int | None, data_tokens: int,
                 sample_offset: int, total_tokens: float, accept_batch: bool,
                 accept_data: bool, saved_ramp: dict | None = None, ramp_spec: dict | None = None,
-                ramp: BatchRamp | None = None, saved_offset_from: str | None = None) -> Resume:
+                ramp: BatchRamp | None = None, saved_offset_from: str | None = None,
+                saved_lr_schedule: dict | None = None) -> Resume:
     """Continue from `state` (just loaded) with this run's batch, batch ramp and shards. Pure.
 
     A step reads samples from `tokens seen / seq_len + offset` on (data.Sampler), so the data
@@ -85,7 +90,13 @@ def plan_resume(state: TrainState, *, saved_batch_tokens: int | None, batch_toke
     its offset from step x its batch: it is moved onto tokens seen. Another shard set,
     accepted, is a new data order: it starts from its beginning (the samples read so far were
     indices into another permutation). Unaccepted, any of them is refused, naming both values:
-    it would skip, repeat or reshuffle samples, or change the batch schedule mid-run."""
+    it would skip, repeat or reshuffle samples, or change the batch schedule mid-run.
+
+    The LR schedule keeps the length it was counted with (`saved_lr_schedule`) while the batch,
+    the ramp and training.tokens are the checkpoint's: a ramp's steps are whole micro-batches
+    per data-parallel rank, so a restart on another number of ranks mid-ramp cuts the rest of
+    the ramp into a few more or fewer steps, and recounting would move every later step's LR.
+    The run then ends a few steps before or after its schedule does (at the floor after it)."""
     step, tokens = state.step, state.tokens_seen
     saved = saved_batch_tokens or (tokens // step if step else None)
     offset, notes = sample_offset, []
@@ -113,6 +124,13 @@ def plan_resume(state: TrainState, *, saved_batch_tokens: int | None, batch_toke
                      f"(accepted): continuing from {tokens} tokens")
     ramp = ramp or BatchRamp(batch_tokens, 1)
     total = BatchSchedule(ramp, total_tokens, step=step, tokens=tokens).total_steps
+    lr_total = total
+    if step and saved == batch_tokens and saved_ramp == ramp_spec and saved_lr_schedule \
+            and saved_lr_schedule.get("tokens") == total_tokens:
+        lr_total = int(saved_lr_schedule["total_steps"])
+        if lr_total != total:
+            notes.append(f"{total} steps at this size, from step {step} of the batch ramp; "
+                         f"the LR schedule keeps its {lr_total}")
     if saved_data_tokens is not None and saved_data_tokens != data_tokens:
         if not accept_data:
             return Resume(problem=(
@@ -123,7 +141,8 @@ def plan_resume(state: TrainState, *, saved_batch_tokens: int | None, batch_toke
         offset = -(tokens // seq_len)
         notes.append(f"training shards of {saved_data_tokens:,} -> {data_tokens:,} tokens "
                      "(accepted): their order starts from its beginning")
-    return Resume(sample_offset=offset, total_steps=total, notes=tuple(notes))
+    return Resume(sample_offset=offset, total_steps=total, notes=tuple(notes),
+                  lr_total_steps=lr_total)
 
 
 def _ramp_text(ramp: dict | None) -> str:
@@ -161,14 +180,17 @@ def continue_from(run: Run, restored: dict, where: str) -> None:
                        accept_batch=spec.accept_changed_batch,
                        accept_data=spec.accept_changed_data,
                        saved_ramp=restored.get("batch_ramp"),
-                       ramp_spec=batch_notes(run.cfg.training)["batch_ramp"], ramp=p.ramp,
-                       saved_offset_from=restored.get("sample_offset_from"))
+                       ramp_spec=batch_notes(run.cfg.training, 0)["batch_ramp"], ramp=p.ramp,
+                       saved_offset_from=restored.get("sample_offset_from"),
+                       saved_lr_schedule=restored.get("lr_schedule"))
     if plan.problem:
         raise DataError(f"cannot resume from {where}: {plan.problem}")
     for note in plan.notes:
         run.log(f"resume: {note}")
     run.sampler.sample_offset = plan.sample_offset
-    run.shape = replace(p, total_steps=plan.total_steps)
+    run.shape = replace(p, total_steps=plan.total_steps, lr_total_steps=plan.lr_total_steps)
+    if run.ckpt is not None:   # the commits from here on record the schedule's length
+        run.ckpt.batch_notes = run.batch_notes()
 
 
 def from_memory(run: Run, max_step: int | None = None) -> dict | None:

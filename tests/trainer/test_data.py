@@ -232,3 +232,30 @@ def test_an_offset_saved_before_tokens_addressing_moves_onto_the_tokens_seen(tmp
     assert old.problem is None and state.tokens_seen // 16 + old.sample_offset == 48
     new = plan_resume(state, sample_offset=0, saved_offset_from="tokens", **args)
     assert new.sample_offset == 0
+
+
+def test_a_resume_keeps_the_lr_schedules_length_unless_the_batch_or_the_tokens_changed():
+    from crucible.api.batch_ramp import BatchRamp
+    from crucible.trainer.restore import TrainState, plan_resume
+
+    # A ramp from 256 to 1024 tokens over 4096, 8192 tokens in all, at 256 tokens a micro-step
+    # (one rank's rounding) and at 512 (two ranks'): the rest of the ramp is cut differently.
+    ramp_spec = {"startTokens": 256, "rampTokens": 4096}
+    fine, coarse = BatchRamp.of(1024, 256, 256, 4096), BatchRamp.of(1024, 512, 256, 4096)
+    state = TrainState(step=4, tokens_seen=4 * 256)
+    args = dict(saved_batch_tokens=1024, batch_tokens=1024, seq_len=16, saved_data_tokens=None,
+                data_tokens=10**6, sample_offset=0, total_tokens=8192, accept_batch=False,
+                accept_data=False, saved_ramp=ramp_spec, ramp_spec=ramp_spec,
+                saved_offset_from="tokens")
+    schedule = {"total_steps": 15, "tokens": 8192}
+    same = plan_resume(state, ramp=fine, saved_lr_schedule=schedule, **args)
+    resized = plan_resume(state, ramp=coarse, saved_lr_schedule=schedule, **args)
+    assert resized.total_steps != same.total_steps     # the test's premise
+    assert same.lr_total_steps == resized.lr_total_steps == 15
+    assert any("the LR schedule keeps its 15" in n for n in resized.notes), resized.notes
+    # A checkpoint from before the schedule was recorded, or a run given more tokens: counted
+    # again from this size's ramp.
+    assert plan_resume(state, ramp=coarse, **args).lr_total_steps == resized.total_steps
+    longer = plan_resume(state, ramp=coarse, saved_lr_schedule={**schedule, "tokens": 4096},
+                         **args)
+    assert longer.lr_total_steps == longer.total_steps
