@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from crucible.trainer import parallel
 from crucible.trainer.data import DataError, ShardSet
 
 
@@ -68,6 +69,7 @@ def evaluate(model: torch.nn.Module, val: ShardSet, *, seq_len: int, micro_batch
         loss_sum, count = totals[0], totals[1]
         copies = dist.get_world_size() // world_size
     model.train(was_training)
+    parallel.reshard_all(model)
     mean = float(loss_sum / count)
     bpb = mean / math.log(2) / val.bytes_per_token
     return EvalResult(loss=mean, bits_per_byte=bpb, tokens=int(count) // copies)

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from crucible.api import layout, sharding
@@ -268,8 +268,13 @@ def shard(model: GPT, mesh: DeviceMesh, precision: str, *, activation_checkpoint
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
                               reduce_dtype=torch.float32)
     data = dp_mesh(mesh)
+    # Under a pipeline a block stays gathered from its first micro-batch's forward to the
+    # step's end (torchtitan does the same): resharding after each forward would gather it
+    # again for every micro-batch. The planner counts the stage gathered
+    # (`memory.pipeline_stage_bytes`).
+    pipelined = "pp" in _names(mesh)
     for i in own_blocks(model):
-        fully_shard(model.h[i], mesh=data, mp_policy=mp)
+        fully_shard(model.h[i], mesh=data, mp_policy=mp, reshard_after_forward=not pipelined)
     # The root unit holds embeddings, final norm and head. It is not resharded after forward:
     # backward needs it first, so FSDP would gather it again at once (torchtitan does the same).
     for root in _make_roots(model, mesh, virtual_stages):
@@ -290,6 +295,17 @@ def fsdp_roots(model: GPT) -> list[nn.Module]:
     """The modules FSDP made roots of `model`'s parameters: the model, or a pipeline rank's
     stages."""
     return getattr(model, "pipeline_chunks", None) or [model]
+
+
+def reshard_all(model: nn.Module) -> None:
+    """Free the parameters FSDP keeps gathered after a forward without a backward (an eval):
+    the roots, and a pipeline's blocks, are not resharded after forward, and a later unshard of
+    a group that is still gathered gathers nothing, so the next step would run on the copy from
+    before the update that comes between (the loop evaluates between a step's backward and its
+    update). `reshard` frees a module's own group only: every FSDP module is asked."""
+    for module in [*model.modules(), *fsdp_roots(model)]:
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def apply_to_tensors(model: GPT, fn) -> GPT:

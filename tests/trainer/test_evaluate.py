@@ -33,3 +33,23 @@ def test_eval_equals_a_direct_cross_entropy_over_the_first_windows(corpus):
     assert result.bits_per_byte == pytest.approx(direct / math.log(2) / val.bytes_per_token,
                                                  rel=1e-5)
     assert model.training  # put back as it was
+
+
+def test_an_eval_between_steps_changes_no_training_step(corpus, tmp_path):
+    """Two FSDP ranks, 6 steps, with a held-out eval after every second step and with none
+    until the end: the same losses bit for bit. The eval's forward gathers the root's
+    parameters (embedding, final norm, head), which FSDP leaves gathered after a forward
+    (`reshard_after_forward=False`); the loop evaluates between a step's backward and its
+    update, so a gathered copy left in place would be the next step's, older than the update."""
+    from tests.support.training import job_config, run_crucible, write_config
+    from tests.trainer.chaos import train_records
+
+    losses = {}
+    for every in (2, 100):
+        cfg = job_config(corpus, tmp_path / str(every), steps=6, batch_tokens=4096,
+                         evalEvery=every, evalTokens=2048)
+        run = run_crucible("train", "--config", str(write_config(cfg, tmp_path / f"{every}.yaml")),
+                           nproc=2)
+        assert run.returncode == 0, run.stderr[-3000:]
+        losses[every] = [r["loss"] for r in train_records(tmp_path / str(every) / "metrics.jsonl")]
+    assert len(losses[2]) == 6 and losses[2] == losses[100], losses
