@@ -74,10 +74,10 @@ class BatchRamp:
         units = (start * ramp + (self.full_tokens - start) * tokens_before) // (ramp * self.unit_tokens)
         return min(self.full_units, max(1, units))
 
-    def counts(self) -> range:
-        """Every micro-batch count a step can have, from the ramp's first to the full batch
-        (a count the ramp steps over is included: which it skips depends on the step sizes)."""
-        return range(self.micro_steps(0), self.full_units + 1)
+    def counts(self, from_tokens: int = 0) -> list[int]:
+        """The micro-batch counts of the steps from `from_tokens` trained on to the end, in
+        order, each once (a count the steps jump over is not one): `BatchSchedule`'s runs."""
+        return [m for _, _, m in BatchSchedule(self, from_tokens, tokens=from_tokens)._runs]
 
     def tokens_reaching(self, units: int) -> int:
         """The fewest tokens before a step at which m >= `units` (for units <= A on a ramp that

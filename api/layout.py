@@ -112,7 +112,7 @@ def schedule_problem(schedule: str, pipeline: int, micro_batches: int) -> str | 
     `ScheduleInterleaved1F1B`: max(1, m // pipeline) rounds, which must divide m)."""
     if micro_batches < pipeline:
         return (f"a step of {micro_batches} micro-batch(es) per data-parallel rank cannot fill "
-                f"{pipeline} pipeline stages")
+                f"{pipeline} pipeline ranks")
     rounds = max(1, micro_batches // pipeline)
     if schedule == "interleaved1F1B" and micro_batches % rounds:
         return (f"interleaved1F1B runs a step's micro-batches in rounds of equal size; "

@@ -981,8 +981,9 @@ class PretrainJobSpec(Spec):
                     continue
                 fix = (f"raise globalBatchTokens{' or batchRamp.startTokens' if t.batch_ramp else ''}"
                        ", or lower microBatch" if m < par.pipeline else
-                       "choose globalBatchTokens and microBatch (and a batch ramp) whose counts "
-                       "the rounds divide, or schedule 1F1B")
+                       "use schedule 1F1B, or a globalBatchTokens and microBatch "
+                       f"{'(and a batch ramp) ' if t.batch_ramp else ''}whose steps' "
+                       "micro-batch counts the rounds divide (multiples of pipeline do)")
                 raise ValueError(f"training.parallelism: at {count} node(s), {problem}"
                                  f"{' (a step of the batch ramp)' if m < ramp.full_units else ''}: "
                                  f"{fix}")

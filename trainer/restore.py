@@ -189,6 +189,9 @@ def continue_from(run: Run, restored: dict, where: str) -> None:
         run.log(f"resume: {note}")
     run.sampler.sample_offset = plan.sample_offset
     run.shape = replace(p, total_steps=plan.total_steps, lr_total_steps=plan.lr_total_steps)
+    if run.pipeline is not None:
+        for micro_batches in p.ramp.counts(run.state.tokens_seen):
+            run.pipeline.check(micro_batches)
     if run.ckpt is not None:   # the commits from here on record the schedule's length
         run.ckpt.batch_notes = run.batch_notes()
 

@@ -143,3 +143,17 @@ def test_the_spec_takes_a_ramp_below_the_batch_and_within_the_run():
 def test_the_spec_refuses_a_ramp_that_does_not_ramp_up_within_the_run(ramp, words):
     with pytest.raises(ValidationError, match=words):
         _training(batchRamp=ramp)
+
+
+@pytest.mark.parametrize("start, ramp, unit", [(1024, 16384, 512), (1024, 1024, 256),
+                                               (256, 4096, 256), (1024, 16384, 1024)])
+def test_the_counts_are_those_the_steps_take(start, ramp, unit):
+    r = BatchRamp.of(4096 if unit != 256 else 1536, unit, start, ramp)
+    schedule = BatchSchedule(r, 10**6)
+    taken = sorted({schedule.at(s).micro_steps for s in range(schedule.total_steps)})
+    assert r.counts() == taken
+    # From the middle of the ramp: those of the steps left.
+    middle = schedule.at(3)
+    rest = BatchSchedule(r, 10**6, step=3, tokens=middle.tokens_before)
+    assert r.counts(middle.tokens_before) == sorted(
+        {rest.at(s).micro_steps for s in range(3, rest.total_steps)})

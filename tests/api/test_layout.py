@@ -142,6 +142,10 @@ def test_the_spec_refuses_interleaved_rounds_that_do_not_divide_a_steps_micro_ba
     with pytest.raises(ValidationError, match=r"make 2 rounds.*\(a step of the batch ramp\)"):
         PretrainJobSpec.model_validate(job(256 * 6, batchRamp={"startTokens": 256 * 4,
                                                                "rampTokens": 1e5}))
+    # Only the counts the ramp's steps take: from 4 a step (1024 tokens) straight to 6, past
+    # the 1024 tokens of this short ramp, never 5.
+    ramp = {"startTokens": 256 * 4, "rampTokens": 1024}
+    PretrainJobSpec.model_validate(job(256 * 6, batchRamp=ramp))
 
 
 def test_the_spec_refuses_a_pipeline_its_steps_cannot_fill_at_the_most_nodes():
@@ -155,7 +159,7 @@ def test_the_spec_refuses_a_pipeline_its_steps_cannot_fill_at_the_most_nodes():
     with pytest.raises(ValidationError, match="at 4 node.s., a step of 1 micro-batch.es. per "
                                               "data-parallel rank cannot fill 2"):
         PretrainJobSpec.model_validate(job(4, globalBatchTokens=8192))
-    with pytest.raises(ValidationError, match=r"cannot fill 2 pipeline stages \(a step of the "
+    with pytest.raises(ValidationError, match=r"cannot fill 2 pipeline ranks \(a step of the "
                                               r"batch ramp\): raise globalBatchTokens or "
                                               "batchRamp.startTokens"):
         PretrainJobSpec.model_validate(job(2, globalBatchTokens=8192,

@@ -178,6 +178,22 @@ def test_the_first_pipeline_rank_holds_its_schedules_micro_batches(pp, m, v, sch
     assert mem.first_stage_in_flight(pp, m, v, schedule) == held
 
 
+@pytest.mark.parametrize("pp, m, v", [(4, 7, 2), (2, 3, 2), (4, 15, 2), (8, 16, 2), (4, 16, 4),
+                                      (8, 12, 3), (2, 2, 2)])
+def test_interleaved_ranks_hold_what_torchs_schedule_warms_up(pp, m, v):
+    """Against torch's own count (`_get_warmup_ops`, which ScheduleInterleaved1F1B runs its
+    warm-up by): the first and the last rank each hold their warm-up forwards and one more, of
+    one stage each (1/v of the rank's layers), with rounds of m // max(1, m // p) micro-batches,
+    not p, when p does not divide m."""
+    from torch.distributed.pipelining.schedules import _get_warmup_ops
+
+    per_round = m // max(1, m // pp)
+    for rank, counted in ((0, mem.first_stage_in_flight(pp, m, v, "interleaved1F1B")),
+                          (pp - 1, mem.last_stage_in_flight(pp, m, v, "interleaved1F1B"))):
+        torch_warmup = _get_warmup_ops(rank, v, per_round, pp, m)
+        assert counted == min(torch_warmup + 1, m * v) / v, (rank, counted, torch_warmup)
+
+
 def test_a_pipelined_fsdp_stage_keeps_its_parameters_gathered_and_gradients_whole():
     """torch.distributed.pipelining turns gradient sync and resharding off for all but the
     last micro-batch's backward: a rank holds its stage's bf16 parameters and fp32 gradients."""

@@ -145,3 +145,18 @@ def test_a_derived_shape_splits_into_whole_heads_over_a_node(params):
     cfg = recipes.shape_for_params(params, 2048)
     assert cfg.heads % 8 == 0 and cfg.head_dim == 128
     assert arch.param_count(cfg) == pytest.approx(params, rel=0.05)
+
+
+def test_interleaving_halves_the_bubble_and_pays_twice_the_point_to_point_traffic():
+    cfg = arch.preset("llama-8b")
+    lay = par.Layout(8, 1, 4, 3, "none")   # a stage is 8 GPUs: its boundaries cross nodes
+    kw = dict(global_batch_tokens=2**21, micro_batch=1, mfu=0.4)
+    one = par.cost_layout(cfg, lay, H100, **kw)
+    two = par.cost_layout(cfg, lay, H100, schedule="interleaved1F1B", virtual_stages=2, **kw)
+    assert two.pp_bytes == 2 * one.pp_bytes and two.pp_s == pytest.approx(2 * one.pp_s)
+    assert one.pp_s == pytest.approx(one.pp_bytes / H100.internode_bytes_per_s)
+    assert two.bubble < one.bubble and two.step_s < one.step_s
+    # On a slow link between nodes the doubled sends cost more than the bubble saves.
+    slow = dataclasses.replace(H100, internode_bytes_per_s=1e8)
+    assert par.cost_layout(cfg, lay, slow, schedule="interleaved1F1B", virtual_stages=2,
+                           **kw).step_s > par.cost_layout(cfg, lay, slow, **kw).step_s

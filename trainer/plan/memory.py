@@ -316,27 +316,40 @@ def first_stage_in_flight(pp: int, microbatches: int | None = None, virtual_stag
 
     1F1B: min(p, m), the p − 1 warm-up forwards and one more (Narayanan et al. 2021 §2.2.1;
     Korthikanti §4.2.3). Interleaved 1F1B with v stages a rank: the warm-up of torch's
-    `ScheduleInterleaved1F1B` on rank 0, (v − 1)·p + 2(p − 1) forwards of one stage (1/v of
-    the rank's layers) and one more, at most all m·v. GPipe: all m. Unknown m: p, the
-    fewest that keep a 1F1B pipeline full."""
+    `ScheduleInterleaved1F1B` on rank 0 (`_get_warmup_ops`), (v − 1)·r + 2(p − 1) forwards of
+    one stage (1/v of the rank's layers) and one more, at most all m·v, where r is its
+    micro-batches per round, m // max(1, m // p) (p when p divides m). GPipe: all m. Unknown
+    m: p, the fewest that keep a 1F1B pipeline full."""
     m = microbatches or pp
     if schedule == "GPipe":
         return float(m)
     if virtual_stages <= 1:
         return float(min(pp, m))
-    stages = min((virtual_stages - 1) * pp + 2 * (pp - 1) + 1, m * virtual_stages)
+    stages = min((virtual_stages - 1) * _per_round(pp, m) + 2 * (pp - 1) + 1,
+                 m * virtual_stages)
     return stages / virtual_stages
 
 
-def last_stage_in_flight(pp: int, microbatches: int | None = None,
+def last_stage_in_flight(pp: int, microbatches: int | None = None, virtual_stages: int = 1,
                          schedule: str = "1F1B") -> float:
-    """Micro-batches the last pipeline rank holds activations for at its fullest. 1F1B (and
-    torch's interleaved schedules, whose last rank is counted the same way, an approximation:
-    its earlier virtual stages warm up too) runs each micro-batch's backward on the last stage
-    right after its forward: one. GPipe runs every forward first: all m (p when unknown)."""
+    """Micro-batches the last pipeline rank holds activations for at its fullest, in units of
+    one micro-batch through all of that rank's layers. 1F1B runs each micro-batch's backward on
+    the last stage right after its forward: one. Interleaved, the last rank's earlier stages
+    warm up first: (v − 1)·r forwards of one stage and one more, r the micro-batches per round
+    (torch's `_get_warmup_ops` on the last rank). GPipe runs every forward first: all m (p
+    when unknown)."""
+    m = microbatches or pp
     if schedule == "GPipe":
-        return float(microbatches or pp)
-    return 1.0
+        return float(m)
+    if virtual_stages <= 1:
+        return 1.0
+    stages = min((virtual_stages - 1) * _per_round(pp, m) + 1, m * virtual_stages)
+    return stages / virtual_stages
+
+
+def _per_round(pp: int, microbatches: int) -> int:
+    """Micro-batches per round of torch's interleaved schedules: m // max(1, m // p)."""
+    return microbatches // max(1, microbatches // pp)
 
 
 def stage_output_bytes(seq_len: int, micro_batch: int, dim: int, tp: int = 1,
@@ -531,9 +544,14 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
         output = virtual_stages * stage_output_bytes(seq, micro_batch, cfg.dim, tp, value)
         first = first_stage_in_flight(pp, microbatches, virtual_stages, schedule) \
             * (stage_layers * per_layer + output)
-        held = last_stage_in_flight(pp, microbatches, schedule)
-        last = held * (stage_layers * per_layer + head)
-        kept = held * last_stage_logits_bytes(seq, micro_batch, vocab, tp, compiled_loss, value)
+        # The last rank: its in-flight stage forwards, the outputs of those that are not the
+        # last stage, and the head and logits of the last stage's (one but under GPipe).
+        held = last_stage_in_flight(pp, microbatches, virtual_stages, schedule)
+        heads = held if schedule == "GPipe" else 1.0
+        one_output = stage_output_bytes(seq, micro_batch, cfg.dim, tp, value)
+        last = (held * stage_layers * per_layer + (held * virtual_stages - heads) * one_output
+                + heads * head)
+        kept = heads * last_stage_logits_bytes(seq, micro_batch, vocab, tp, compiled_loss, value)
         if last + max(kept + transient, recomputed) <= first + recomputed:
             acts, logits, transient = first, 0.0, 0.0    # the first stage is the fullest
         else:

@@ -141,6 +141,7 @@ class LayoutCost:
     bubble: float
     step_s: float
     batch_tokens: float
+    pp_s: float = 0.0  # the point-to-point sends, on the critical path (not overlapped)
 
     @property
     def tokens_per_s(self) -> float:
@@ -214,9 +215,13 @@ def cost_layout(cfg: GPTConfig, layout: Layout, gpu: Accelerator, *, global_batc
     # sends from each of its v stages.
     pp_bytes = (2 * b * s * h * BYTES_PER_COMM_VALUE * micro / layout.tp * virtual_stages
                 if layout.pp > 1 else 0.0)
-    step = (compute_s + tp_s) / (1 - bubble) + dp_exposed
+    # A stage boundary is inside a node when a stage's ranks are less than a node's.
+    pp_link = (gpu.nvlink_one_way_bytes_per_s if layout.dp * layout.tp < gpu.gpus_per_node
+               else internode)
+    pp_s = pp_bytes / pp_link
+    step = (compute_s + tp_s + pp_s) / (1 - bubble) + dp_exposed
     return LayoutCost(layout, est, micro, compute_s, dp_bytes, dp_s, dp_exposed, tp_bytes, tp_s,
-                      pp_bytes, bubble, step, global_batch_tokens)
+                      pp_bytes, bubble, step, global_batch_tokens, pp_s)
 
 
 def candidate_layouts(cfg: GPTConfig, gpus: int, gpus_per_node: int) -> list[Layout]:

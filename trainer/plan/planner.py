@@ -400,7 +400,7 @@ def _parallel_section(plan: Plan, inp: PlanInputs, batch: float) -> Section:
           "ZeRO; Korthikanti")
     s.add("microbatches", "micro-batches per step", best.microbatches, "1", "B/(s·b·dp)", "")
     s.add("step_time", "estimated step time", best.step_s, "s",
-          "(compute + TP comm)/(1 − bubble) + exposed DP comm", "Narayanan et al. 2021")
+          "(compute + TP + PP comm)/(1 − bubble) + exposed DP comm", "Narayanan et al. 2021")
     s.add("dp_comm", "data-parallel traffic per GPU per step", best.dp_bytes, "B",
           f"{par.dp_bytes_per_param(lay.stage, mem.PRECISIONS[inp.precision]):g} B·Ψ × (d−1)/d: gradients in the "
           "reduce dtype, parameters in theirs", "ZeRO §7")
@@ -422,7 +422,7 @@ def _parallel_section(plan: Plan, inp: PlanInputs, batch: float) -> Section:
         s.add("job_microbatches", "micro-batches per step of the job", job.cost.microbatches,
               "1", "B/(s·b·dp), at least p", "trainer/pipeline.py")
         s.add("job_step_time", "estimated step time of the job", job.cost.step_s, "s",
-              "(compute + TP comm)/(1 − bubble) + exposed DP comm", "Narayanan et al. 2021")
+              "(compute + TP + PP comm)/(1 − bubble) + exposed DP comm", "Narayanan et al. 2021")
         s.notes.extend(job.notes)
     return s
 
