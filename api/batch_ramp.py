@@ -74,10 +74,13 @@ class BatchRamp:
         units = (start * ramp + (self.full_tokens - start) * tokens_before) // (ramp * self.unit_tokens)
         return min(self.full_units, max(1, units))
 
-    def counts(self, from_tokens: int = 0) -> list[int]:
-        """The micro-batch counts of the steps from `from_tokens` trained on to the end, in
-        order, each once (a count the steps jump over is not one): `BatchSchedule`'s runs."""
-        return [m for _, _, m in BatchSchedule(self, from_tokens, tokens=from_tokens)._runs]
+    def counts(self, from_tokens: int = 0) -> range:
+        """Every micro-batch count a step starting at or after `from_tokens` can have at this
+        unit: from m(from_tokens) to the full batch. All of them, not only those a run that
+        keeps this size takes: after an elastic resize mid-ramp the steps continue from the
+        tokens trained on at the other size, which can fall where this size's steps never
+        start, and m(c) takes every value in between as c grows."""
+        return range(self.micro_steps(from_tokens), self.full_units + 1)
 
     def tokens_reaching(self, units: int) -> int:
         """The fewest tokens before a step at which m >= `units` (for units <= A on a ramp that

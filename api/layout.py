@@ -121,6 +121,14 @@ def schedule_problem(schedule: str, pipeline: int, micro_batches: int) -> str | 
     return None
 
 
+def counts_to_check(schedule: str, counts: range) -> range:
+    """Which of a run's micro-batch counts (ascending) `schedule_problem` must see: the
+    smallest for 1F1B and GPipe (it only asks for one per rank), all for interleaved 1F1B. A
+    caller stops at the first problem: past 2 x pipeline only multiples of pipeline make whole
+    rounds, so a long range is refused within a few counts, never walked to its end."""
+    return counts if schedule == "interleaved1F1B" else counts[:1]
+
+
 def layout(sharding_mode: sharding.Sharding, shard_group_size: int | None, *, world_size: int,
            local_world_size: int, tensor: int = 1, pipeline: int = 1) -> Layout:
     """The layout of `world_size` ranks (`local_world_size` per node). Pure.

@@ -975,7 +975,7 @@ class PretrainJobSpec(Spec):
             ramp = batch_ramp.BatchRamp.of(t.global_batch_tokens, unit,
                                            *((t.batch_ramp.start_tokens, t.batch_ramp.ramp_tokens)
                                              if t.batch_ramp is not None else ()))
-            for m in ramp.counts():
+            for m in layout.counts_to_check(par.schedule, ramp.counts()):
                 problem = layout.schedule_problem(par.schedule, par.pipeline, m)
                 if problem is None:
                     continue

@@ -268,9 +268,9 @@ class Run:
                 t.parallelism.schedule,
                 torch.bfloat16 if t.precision == "bf16" else torch.float32)
             # Refused here, before any step, if a step the run can have cannot fill the stages
-            # (or, interleaved, be split into rounds); a resume checks the steps left again
-            # (restore.continue_from: at another size the ramp's steps are cut otherwise).
-            for micro_batches in self.shape.ramp.counts():
+            # (or, interleaved, be split into rounds); the first such count ends the loop.
+            for micro_batches in layout.counts_to_check(t.parallelism.schedule,
+                                                        self.shape.ramp.counts()):
                 self.pipeline.check(micro_batches)
             self.log(self.pipeline.describe())
             if t.gradient_sync == "everyMicroBatch":

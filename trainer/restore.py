@@ -125,9 +125,9 @@ def plan_resume(state: TrainState, *, saved_batch_tokens: int | None, batch_toke
     ramp = ramp or BatchRamp(batch_tokens, 1)
     total = BatchSchedule(ramp, total_tokens, step=step, tokens=tokens).total_steps
     lr_total = total
-    if step and saved == batch_tokens and saved_ramp == ramp_spec and saved_lr_schedule \
-            and saved_lr_schedule.get("tokens") == total_tokens:
-        lr_total = int(saved_lr_schedule["total_steps"])
+    saved_lr_steps = _saved_lr_steps(saved_lr_schedule, total_tokens)
+    if step and saved == batch_tokens and saved_ramp == ramp_spec and saved_lr_steps:
+        lr_total = saved_lr_steps
         if lr_total != total:
             notes.append(f"{total} steps at this size, from step {step} of the batch ramp; "
                          f"the LR schedule keeps its {lr_total}")
@@ -143,6 +143,16 @@ def plan_resume(state: TrainState, *, saved_batch_tokens: int | None, batch_toke
                      "(accepted): their order starts from its beginning")
     return Resume(sample_offset=offset, total_steps=total, notes=tuple(notes),
                   lr_total_steps=lr_total)
+
+
+def _saved_lr_steps(note, total_tokens: float) -> int | None:
+    """The LR schedule's length a checkpoint recorded for these tokens; None when it recorded
+    none, another token count, or something that is not a length (then it is counted again)."""
+    if not isinstance(note, dict) or note.get("tokens") != total_tokens:
+        return None
+    steps = note.get("total_steps")
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 \
+        else None
 
 
 def _ramp_text(ramp: dict | None) -> str:
@@ -189,9 +199,6 @@ def continue_from(run: Run, restored: dict, where: str) -> None:
         run.log(f"resume: {note}")
     run.sampler.sample_offset = plan.sample_offset
     run.shape = replace(p, total_steps=plan.total_steps, lr_total_steps=plan.lr_total_steps)
-    if run.pipeline is not None:
-        for micro_batches in p.ramp.counts(run.state.tokens_seen):
-            run.pipeline.check(micro_batches)
     if run.ckpt is not None:   # the commits from here on record the schedule's length
         run.ckpt.batch_notes = run.batch_notes()
 

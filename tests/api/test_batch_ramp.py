@@ -147,13 +147,14 @@ def test_the_spec_refuses_a_ramp_that_does_not_ramp_up_within_the_run(ramp, word
 
 @pytest.mark.parametrize("start, ramp, unit", [(1024, 16384, 512), (1024, 1024, 256),
                                                (256, 4096, 256), (1024, 16384, 1024)])
-def test_the_counts_are_those_the_steps_take(start, ramp, unit):
+def test_the_counts_hold_every_step_from_anywhere_on_the_ramp(start, ramp, unit):
+    """What a run keeping this size takes, and what one resized mid-ramp takes from the tokens
+    trained on at the other size (steps starting where this size's never start)."""
     r = BatchRamp.of(4096 if unit != 256 else 1536, unit, start, ramp)
     schedule = BatchSchedule(r, 10**6)
-    taken = sorted({schedule.at(s).micro_steps for s in range(schedule.total_steps)})
-    assert r.counts() == taken
-    # From the middle of the ramp: those of the steps left.
-    middle = schedule.at(3)
-    rest = BatchSchedule(r, 10**6, step=3, tokens=middle.tokens_before)
-    assert r.counts(middle.tokens_before) == sorted(
-        {rest.at(s).micro_steps for s in range(3, rest.total_steps)})
+    assert {schedule.at(s).micro_steps for s in range(schedule.total_steps)} <= set(r.counts())
+    for tokens in range(0, ramp + unit, 96):   # 96: off this unit's multiples
+        rest = BatchSchedule(r, 10**6, step=0, tokens=tokens)
+        taken = {rest.at(s).micro_steps for s in range(rest.total_steps)}
+        assert taken <= set(r.counts(tokens)) <= set(r.counts()), tokens
+    assert list(r.counts()) == list(range(r.micro_steps(0), r.full_units + 1))

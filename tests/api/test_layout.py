@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from pydantic import ValidationError
 
@@ -142,10 +144,23 @@ def test_the_spec_refuses_interleaved_rounds_that_do_not_divide_a_steps_micro_ba
     with pytest.raises(ValidationError, match=r"make 2 rounds.*\(a step of the batch ramp\)"):
         PretrainJobSpec.model_validate(job(256 * 6, batchRamp={"startTokens": 256 * 4,
                                                                "rampTokens": 1e5}))
-    # Only the counts the ramp's steps take: from 4 a step (1024 tokens) straight to 6, past
-    # the 1024 tokens of this short ramp, never 5.
+    # Every count a step can have, also one a run keeping its size never takes: this short
+    # ramp goes from 4 a step straight to 6 at 2 nodes, but a run resized from another size
+    # mid-ramp can start a step where it takes 5.
     ramp = {"startTokens": 256 * 4, "rampTokens": 1024}
-    PretrainJobSpec.model_validate(job(256 * 6, batchRamp=ramp))
+    with pytest.raises(ValidationError, match="5 micro-batches on 2 pipeline ranks"):
+        PretrainJobSpec.model_validate(job(256 * 6, batchRamp=ramp))
+    # A hostile full batch, a million micro-batches a step on every rank, over an elastic
+    # range: refused or accepted at once, not walked count by count.
+    huge = job(256 * 10**6, batchRamp={"startTokens": 256 * 10**5, "rampTokens": 1e9})
+    huge = {**huge, "nodes": {"min": 1, "max": 64},
+            "training": {**huge["training"], "tokens": 1e12}}
+    started = time.perf_counter()
+    with pytest.raises(ValidationError, match="rounds"):
+        PretrainJobSpec.model_validate(huge)
+    one_f_one_b = {**huge, "training": {**huge["training"], "parallelism": {"pipeline": 2}}}
+    PretrainJobSpec.model_validate(one_f_one_b)
+    assert time.perf_counter() - started < 5
 
 
 def test_the_spec_refuses_a_pipeline_its_steps_cannot_fill_at_the_most_nodes():

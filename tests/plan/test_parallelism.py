@@ -71,7 +71,7 @@ BF16 = par.mem.PRECISIONS["bf16"]
 
 @pytest.mark.parametrize("stage, pipelined, per_param", [
     (3, False, 4 * 8),       # FSDP: gather twice (bf16) and reduce (fp32) every micro-batch
-    (3, True, 4 * 2 + 4),    # pipelined: gather once a micro-batch, reduce once a step
+    (3, True, 2 + 4),        # pipelined: the stage gathered and reduced once a step
     (2, False, 4 * 4 + 2),   # ZeRO-2: reduce every micro-batch, gather the update once
     (1, False, 4 + 2),       # ZeRO-1: reduce and gather once a step
     (0, False, 2 * 4),       # DDP: all-reduce once a step

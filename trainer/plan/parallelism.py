@@ -71,11 +71,14 @@ def dp_bytes_per_step(stage: int, precision: mem.Precision, microbatches: int = 
                       pipelined: bool = False) -> float:
     """Bytes a parameter puts on the data-parallel wire in a step of `microbatches` micro-batches
     a rank (module docstring): ZeRO-3 gathers twice and reduces once per micro-batch, or under
-    a pipeline gathers once per micro-batch and reduces once a step; ZeRO-2 reduces once per
+    a pipeline gathers once and reduces once a step (the stage stays gathered through the
+    step: torch's stages reduce after the last micro-batch, and Crucible, as torchtitan, does
+    not reshard a pipelined block after forward; an interleaved schedule with more than 3
+    stages a rank frees and gathers some again mid-step, not counted); ZeRO-2 reduces once per
     micro-batch and gathers the updated parameters once; DDP and ZeRO-1 reduce once a step
     (no_sync while accumulating)."""
     if stage == 3 and pipelined:
-        return microbatches * precision.param_bytes + precision.reduce_bytes
+        return precision.param_bytes + precision.reduce_bytes
     if stage == 3:
         return microbatches * dp_bytes_per_param(3, precision)
     if stage == 2:
@@ -215,8 +218,9 @@ def cost_layout(cfg: GPTConfig, layout: Layout, gpu: Accelerator, *, global_batc
     # sends from each of its v stages.
     pp_bytes = (2 * b * s * h * BYTES_PER_COMM_VALUE * micro / layout.tp * virtual_stages
                 if layout.pp > 1 else 0.0)
-    # A stage boundary is inside a node when a stage's ranks are less than a node's.
-    pp_link = (gpu.nvlink_one_way_bytes_per_s if layout.dp * layout.tp < gpu.gpus_per_node
+    # The sends stay on NVLink only when the whole pipeline is one node's (the pipeline is
+    # the outermost mesh dimension: stages are consecutive blocks of dp·tp ranks).
+    pp_link = (gpu.nvlink_one_way_bytes_per_s if layout.gpus <= gpu.gpus_per_node
                else internode)
     pp_s = pp_bytes / pp_link
     step = (compute_s + tp_s + pp_s) / (1 - bubble) + dp_exposed
