@@ -85,7 +85,7 @@ class RunShape:
     flops_per_token: float
     params: int
     ramp: BatchRamp
-    lr_total_steps: int = 0   # the LR schedule's length: total_steps, unless a resume kept it
+    lr_clock: optim.LRClock | None = None   # where a step is on the LR schedule
 
 
 def run_shape(cfg: TrainJobConfig, dp_size: int) -> RunShape:
@@ -110,7 +110,7 @@ def run_shape(cfg: TrainJobConfig, dp_size: int) -> RunShape:
                     tokens_per_step=t.global_batch_tokens,
                     total_steps=(total := BatchSchedule(ramp, t.tokens).total_steps),
                     flops_per_token=arch.flops_per_token(model_cfg),
-                    params=arch.param_count(model_cfg), ramp=ramp, lr_total_steps=total)
+                    params=arch.param_count(model_cfg), ramp=ramp, lr_clock=optim.LRClock(total))
 
 
 @dataclass(frozen=True)
@@ -350,7 +350,7 @@ class Run:
     def batch_notes(self) -> dict:
         """What each checkpoint and snapshot records on how the steps are cut
         (`restore.batch_notes`)."""
-        return restore.batch_notes(self.cfg.training, self.shape.lr_total_steps)
+        return restore.batch_notes(self.cfg.training, self.shape.lr_clock)
 
     def snapshot(self) -> None:
         """An in-memory snapshot of this step (every rank, at the same steps)."""
@@ -385,7 +385,8 @@ class Run:
         step = self.state.step
         faults = self.faults.take(step + 1)
         self.taken_faults = (step + 1, faults)   # given back if the step is dropped
-        lr = optim.lr_at(step, t, p.lr_total_steps) * self.lr_scale.at(step)
+        lr = optim.lr_at(p.lr_clock.position(step), t, p.lr_clock.total_steps) \
+            * self.lr_scale.at(step)
         if "lr_x100" in faults:
             lr *= 100
         optim.set_lr(self.optimizer, lr)

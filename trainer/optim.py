@@ -10,8 +10,10 @@
   Training Durations", §3), or constant.
 - With `optimizer.bf16StochasticRounding`, `build_optimizer` returns the bf16-parameter AdamW
   of `stochastic_rounding.py` (fp32 moments, no master copy), over the same groups.
-- `LRScale` is the schedule's only state: a multiplier the stability guard may lower after a
-  rollback (OPT-175B logbook), saved in checkpoints.
+- `LRScale` is a multiplier the stability guard may lower after a rollback (OPT-175B logbook),
+  saved in checkpoints; `LRClock` is where a step is on the schedule, the step itself unless an
+  elastic resize mid batch-ramp changed how many steps the run has left (recorded in
+  checkpoints' notes).
 """
 
 from __future__ import annotations
@@ -98,6 +100,58 @@ def lr_at(step: int, spec: TrainingSpec, total_steps: int) -> float:
         return peak
     progress = (step - decay_start) / decay_steps
     return floor + (1.0 - math.sqrt(progress)) * (peak - floor)
+
+
+@dataclass(frozen=True)
+class LRClock:
+    """Where step `step` is on an LR schedule of `total_steps`: the step itself, or, after a
+    resume that cut the rest of a batch ramp into another number of steps (an elastic resize:
+    a ramp's steps are whole micro-batches per data-parallel rank), the steps from
+    `anchor_step` to the run's last (of `run_steps`) spread evenly over what is left of the
+    schedule from `anchor_position` to its last step. The LR neither jumps at the resume nor
+    ends before or after the run does. `run_steps` 0: no such resume."""
+
+    total_steps: int
+    anchor_step: int = 0
+    anchor_position: float = 0.0
+    run_steps: int = 0
+
+    def position(self, step: int) -> float:
+        if not self.run_steps:
+            return step
+        left = self.run_steps - 1 - self.anchor_step
+        if left <= 0:
+            return self.anchor_position
+        span = (self.total_steps - 1 - self.anchor_position) / left
+        return self.anchor_position + (step - self.anchor_step) * span
+
+    def resumed(self, step: int, run_steps: int) -> "LRClock":
+        """This clock, continued from `step` by a run whose last step is `run_steps`: itself
+        when that is where it ends already (a restart at the same size), or past the end."""
+        position = self.position(step)
+        if run_steps == (self.run_steps or self.total_steps) or step >= run_steps - 1 \
+                or position >= self.total_steps - 1:
+            return self
+        return LRClock(self.total_steps, step, position, run_steps)
+
+    def note(self) -> dict:
+        return {"total_steps": self.total_steps, "anchor_step": self.anchor_step,
+                "anchor_position": self.anchor_position, "run_steps": self.run_steps}
+
+    @classmethod
+    def from_note(cls, note) -> "LRClock | None":
+        """The clock a checkpoint recorded (`note`); None when it is not one."""
+        if not isinstance(note, dict):
+            return None
+        try:
+            clock = cls(int(note["total_steps"]), int(note.get("anchor_step", 0)),
+                        float(note.get("anchor_position", 0.0)), int(note.get("run_steps", 0)))
+        except (KeyError, TypeError, ValueError):
+            return None
+        valid = clock.total_steps > 0 and (not clock.run_steps or (
+            clock.run_steps - 1 > clock.anchor_step >= 0
+            and 0 <= clock.anchor_position < clock.total_steps - 1))
+        return clock if valid else None
 
 
 @dataclass

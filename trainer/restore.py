@@ -23,6 +23,7 @@ from crucible.api.progress import RestoreRef
 from crucible.trainer import parallel
 from crucible.trainer.data import DataError
 from crucible.trainer.guard import Verdict
+from crucible.trainer.optim import LRClock
 
 if TYPE_CHECKING:
     from crucible.trainer.loop import Run
@@ -56,7 +57,7 @@ class Resume:
     sample_offset: int = 0
     total_steps: int = 0
     notes: tuple[str, ...] = ()
-    lr_total_steps: int = 0
+    lr_clock: LRClock | None = None
 
 
 # What a sampler's offset counts from, recorded in every checkpoint: "tokens" (the samples
@@ -64,14 +65,14 @@ class Resume:
 OFFSET_FROM_TOKENS = "tokens"
 
 
-def batch_notes(training, lr_total_steps: int) -> dict:
+def batch_notes(training, lr_clock: LRClock) -> dict:
     """What a checkpoint records about how its steps were cut, beside its global batch: the
-    batch ramp (as the spec spells it), what the sampler's offset counts from, and the length
-    of the LR schedule with the tokens it was counted for."""
+    batch ramp (as the spec spells it), what the sampler's offset counts from, and the LR
+    schedule's clock with the tokens it was counted for."""
     ramp = training.batch_ramp
     return {"batch_ramp": ramp.model_dump(by_alias=True, mode="json") if ramp else None,
             "sample_offset_from": OFFSET_FROM_TOKENS,
-            "lr_schedule": {"total_steps": lr_total_steps, "tokens": training.tokens}}
+            "lr_schedule": {**lr_clock.note(), "tokens": training.tokens}}
 
 
 def plan_resume(state: TrainState, *, saved_batch_tokens: int | None, batch_tokens: int,
@@ -92,11 +93,12 @@ def plan_resume(state: TrainState, *, saved_batch_tokens: int | None, batch_toke
     indices into another permutation). Unaccepted, any of them is refused, naming both values:
     it would skip, repeat or reshuffle samples, or change the batch schedule mid-run.
 
-    The LR schedule keeps the length it was counted with (`saved_lr_schedule`) while the batch,
-    the ramp and training.tokens are the checkpoint's: a ramp's steps are whole micro-batches
-    per data-parallel rank, so a restart on another number of ranks mid-ramp cuts the rest of
-    the ramp into a few more or fewer steps, and recounting would move every later step's LR.
-    The run then ends a few steps before or after its schedule does (at the floor after it)."""
+    The LR schedule keeps its clock (`saved_lr_schedule`, `optim.LRClock`) while the batch, the
+    ramp and training.tokens are the checkpoint's: a ramp's steps are whole micro-batches per
+    data-parallel rank, so a restart on another number of ranks mid-ramp can cut the rest of
+    the ramp into other steps (hundreds more or fewer on a long ramp that starts below one
+    micro-batch a rank), and recounting the schedule would move every later step's LR. The
+    clock instead spreads the steps left over what is left of the schedule."""
     step, tokens = state.step, state.tokens_seen
     saved = saved_batch_tokens or (tokens // step if step else None)
     offset, notes = sample_offset, []
@@ -124,13 +126,17 @@ def plan_resume(state: TrainState, *, saved_batch_tokens: int | None, batch_toke
                      f"(accepted): continuing from {tokens} tokens")
     ramp = ramp or BatchRamp(batch_tokens, 1)
     total = BatchSchedule(ramp, total_tokens, step=step, tokens=tokens).total_steps
-    lr_total = total
-    saved_lr_steps = _saved_lr_steps(saved_lr_schedule, total_tokens)
-    if step and saved == batch_tokens and saved_ramp == ramp_spec and saved_lr_steps:
-        lr_total = saved_lr_steps
-        if lr_total != total:
-            notes.append(f"{total} steps at this size, from step {step} of the batch ramp; "
-                         f"the LR schedule keeps its {lr_total}")
+    clock = LRClock(total)
+    saved_clock = (LRClock.from_note(saved_lr_schedule)
+                   if isinstance(saved_lr_schedule, dict)
+                   and saved_lr_schedule.get("tokens") == total_tokens else None)
+    if step and saved == batch_tokens and saved_ramp == ramp_spec and saved_clock:
+        clock = saved_clock.resumed(step, total)
+        if clock.run_steps and clock != saved_clock:
+            notes.append(f"the batch ramp's steps at this size end at step {total}, not "
+                         f"{saved_clock.run_steps or saved_clock.total_steps}: the rest of the "
+                         f"LR schedule (from {clock.anchor_position:.2f} of its "
+                         f"{clock.total_steps} steps) is spread over them")
     if saved_data_tokens is not None and saved_data_tokens != data_tokens:
         if not accept_data:
             return Resume(problem=(
@@ -141,18 +147,7 @@ def plan_resume(state: TrainState, *, saved_batch_tokens: int | None, batch_toke
         offset = -(tokens // seq_len)
         notes.append(f"training shards of {saved_data_tokens:,} -> {data_tokens:,} tokens "
                      "(accepted): their order starts from its beginning")
-    return Resume(sample_offset=offset, total_steps=total, notes=tuple(notes),
-                  lr_total_steps=lr_total)
-
-
-def _saved_lr_steps(note, total_tokens: float) -> int | None:
-    """The LR schedule's length a checkpoint recorded for these tokens; None when it recorded
-    none, another token count, or something that is not a length (then it is counted again)."""
-    if not isinstance(note, dict) or note.get("tokens") != total_tokens:
-        return None
-    steps = note.get("total_steps")
-    return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 \
-        else None
+    return Resume(sample_offset=offset, total_steps=total, notes=tuple(notes), lr_clock=clock)
 
 
 def _ramp_text(ramp: dict | None) -> str:
@@ -190,7 +185,8 @@ def continue_from(run: Run, restored: dict, where: str) -> None:
                        accept_batch=spec.accept_changed_batch,
                        accept_data=spec.accept_changed_data,
                        saved_ramp=restored.get("batch_ramp"),
-                       ramp_spec=batch_notes(run.cfg.training, 0)["batch_ramp"], ramp=p.ramp,
+                       ramp_spec=batch_notes(run.cfg.training, p.lr_clock)["batch_ramp"],
+                       ramp=p.ramp,
                        saved_offset_from=restored.get("sample_offset_from"),
                        saved_lr_schedule=restored.get("lr_schedule"))
     if plan.problem:
@@ -198,7 +194,7 @@ def continue_from(run: Run, restored: dict, where: str) -> None:
     for note in plan.notes:
         run.log(f"resume: {note}")
     run.sampler.sample_offset = plan.sample_offset
-    run.shape = replace(p, total_steps=plan.total_steps, lr_total_steps=plan.lr_total_steps)
+    run.shape = replace(p, total_steps=plan.total_steps, lr_clock=plan.lr_clock)
     if run.ckpt is not None:   # the commits from here on record the schedule's length
         run.ckpt.batch_notes = run.batch_notes()
 

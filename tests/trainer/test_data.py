@@ -234,28 +234,39 @@ def test_an_offset_saved_before_tokens_addressing_moves_onto_the_tokens_seen(tmp
     assert new.sample_offset == 0
 
 
-def test_a_resume_keeps_the_lr_schedules_length_unless_the_batch_or_the_tokens_changed():
-    from crucible.api.batch_ramp import BatchRamp
+def test_a_resume_on_another_ramp_cut_spreads_the_rest_of_the_lr_schedule_over_its_steps():
+    from crucible.api.batch_ramp import BatchRamp, BatchSchedule
+    from crucible.trainer.optim import LRClock
     from crucible.trainer.restore import TrainState, plan_resume
 
-    # A ramp from 256 to 1024 tokens over 4096, 8192 tokens in all, at 256 tokens a micro-step
-    # (one rank's rounding) and at 512 (two ranks'): the rest of the ramp is cut differently.
+    # A ramp from 256 to 1024 tokens over 4096, 8192 tokens in all: at 256 tokens a micro-step
+    # (one rank's rounding) 15 steps; from step 4 at 512 (two ranks') 14.
     ramp_spec = {"startTokens": 256, "rampTokens": 4096}
     fine, coarse = BatchRamp.of(1024, 256, 256, 4096), BatchRamp.of(1024, 512, 256, 4096)
+    assert BatchSchedule(fine, 8192).total_steps == 15
     state = TrainState(step=4, tokens_seen=4 * 256)
     args = dict(saved_batch_tokens=1024, batch_tokens=1024, seq_len=16, saved_data_tokens=None,
                 data_tokens=10**6, sample_offset=0, total_tokens=8192, accept_batch=False,
                 accept_data=False, saved_ramp=ramp_spec, ramp_spec=ramp_spec,
                 saved_offset_from="tokens")
-    schedule = {"total_steps": 15, "tokens": 8192}
-    same = plan_resume(state, ramp=fine, saved_lr_schedule=schedule, **args)
-    resized = plan_resume(state, ramp=coarse, saved_lr_schedule=schedule, **args)
-    assert resized.total_steps != same.total_steps     # the test's premise
-    assert same.lr_total_steps == resized.lr_total_steps == 15
-    assert any("the LR schedule keeps its 15" in n for n in resized.notes), resized.notes
-    # A checkpoint from before the schedule was recorded, or a run given more tokens: counted
-    # again from this size's ramp.
-    assert plan_resume(state, ramp=coarse, **args).lr_total_steps == resized.total_steps
-    longer = plan_resume(state, ramp=coarse, saved_lr_schedule={**schedule, "tokens": 4096},
-                         **args)
-    assert longer.lr_total_steps == longer.total_steps
+    note = {**LRClock(15).note(), "tokens": 8192}
+    same = plan_resume(state, ramp=fine, saved_lr_schedule=note, **args)
+    assert same.lr_clock == LRClock(15) and same.lr_clock.position(7) == 7   # untouched
+    resized = plan_resume(state, ramp=coarse, saved_lr_schedule=note, **args)
+    clock = resized.lr_clock
+    assert resized.total_steps == 14 and clock.run_steps == 14
+    # No jump at the resume, the schedule's end at the run's end, evenly in between.
+    assert clock.position(4) == 4 and clock.position(13) == pytest.approx(14)
+    assert clock.position(9) == pytest.approx(4 + 5 * 10 / 9)
+    assert any("end at step 14, not 15" in n for n in resized.notes), resized.notes
+    # Resumed again at the new size: the same clock (a restart changes nothing).
+    at_9 = BatchSchedule(coarse, 8192, step=4, tokens=state.tokens_seen).at(9).tokens_before
+    again = plan_resume(TrainState(step=9, tokens_seen=at_9), ramp=coarse,
+                        saved_lr_schedule={**clock.note(), "tokens": 8192}, **args)
+    assert again.lr_clock == clock
+    # A checkpoint without the note, with a malformed one, or from a run of other tokens: the
+    # schedule is counted again at this size.
+    for bad in (None, {"total_steps": "x", "tokens": 8192}, {"tokens": 8192},
+                {**note, "tokens": 4096}, {**note, "anchor_position": 99.0, "run_steps": 20}):
+        assert plan_resume(state, ramp=coarse, saved_lr_schedule=bad, **args).lr_clock == \
+            LRClock(14), bad
