@@ -11,7 +11,6 @@ foreign tensor's collective on its host copy, so the sharded step really communi
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from tests.support.foreign_device import FOREIGN, ForeignTensor, foreign_device, on_host
-from tests.trainer.foreign_probe import _result
+from tests.trainer.foreign_probe import _result, write_rank_results
 
 
 def _env(device: torch.device):
@@ -235,10 +234,7 @@ def main(work: Path) -> None:
                     "dtypes": sorted({str(t.dtype) for t in mine.values()})}
 
         results.append(_result("rounding", rounding))
-    dist.barrier()
-    with open(work / f"fsdp.{dist.get_rank()}.json", "w") as out:
-        json.dump(results, out)
-    dist.destroy_process_group()
+    write_rank_results(work, "fsdp", results)
 
 
 if __name__ == "__main__":

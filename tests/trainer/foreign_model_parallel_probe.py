@@ -15,7 +15,6 @@ fused AdamW.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch.distributed as dist
 
 from tests.support.foreign_device import FOREIGN, foreign_device
 from tests.trainer.foreign_fsdp_probe import _env, _gap, _placement, _shards
-from tests.trainer.foreign_probe import _result
+from tests.trainer.foreign_probe import _result, write_rank_results
 
 LAYOUTS = {"tp": {"tensor": 2}, "pp": {"pipeline": 2},
            "interleaved": {"pipeline": 2, "schedule": "interleaved1F1B", "virtual_stages": 2}}
@@ -122,10 +121,7 @@ def main(work: Path) -> None:
                         "max_update_gap": _gap(_shards(device[2]), _shards(host[2]))}
 
             results.append(_result(name, run))
-    dist.barrier()
-    with open(work / f"model_parallel.{dist.get_rank()}.json", "w") as out:
-        json.dump(results, out)
-    dist.destroy_process_group()
+    write_rank_results(work, "model_parallel", results)
 
 
 if __name__ == "__main__":

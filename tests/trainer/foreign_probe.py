@@ -107,6 +107,14 @@ def _result(name: str, fn) -> dict:
                 "where": traceback.format_exc(limit=-3)}
 
 
+def write_rank_results(work: Path, prefix: str, results: list[dict]) -> None:
+    """A torchrun probe's end: every rank writes its results to `<prefix>.<rank>.json` under
+    `work`, once all have finished, and leaves the process group."""
+    dist.barrier()
+    (work / f"{prefix}.{dist.get_rank()}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
 def main(work: Path, val: Path) -> None:
     from crucible.api.spec import CheckpointSpec
     from crucible.trainer import optim
