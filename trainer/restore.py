@@ -69,10 +69,14 @@ def batch_notes(training, lr_clock: LRClock) -> dict:
     """What a checkpoint records about how its steps were cut, beside its global batch: the
     batch ramp (as the spec spells it), what the sampler's offset counts from, and the LR
     schedule's clock with the tokens it was counted for."""
-    ramp = training.batch_ramp
-    return {"batch_ramp": ramp.model_dump(by_alias=True, mode="json") if ramp else None,
-            "sample_offset_from": OFFSET_FROM_TOKENS,
+    return {"batch_ramp": ramp_note(training), "sample_offset_from": OFFSET_FROM_TOKENS,
             "lr_schedule": {**lr_clock.note(), "tokens": training.tokens}}
+
+
+def ramp_note(training) -> dict | None:
+    """The batch ramp as a checkpoint records it (as the spec spells it), or None."""
+    ramp = training.batch_ramp
+    return ramp.model_dump(by_alias=True, mode="json") if ramp else None
 
 
 def plan_resume(state: TrainState, *, saved_batch_tokens: int | None, batch_tokens: int,
@@ -185,8 +189,7 @@ def continue_from(run: Run, restored: dict, where: str) -> None:
                        accept_batch=spec.accept_changed_batch,
                        accept_data=spec.accept_changed_data,
                        saved_ramp=restored.get("batch_ramp"),
-                       ramp_spec=batch_notes(run.cfg.training, p.lr_clock)["batch_ramp"],
-                       ramp=p.ramp,
+                       ramp_spec=ramp_note(run.cfg.training), ramp=p.ramp,
                        saved_offset_from=restored.get("sample_offset_from"),
                        saved_lr_schedule=restored.get("lr_schedule"))
     if plan.problem:
