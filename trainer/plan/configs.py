@@ -73,6 +73,9 @@ class Setup:
     pp_schedule: str = "1F1B"   # 1F1B, interleaved1F1B or GPipe
     virtual_stages: int = 1     # pipeline stages a rank holds (interleaved)
     pp_microbatches: int | None = None  # a pipeline's micro-batches a step (None: derived)
+    # Micro-batches a rank takes in the steps of a batch ramp, up to the full step's (empty: every
+    # step is full). Interleaved 1F1B holds more in flight at some of the smaller counts.
+    ramp_microbatches: tuple[int, ...] = ()
     zero_stage: int | None = None
     recompute: str | None = None  # none, selective, full, selective-op
     gradient_sync: str | None = None  # Crucible's training.gradientSync
@@ -197,18 +200,19 @@ def _job_config(path: Path, doc: dict, gpus: int | None) -> Setup:
 
 def _ramped(setup: Setup, training) -> Setup:
     """With training.batchRamp, the steps the trainer takes (the ramp's are smaller, so there
-    are more; warmup and decay count them) and what they are worth in full-batch steps. The
-    ramp rounds to whole micro-batches on every data-parallel rank: an unknown world size
+    are more; warmup and decay count them), what they are worth in full-batch steps, and the
+    micro-batches a rank takes in them (a pipeline's memory depends on it). The ramp rounds to whole micro-batches on every data-parallel rank: an unknown world size
     counts as one rank."""
     ramp = training.batch_ramp
     unit = setup.model.seq_len * training.micro_batch * (setup.dp or 1) if setup.model else 0
     if ramp is None or not unit or training.global_batch_tokens % unit:
         return setup   # no ramp, or no whole steps to count (the review says why)
-    schedule = BatchSchedule(BatchRamp.of(training.global_batch_tokens, unit, ramp.start_tokens,
-                                          ramp.ramp_tokens), training.tokens)
+    steps = BatchRamp.of(training.global_batch_tokens, unit, ramp.start_tokens, ramp.ramp_tokens)
+    schedule = BatchSchedule(steps, training.tokens)
     trained = schedule.at(schedule.total_steps).tokens_before
     return replace(setup, total_steps=schedule.total_steps,
-                   full_batch_steps=trained / training.global_batch_tokens)
+                   full_batch_steps=trained / training.global_batch_tokens,
+                   ramp_microbatches=tuple(steps.counts()))
 
 
 _DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16",

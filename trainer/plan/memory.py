@@ -452,6 +452,8 @@ class MemoryEstimate:
     # autograd, beside the model states (the next step's gradients included).
     eval_bytes: float = 0.0
     recompute_bytes: float = 0.0     # full recomputation: the block being recomputed
+    # A pipeline's micro-batches a step this was counted at (None: unpipelined, or unknown).
+    microbatches: int | None = None
 
     @property
     def total_bytes(self) -> float:
@@ -571,4 +573,5 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
     evaluation = (states.total_bytes + accumulated + gathered
                   + eval_forward_bytes(local, seq, micro_batch, tp, compiled, value))
     return MemoryEstimate(states, acts, logits, capacity_bytes, USABLE_FRACTION, working,
-                          accumulated, transient, evaluation, recomputed)
+                          accumulated, transient, evaluation, recomputed,
+                          microbatches if pp > 1 else None)

@@ -243,19 +243,30 @@ def _pipeline_microbatches(s: Setup, lay: par.Layout) -> int | None:
 
 def memory_estimate(s: Setup, ctx: Context) -> mem.MemoryEstimate | None:
     """What one GPU of `s` holds at its fullest, as the setup runs it; None without a model
-    shape and a micro-batch."""
+    shape and a micro-batch. Pipelined with a batch ramp, the fullest of the ramp's steps:
+    interleaved 1F1B keeps more micro-batches in flight at some counts below the full step's
+    (one round of m forwards for m < 2p; `memory.first_stage_in_flight`)."""
     if not (s.model and s.micro_batch):
         return None
     lay = _layout(s, ctx)
-    return mem.estimate(s.model, micro_batch=s.micro_batch, capacity_bytes=ctx.gpu.memory_bytes,
-                        stage=lay.stage, dp=lay.dp * s.cp, tp=lay.tp, pp=lay.pp,
-                        recompute=lay.recompute, precision=precision_of(s),
-                        flash_attention=s.flash_attention,
-                        accumulate_unsharded=_accumulates_unsharded(s, lay), compiled=s.compiled,
-                        compiled_loss=s.compiled_loss, loss_parallel=s.loss_parallel, cp=s.cp,
-                        step_in_backward=s.step_in_backward, unfused_linears=s.unfused_linears,
-                        microbatches=_pipeline_microbatches(s, lay),
-                        virtual_stages=s.virtual_stages, schedule=s.pp_schedule)
+
+    def at(microbatches: int | None) -> mem.MemoryEstimate:
+        return mem.estimate(s.model, micro_batch=s.micro_batch,
+                            capacity_bytes=ctx.gpu.memory_bytes, stage=lay.stage,
+                            dp=lay.dp * s.cp, tp=lay.tp, pp=lay.pp, recompute=lay.recompute,
+                            precision=precision_of(s), flash_attention=s.flash_attention,
+                            accumulate_unsharded=_accumulates_unsharded(s, lay),
+                            compiled=s.compiled, compiled_loss=s.compiled_loss,
+                            loss_parallel=s.loss_parallel, cp=s.cp,
+                            step_in_backward=s.step_in_backward,
+                            unfused_linears=s.unfused_linears, microbatches=microbatches,
+                            virtual_stages=s.virtual_stages, schedule=s.pp_schedule)
+
+    full = at(_pipeline_microbatches(s, lay))
+    if lay.pp == 1:
+        return full
+    # max keeps the first of equals: the full step, unless a ramp step holds more.
+    return max([full, *(at(m) for m in s.ramp_microbatches)], key=lambda e: e.total_bytes)
 
 
 def _memory(s: Setup, ctx: Context) -> list[Finding]:
@@ -286,10 +297,14 @@ def _memory(s: Setup, ctx: Context) -> list[Finding]:
     if est.accumulated_grad_bytes:
         parts.append(f"gradients kept whole across micro-batches (gradientSync: lastMicroBatch) "
                      f"{est.accumulated_grad_bytes / gib:.1f}")
+    full_m = _pipeline_microbatches(s, lay)
+    when = (f" in the batch ramp's steps of {est.microbatches} micro-batches (the full step "
+            f"has {full_m})" if est.microbatches not in (None, full_m) else "")
     return [_f("error", "memory fit", "does-not-fit", f"{lay.describe()} needs "
-               f"{est.total_bytes / gib:.1f} GiB per GPU ({', '.join(parts)}) "
+               f"{est.total_bytes / gib:.1f} GiB per GPU{when} ({', '.join(parts)}) "
                f"> {est.usable_bytes / gib:.1f} GiB usable on {ctx.gpu.name}{hint}",
-               "the run would stop with CUDA out-of-memory at the first step",
+               "the run would stop with CUDA out-of-memory at the first such step" if when
+               else "the run would stop with CUDA out-of-memory at the first step",
                f"Rajbhandari et al. 2020 §3.1 ({prec.state_bytes:g} B/param at {prec.name}); "
                "Korthikanti et al. 2022 Table 2")]
 
