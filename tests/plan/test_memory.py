@@ -166,32 +166,69 @@ def test_the_vocabulary_parallel_loss_holds_16_bytes_a_logit_eagerly():
         == mem.loss_transient_bytes(rows, 1, vocab, tp=8, compiled=True)
 
 
-@pytest.mark.parametrize("pp, m, v, schedule, held", [
-    (8, 8, 1, "1F1B", 8),          # p micro-batches through the rank's layers
-    (8, 4, 1, "1F1B", 4),          # fewer micro-batches than stages: all of them
-    (8, 32, 1, "GPipe", 32),       # every forward before any backward
-    (8, 8, 2, "interleaved1F1B", 8),     # 22 warm-up chunks capped at all 16, of half the layers
-    (4, 16, 2, "interleaved1F1B", 5.5),  # (1·4 + 2·3 + 1) chunks of half the layers
-    (8, None, 1, "1F1B", 8),       # unknown: p
-])
-def test_the_first_pipeline_rank_holds_its_schedules_micro_batches(pp, m, v, schedule, held):
-    assert mem.first_stage_in_flight(pp, m, v, schedule) == held
+def _torchs_order(pp: int, m: int, rank: int, v: int, schedule: str) -> list[tuple[str, int]]:
+    """The forwards and full backwards torch's own schedule lists for `rank`, with the local
+    stage each runs: its `_get_pipeline_order` (GPipe, 1F1B) or its per-rank operations
+    (interleaved 1F1B), from a schedule object given only the counts they read."""
+    from torch.distributed.pipelining import schedules as sch
+
+    cls = {"GPipe": sch.ScheduleGPipe, "1F1B": sch.Schedule1F1B,
+           "interleaved1F1B": sch.ScheduleInterleaved1F1B}[schedule]
+    made = object.__new__(cls)
+    made._n_microbatches, made._num_stages = m, pp
+    made.n_local_stages, made.pp_group_size = v, pp
+    made.microbatches_per_round = m // max(1, m // pp)
+    actions = (made._calculate_single_rank_operations(rank) if v > 1
+               else made._get_pipeline_order()[rank])
+    kinds = {sch._ComputationType.FORWARD: "F", sch._ComputationType.FULL_BACKWARD: "B"}
+    return [(kinds[a.computation_type], a.stage_index // pp) for a in actions
+            if a is not None and a.computation_type in kinds]
 
 
-@pytest.mark.parametrize("pp, m, v", [(4, 7, 2), (2, 3, 2), (4, 15, 2), (8, 16, 2), (4, 16, 4),
-                                      (8, 12, 3), (2, 2, 2)])
-def test_interleaved_ranks_hold_what_torchs_schedule_warms_up(pp, m, v):
-    """Against torch's own count (`_get_warmup_ops`, which ScheduleInterleaved1F1B runs its
-    warm-up by): the first and the last rank each hold their warm-up forwards and one more, of
-    one stage each (1/v of the rank's layers), with rounds of m // max(1, m // p) micro-batches,
-    not p, when p does not divide m."""
+@pytest.mark.parametrize("pp, m, v, schedule", [
+    (4, 4, 1, "1F1B"), (4, 9, 1, "1F1B"), (8, 8, 1, "1F1B"), (2, 5, 1, "GPipe"),
+    (4, 7, 2, "interleaved1F1B"), (2, 3, 2, "interleaved1F1B"), (4, 16, 2, "interleaved1F1B"),
+    (8, 16, 2, "interleaved1F1B"), (4, 16, 4, "interleaved1F1B"), (8, 12, 3, "interleaved1F1B"),
+    (2, 2, 2, "interleaved1F1B")])
+def test_each_pipeline_rank_runs_the_order_torchs_schedule_lists(pp, m, v, schedule):
+    for rank in range(pp):
+        assert mem.pipeline_rank_ops(pp, m, rank, v, schedule) == \
+            _torchs_order(pp, m, rank, v, schedule), rank
+
+
+def test_a_rank_is_fullest_when_its_activations_and_gradients_are():
+    """1F1B, m = p = 2, first rank: F F B B. Before any backward it holds two micro-batches;
+    after the first it holds one and the stage's whole gradients. With m > p a forward follows
+    the first backward: p micro-batches beside the gradients."""
+    two = mem.pipeline_rank_ops(2, 2, 0)
+    assert two == [("F", 0), ("F", 0), ("B", 0), ("B", 0)]
+    small_grads = mem.pipeline_rank_fullest(two, [10.0], [3.0], [(0.0, 0.0)])
+    assert (small_grads.activations, small_grads.gradients) == (20.0, 0.0)
+    big_grads = mem.pipeline_rank_fullest(two, [10.0], [30.0], [(0.0, 0.0)])
+    assert (big_grads.activations, big_grads.gradients, big_grads.in_flight) == (10.0, 30.0, (1,))
+    steady = mem.pipeline_rank_fullest(mem.pipeline_rank_ops(2, 4, 0), [10.0], [30.0],
+                                       [(0.0, 0.0)])
+    assert (steady.activations, steady.gradients) == (20.0, 30.0)
+    # A backward's transient at its start, before it frees anything, or at its end, beside the
+    # gradients it made.
+    start = mem.pipeline_rank_fullest(two, [10.0], [3.0], [(5.0, 0.0)])
+    assert (start.activations, start.gradients, start.transient) == (20.0, 0.0, 5.0)
+    end = mem.pipeline_rank_fullest(two, [10.0], [30.0], [(0.0, 5.0)])
+    assert (end.activations, end.gradients, end.transient, end.in_flight) == (10.0, 30.0, 5.0, (1,))
+
+
+@pytest.mark.parametrize("pp, m, v", [(4, 7, 2), (4, 16, 2), (8, 16, 2), (2, 2, 2)])
+def test_interleaved_ranks_hold_their_warm_up_and_one_more_forward(pp, m, v):
+    """Before the first backward the first rank has run torch's warm-up (`_get_warmup_ops`)
+    and one more forward, of one stage each (1/v of the rank's layers)."""
     from torch.distributed.pipelining.schedules import _get_warmup_ops
 
     per_round = m // max(1, m // pp)
-    for rank, counted in ((0, mem.first_stage_in_flight(pp, m, v, "interleaved1F1B")),
-                          (pp - 1, mem.last_stage_in_flight(pp, m, v, "interleaved1F1B"))):
-        torch_warmup = _get_warmup_ops(rank, v, per_round, pp, m)
-        assert counted == min(torch_warmup + 1, m * v) / v, (rank, counted, torch_warmup)
+    ops = mem.pipeline_rank_ops(pp, m, 0, v, "interleaved1F1B")
+    before_backward = ops.index(("B", v - 1))
+    assert before_backward == min(_get_warmup_ops(0, v, per_round, pp, m) + 1, m * v)
+    no_grads = mem.pipeline_rank_fullest(ops, [1.0] * v, [0.0] * v, [(0.0, 0.0)] * v)
+    assert no_grads.activations == before_backward
 
 
 def test_a_pipelined_fsdp_stage_keeps_its_parameters_gathered_and_gradients_whole():
@@ -247,3 +284,22 @@ def test_a_pipelined_estimate_is_its_fuller_stage_times_its_micro_batches(schedu
         big = mem.estimate(arch.preset("llama-8b"), **kw)
         held = mem.last_stage_logits_bytes(cfg.seq_len, 1, 128256)
         assert big.logits_bytes == pytest.approx(m * held)
+
+
+def test_older_schedules_keep_outputs_to_the_steps_end():
+    """`step()` returning its outputs (torchtitan until October 2025) keeps the last stage's
+    logits of every micro-batch until the next step; torch 2.6's stages kept every stage's
+    outputs, receive buffers and input gradients too. 1F1B on 4 ranks, 8 micro-batches, a
+    128K vocabulary: the last rank is fullest at its last backward, beside the logits of the
+    seven micro-batches before it."""
+    cfg = arch.preset("llama-8b")
+    kw = dict(micro_batch=1, capacity_bytes=1e12, stage=3, dp=2, pp=4, recompute="full",
+              flash_attention=True, microbatches=8)
+    none, last, every = (mem.estimate(cfg, outputs_kept=kept, **kw)
+                         for kept in ("none", "last", "all"))
+    own = 2 * cfg.seq_len * cfg.vocab_size   # one micro-batch's bf16 logits
+    held = mem.last_stage_logits_bytes(cfg.seq_len, 1, cfg.vocab_size)
+    assert none.logits_bytes == held
+    assert last.logits_bytes == held + 7 * own
+    assert last.total_bytes == pytest.approx(none.total_bytes + 7 * own)
+    assert every.total_bytes > last.total_bytes

@@ -73,6 +73,7 @@ class Setup:
     pp_schedule: str = "1F1B"   # 1F1B, interleaved1F1B or GPipe
     virtual_stages: int = 1     # pipeline stages a rank holds (interleaved)
     pp_microbatches: int | None = None  # a pipeline's micro-batches a step (None: derived)
+    pp_outputs_kept: str = "none"   # what its pipeline schedule keeps to the step's end
     # Micro-batches a rank takes in the steps of a batch ramp, up to the full step's (empty: every
     # step is full). Interleaved 1F1B holds more in flight at some of the smaller counts.
     ramp_microbatches: tuple[int, ...] = ()
@@ -334,6 +335,12 @@ def _torchtitan(path: Path, text: str, gpus: int | None) -> Setup:
         unfused_linears=True,
         gpus=world, dp=dp, tp=tp, pp=pp, cp=cp, pp_schedule=schedule, virtual_stages=stages,
         pp_microbatches=microbatches,
+        # torchtitan's TOML configs predate `step(return_outputs=False)` (October 2025; the
+        # TOML files went in February 2026): the last stage keeps every micro-batch's logits
+        # to the step's end, erring towards more memory for the last few months' configs. The
+        # 2024 layout ([experimental]) ran torch 2.6's stages, which kept every stage's outputs.
+        pp_outputs_kept=("none" if pp == 1 else "all" if "pipeline_parallel_degree" in exp
+                         else "last"),
         # FSDP shards over the data-parallel and context-parallel ranks together.
         zero_stage=3 if dp and (shard != 1 or cp > 1) else 0,
         loss_parallel=tp > 1 and not _first("disable_loss_parallel", False, par, train),

@@ -61,13 +61,19 @@ peak is here, next to the others it is weighed against in `estimate`. Sources:
 - A pipeline stage as torch.distributed.pipelining runs it (`stage_activation_bytes`): per
   micro-batch in flight, what autograd saves for the stage's blocks, plus the stage's output,
   which the schedule keeps to start that micro-batch's backward from (b·s·h values, or the
-  logits on the last stage). 1F1B holds p micro-batches on the first stage and one on the last;
-  GPipe holds all m on every stage (`first_stage_in_flight`, `last_stage_in_flight`).
-  Measured per stage against autograd's saved tensors on CPU (tests/trainer/
-  test_model_parallel_memory.py), as the tensor-parallel block is on two processes.
+  logits on the last stage). Each rank is followed through its schedule's own order of
+  forwards and backwards (`pipeline_rank_ops`: 1F1B's first rank holds p micro-batches and the
+  last one; GPipe every m), and under ZeRO-3 a stage's whole gradients exist from its first
+  backward, when some of its micro-batches' activations are already gone
+  (`pipeline_rank_fullest`). Measured per stage against autograd's saved tensors on CPU
+  (tests/trainer/test_model_parallel_memory.py), as the tensor-parallel block is on two
+  processes; older schedules kept more to the step's end (`OutputsKept`).
+- A whole step of the trainer's own, per layout, against the allocator on two CPU ranks
+  (tests/trainer/test_step_memory.py): 7% under to 10% over at four-block models.
 - Checked against torchtitan's own published runs (tests/plan/test_published_configs.py):
   Llama 3.1 8B under FSDP with and without torch.compile, with context parallelism up to
-  256K tokens, and 405B under interleaved 1F1B, within 10% of the memory they report.
+  256K tokens, and 405B under interleaved 1F1B (with torch 2.6's kept outputs), within 10% of
+  the memory they report.
 """
 
 from __future__ import annotations
@@ -82,6 +88,12 @@ from crucible.trainer.plan.precision import PRECISIONS, Precision, with_reduce_d
 
 ZeroStage = Literal[0, 1, 2, 3]
 Recompute = Literal["none", "selective", "full", "selective-op"]
+# What a pipeline schedule keeps to the step's end beyond autograd's needs: nothing (torch's
+# stages with `step(return_outputs=False)`, as Crucible runs them); the last stage's outputs,
+# the logits of every micro-batch (`return_outputs=True`, the default, which torchtitan passed
+# until October 2025); or every stage's outputs, with its per-micro-batch receive buffers and
+# its inputs' gradients (torch 2.6's stage.py, December 2024).
+OutputsKept = Literal["none", "last", "all"]
 # What the planner chooses among (Korthikanti's); "selective-op" is what Crucible's
 # activationCheckpointing: selective-op and torchtitan's per-op policy keep, counted for jobs
 # and configs that ask for it.
@@ -309,42 +321,89 @@ def pipeline_stage_bytes(params: float, precision: Precision, model_parallel: in
     return (precision.param_bytes + precision.reduce_bytes) * params / model_parallel
 
 
-def first_stage_in_flight(pp: int, microbatches: int | None = None, virtual_stages: int = 1,
-                          schedule: str = "1F1B") -> float:
-    """Micro-batches the first pipeline rank holds activations for at its fullest, in units of
-    one micro-batch through all of that rank's layers.
-
-    1F1B: min(p, m), the p − 1 warm-up forwards and one more (Narayanan et al. 2021 §2.2.1;
-    Korthikanti §4.2.3). Interleaved 1F1B with v stages a rank: the warm-up of torch's
-    `ScheduleInterleaved1F1B` on rank 0 (`_get_warmup_ops`), (v − 1)·r + 2(p − 1) forwards of
-    one stage (1/v of the rank's layers) and one more, at most all m·v, where r is its
-    micro-batches per round, m // max(1, m // p) (p when p divides m). GPipe: all m. Unknown
-    m: p, the fewest that keep a 1F1B pipeline full."""
-    m = microbatches or pp
+def pipeline_rank_ops(pp: int, microbatches: int, rank: int, virtual_stages: int = 1,
+                      schedule: str = "1F1B") -> list[tuple[str, int]]:
+    """The forwards ("F") and backwards ("B") pipeline rank `rank` of `pp` runs in a step of
+    `microbatches` micro-batches, in order, each with the local stage (0 … v−1) it runs, as
+    torch.distributed.pipelining orders them. GPipe: every forward, then every backward. 1F1B
+    (`Schedule1F1B`): min(m, p − rank) forwards, then a backward and a forward in turn while
+    forwards remain, then the other backwards. Interleaved 1F1B (`ScheduleInterleaved1F1B`,
+    `_get_1f1b_rank_ops`): the warm-up of `_get_warmup_ops`, (v − 1)·r + 2(p − 1 − rank)
+    forwards capped at all m·v, then forward-backward pairs, then the other backwards; the
+    rank's stages taken in turn for r micro-batches at a time, r = m // max(1, m // p)."""
+    m, v = microbatches, virtual_stages
     if schedule == "GPipe":
-        return float(m)
-    if virtual_stages <= 1:
-        return float(min(pp, m))
-    stages = min((virtual_stages - 1) * _per_round(pp, m) + 2 * (pp - 1) + 1,
-                 m * virtual_stages)
-    return stages / virtual_stages
+        return [("F", 0)] * m + [("B", 0)] * m
+    if v <= 1:
+        warm = min(m, pp - rank)
+        return [("F", 0)] * warm + [("B", 0), ("F", 0)] * (m - warm) + [("B", 0)] * warm
+    r, total = _per_round(pp, m), m * v
+    warm = min((v - 1) * r + 2 * (pp - 1 - rank), total)
+
+    def forward(k: int) -> tuple[str, int]:
+        return "F", (k // r) % v
+
+    def backward(k: int) -> tuple[str, int]:
+        return "B", v - 1 - ((k - warm) // r) % v
+
+    return ([forward(k) for k in range(warm)]
+            + [op for k in range(warm, total) for op in (forward(k), backward(k))]
+            + [backward(k) for k in range(total, total + warm)])
 
 
-def last_stage_in_flight(pp: int, microbatches: int | None = None, virtual_stages: int = 1,
-                         schedule: str = "1F1B") -> float:
-    """Micro-batches the last pipeline rank holds activations for at its fullest, in units of
-    one micro-batch through all of that rank's layers. 1F1B runs each micro-batch's backward on
-    the last stage right after its forward: one. Interleaved, the last rank's earlier stages
-    warm up first: (v − 1)·r forwards of one stage and one more, r the micro-batches per round
-    (torch's `_get_warmup_ops` on the last rank). GPipe runs every forward first: all m (p
-    when unknown)."""
-    m = microbatches or pp
-    if schedule == "GPipe":
-        return float(m)
-    if virtual_stages <= 1:
-        return 1.0
-    stages = min((virtual_stages - 1) * _per_round(pp, m) + 1, m * virtual_stages)
-    return stages / virtual_stages
+@dataclass(frozen=True)
+class RankFullest:
+    """What a pipeline rank holds at its fullest point in a step (`pipeline_rank_fullest`)."""
+
+    activations: float       # what its micro-batches keep: those in flight, and what stays
+    gradients: float         # its stages' whole gradients made by then
+    transient: float         # the backward's own working memory at that point
+    in_flight: tuple[int, ...]   # micro-batches in flight, per local stage
+    forwarded: tuple[int, ...]   # micro-batches forwarded so far this step, per local stage
+
+    @property
+    def total(self) -> float:
+        return self.activations + self.gradients + self.transient
+
+
+def pipeline_rank_fullest(ops: list[tuple[str, int]], held: list[float], grads: list[float],
+                          transient: list[tuple[float, float]],
+                          stays: list[tuple[float, float]] | None = None) -> RankFullest:
+    """The fullest point of a rank running `ops` (`pipeline_rank_ops`): a forward of local stage
+    s keeps held[s] until that micro-batch's backward frees it; the stage's first backward makes
+    its whole gradients, grads[s], which stay to the step's end; a backward of stage s needs
+    transient[s] more at its start and at its end (the loss's backward comes first; a block
+    recomputed under full recomputation, in every block's). Within a backward the activations
+    go and the gradients come block by block, from the last, so its fullest point is its start
+    or its end. `stays[s]`: what each forward and each backward of stage s leaves to the step's
+    end (older schedules' kept outputs and input gradients; `estimate`'s `outputs_kept`)."""
+    stays = stays or [(0.0, 0.0)] * len(held)
+    flight, forwarded = [0] * len(held), [0] * len(held)
+    live = made = 0.0
+    made_for: set[int] = set()
+    best = RankFullest(0.0, 0.0, 0.0, tuple(flight), tuple(forwarded))
+
+    def consider(extra: float) -> None:
+        nonlocal best
+        if live + made + extra > best.total:
+            best = RankFullest(live, made, extra, tuple(flight), tuple(forwarded))
+
+    for kind, stage in ops:
+        if kind == "F":
+            live += held[stage] + stays[stage][0]
+            flight[stage] += 1
+            forwarded[stage] += 1
+            consider(0.0)
+            continue
+        at_start, at_end = transient[stage]
+        consider(at_start)
+        live += stays[stage][1] - held[stage]
+        flight[stage] -= 1
+        if stage not in made_for:
+            made_for.add(stage)
+            made += grads[stage]
+        consider(at_end)   # its last block: the micro-batch's own activations nearly gone
+    return best
 
 
 def _per_round(pp: int, microbatches: int) -> int:
@@ -486,7 +545,7 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
              step_in_backward: bool = False, unfused_linears: bool = False,
              compiled_loss: bool | None = None, loss_parallel: bool | None = None, cp: int = 1,
              microbatches: int | None = None, virtual_stages: int = 1,
-             schedule: str = "1F1B") -> MemoryEstimate:
+             schedule: str = "1F1B", outputs_kept: OutputsKept = "none") -> MemoryEstimate:
     """Per-GPU memory of `cfg` trained with this layout (pipelined: the fuller of the first
     stage, with `first_stage_in_flight` micro-batches, and the last, with the output layer and
     loss; `microbatches` a step, unknown: at least p).
@@ -504,6 +563,8 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
     `step_in_backward`: the optimizer steps each parameter as soon as its gradient is ready
     and frees that gradient (torchtitan's `optimizer.early_step_in_backward`; LOMO, Lv et al.
     2023, arXiv 2306.09782): no gradient of the whole model is kept, only the working set's.
+
+    `outputs_kept`: what older pipeline schedules keep to the step's end (`OutputsKept`).
 
     `accumulate_unsharded`: gradients are reduced once a step, after the last of several
     micro-batches (`gradientSync: lastMicroBatch`), so each rank holds them all whole.
@@ -533,37 +594,64 @@ def estimate(cfg: GPTConfig, *, micro_batch: int, capacity_bytes: float, stage: 
     recomputed = (recomputed_block_bytes(local, seq, micro_batch, tp, sequence_parallel, value,
                                          flash_attention, compiled)
                   if recompute == "full" else 0.0)
-    # 1F1B: the first stage holds p micro-batches × L/p layers (Korthikanti §4.2.3), L layers'
-    # worth, and each one's output; the last holds one micro-batch of its L/p layers and the
-    # output layer's logits and loss, which at a large vocabulary make it the fuller one. GPipe:
-    # every stage holds all m. Unpipelined both are the one GPU.
-    acts = cfg.layers * per_layer
-    if pp == 1:
-        acts += head
-    else:
-        stage_layers = cfg.layers / pp
-        # Interleaved: each of a rank's v stages hands its own output on.
-        output = virtual_stages * stage_output_bytes(seq, micro_batch, cfg.dim, tp, value)
-        first = first_stage_in_flight(pp, microbatches, virtual_stages, schedule) \
-            * (stage_layers * per_layer + output)
-        # The last rank: its in-flight stage forwards, the outputs of those that are not the
-        # last stage, and the head and logits of the last stage's (one but under GPipe).
-        held = last_stage_in_flight(pp, microbatches, virtual_stages, schedule)
-        heads = held if schedule == "GPipe" else 1.0
-        one_output = stage_output_bytes(seq, micro_batch, cfg.dim, tp, value)
-        last = (held * stage_layers * per_layer + (held * virtual_stages - heads) * one_output
-                + heads * head)
-        kept = heads * last_stage_logits_bytes(seq, micro_batch, vocab, tp, compiled_loss, value)
-        if last + max(kept + transient, recomputed) <= first + recomputed:
-            acts, logits, transient = first, 0.0, 0.0    # the first stage is the fullest
-        else:
-            acts, logits = last, kept
     pipelined_fsdp = stage == 3 and pp > 1
     if pipelined_fsdp:
         working = pipeline_stage_bytes(n, precision, mp)
     else:
         working = fsdp_working_bytes(local, precision, mp) if stage == 3 else 0.0
-    # A pipelined stage's whole gradients are already counted in its working set.
+    acts = cfg.layers * per_layer
+    if pp == 1:
+        acts += head
+    else:
+        # Every rank through its schedule's order (`pipeline_rank_fullest`); the fullest
+        # wins. Per micro-batch in flight a stage keeps its blocks' activations and its output
+        # (Korthikanti §4.2.3 counts the first 1F1B stage's p micro-batches); the last stage
+        # keeps the head's and, beside them, the logits the loss keeps. Under ZeRO-3 a stage's
+        # whole gradients (in `working`) exist from its first backward on.
+        stages = pp * virtual_stages
+        blocks = cfg.layers / stages * per_layer
+        output = stage_output_bytes(seq, micro_batch, cfg.dim, tp, value)
+        kept = last_stage_logits_bytes(seq, micro_batch, vocab, tp, compiled_loss, value)
+        grads = precision.reduce_bytes * n / mp / virtual_stages if pipelined_fsdp else 0.0
+        m = microbatches or pp
+        own_logits = value * seq * micro_batch * vocab / tp   # the last stage's output
+        fullest = None
+        for rank in range(pp):
+            held = [blocks + output] * virtual_stages
+            during = [(recomputed, recomputed)] * virtual_stages
+            stays = [(0.0, 0.0)] * virtual_stages
+            buffers = 0.0
+            if outputs_kept == "all":
+                # Each stage's output kept, and each received input's gradient, to the step's
+                # end; a receive buffer a micro-batch for every stage's input and its
+                # gradient, made once and kept (torch 2.6's stage.py).
+                stays = [(output, 0.0 if rank == 0 and local == 0 else output)
+                         for local in range(virtual_stages)]
+                held = [blocks] * virtual_stages
+                receiving = virtual_stages - (rank == 0) + virtual_stages - (rank == pp - 1)
+                buffers = m * output * receiving
+            if rank == pp - 1:   # it holds the model's last stage, its last local one
+                held[-1] = blocks + head + kept
+                during[-1] = (max(recomputed, transient), recomputed)
+                if outputs_kept != "none":   # the logits themselves stay to the step's end
+                    held[-1] -= own_logits
+                    stays[-1] = (own_logits, stays[-1][1])
+            at = pipeline_rank_fullest(pipeline_rank_ops(pp, m, rank, virtual_stages, schedule),
+                                       held, [grads] * virtual_stages, during, stays)
+            at = dataclasses.replace(at, activations=at.activations + buffers)
+            if fullest is None or at.total > fullest[1].total:
+                fullest = (rank, at)
+        rank, at = fullest
+        if rank == pp - 1 and at.transient == transient > recomputed:
+            # The loss's backward: its kept logits and transient, as unpipelined.
+            logits = at.in_flight[-1] * kept
+            if outputs_kept != "none":
+                logits += (at.forwarded[-1] - at.in_flight[-1]) * own_logits
+            acts = at.activations - logits
+        else:   # a block's backward (recomputed, under full recomputation), or none
+            logits, acts, transient, recomputed = 0.0, at.activations, 0.0, at.transient
+        if pipelined_fsdp:   # only the gradients made by then are there
+            working -= grads * virtual_stages - at.gradients
     accumulated = (accumulated_grad_bytes(n, mp, precision.reduce_bytes)
                    if accumulate_unsharded and not pipelined_fsdp else 0.0)
     gathered = (precision.param_bytes * n / mp if pipelined_fsdp

@@ -245,7 +245,7 @@ def memory_estimate(s: Setup, ctx: Context) -> mem.MemoryEstimate | None:
     """What one GPU of `s` holds at its fullest, as the setup runs it; None without a model
     shape and a micro-batch. Pipelined with a batch ramp, the fullest of the ramp's steps:
     interleaved 1F1B keeps more micro-batches in flight at some counts below the full step's
-    (one round of m forwards for m < 2p; `memory.first_stage_in_flight`)."""
+    (one round of m forwards for m < 2p; `memory.pipeline_rank_ops`)."""
     if not (s.model and s.micro_batch):
         return None
     lay = _layout(s, ctx)
@@ -260,7 +260,8 @@ def memory_estimate(s: Setup, ctx: Context) -> mem.MemoryEstimate | None:
                             loss_parallel=s.loss_parallel, cp=s.cp,
                             step_in_backward=s.step_in_backward,
                             unfused_linears=s.unfused_linears, microbatches=microbatches,
-                            virtual_stages=s.virtual_stages, schedule=s.pp_schedule)
+                            virtual_stages=s.virtual_stages, schedule=s.pp_schedule,
+                            outputs_kept=s.pp_outputs_kept)
 
     full = at(_pipeline_microbatches(s, lay))
     if lay.pp == 1:
