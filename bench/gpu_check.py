@@ -21,6 +21,7 @@ On a machine without CUDA it prepares the data, says where CUDA is required, and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -83,6 +84,23 @@ def committed(root: Path) -> list[int]:
                   for p in (root / "gpu-check" / "ckpt").glob("step_*/manifest.json"))
 
 
+def _alive(pids: list[int], wait_s: float = 10) -> list[int]:
+    """Those of `pids` still running after up to `wait_s` (a zombie counts as gone)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = []
+        for pid in pids:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in ("Z", "X"):
+                left.append(pid)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu", action="store_true", help="run every stage on CPU with gloo")
@@ -101,6 +119,8 @@ def main() -> int:
     data = prepare_data(root)
     stage("data", True, f"shards under {root / 'shards'}")
     import torch
+
+    from crucible.trainer.commands.demo import kill_a_worker_after, torchrun_workers
 
     if not args.cpu and not torch.cuda.is_available():
         print("CUDA is required from here (NCCL training, save, SIGKILL, resume, rollback, "
@@ -134,11 +154,19 @@ def main() -> int:
         while time.monotonic() < deadline and proc.poll() is None and not any(
                 r["step"] > FIRST_STOP + EVERY for r in records(root, "train")):
             time.sleep(0.2)
+        # As a node dying would: the agent and its workers (each in a session of its own; one
+        # left behind would finish the held-back save while the next stages run).
+        workers = torchrun_workers(proc.pid)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    stage("kill", committed(root)[-1:] == [FIRST_STOP],
-          f"SIGKILL after step {max(r['step'] for r in records(root, 'train'))}, "
-          f"newest commit still {committed(root)[-1:]}")
+        left = _alive(workers)
+    stage("kill", committed(root)[-1:] == [FIRST_STOP] and len(workers) == nproc and not left,
+          f"SIGKILL after step {max(r['step'] for r in records(root, 'train'))} to the agent "
+          f"and {len(workers)} workers ({len(left)} still alive), newest commit still "
+          f"{committed(root)[-1:]}")
 
     # resume: from step 30, with one bad update the guard must roll back.
     run = subprocess.run(train_cmd(config, nproc), env={
@@ -175,7 +203,6 @@ def main() -> int:
 
     # memory: the in-memory tier on the device (snapshot copies device to host, its own gloo
     # group beside NCCL), survived from host memory after a worker is killed at step 15.
-    from crucible.trainer.commands.demo import kill_a_worker_after
 
     mem_config = write_config(root, data, nproc, args.cpu, name="memory", in_memory_every=2)
     with open(logs / "memory.log", "w") as out:

@@ -68,13 +68,23 @@ def run_crucible(*args: str, nproc: int = 1, timeout: float = 300, env: dict | N
                           timeout=timeout, cwd=REPO, env=env, **kw)
 
 
+# What libstdc++ prints when a thread of torch's profiler (kineto) ends the process; the memory
+# probes measure with that profiler, and now and then one aborts so as a profiling ends (seen
+# once in a full run of the suite; pytorch/kineto issues 1029 and 1051 are of its kind).
+PROFILER_ABORT = "terminate called without an active exception"
+
+
 def run_probe(module: str, work: Path, nproc: int = 2) -> None:
     """`python -m <module> <work>` under torchrun on `nproc` ranks, one thread each (a test
-    probe that writes its results under `work`); fails the test with its stderr's tail."""
+    probe that writes its results under `work`); fails the test with its stderr's tail. Run
+    once more, and only once, after the profiler's own abort."""
     from crucible.api.launch import TORCHRUN_ENV
 
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          f"--nproc-per-node={nproc}", "-m", module, str(work)],
-                         capture_output=True, text=True, timeout=600, cwd=REPO,
-                         env={**os.environ, "OMP_NUM_THREADS": "1", **TORCHRUN_ENV})
-    assert run.returncode == 0, run.stderr[-3000:]
+    for attempt in (1, 2):
+        run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              f"--nproc-per-node={nproc}", "-m", module, str(work)],
+                             capture_output=True, text=True, timeout=600, cwd=REPO,
+                             env={**os.environ, "OMP_NUM_THREADS": "1", **TORCHRUN_ENV})
+        if run.returncode == 0 or PROFILER_ABORT not in run.stderr:
+            break
+    assert run.returncode == 0, f"attempt {attempt}: {run.stderr[-3000:]}"

@@ -79,17 +79,10 @@ class TrainProcess:
         return eventually(seen, timeout_s, f"/{pattern}/ in {self.log_path.name}")
 
     def workers(self) -> list[int]:
-        """Pids of the trainer processes under this torchrun agent (children running the CLI)."""
-        found = []
-        for status in Path("/proc").glob("[0-9]*/status"):
-            try:
-                ppid = int(re.search(r"PPid:\s+(\d+)", status.read_text()).group(1))
-                cmdline = (status.parent / "cmdline").read_bytes()
-            except (OSError, AttributeError):
-                continue
-            if ppid == self.proc.pid and b"crucible.trainer" in cmdline:
-                found.append(int(status.parent.name))
-        return sorted(found)
+        """Pids of the trainer processes under this torchrun agent."""
+        from crucible.trainer.commands.demo import torchrun_workers
+
+        return torchrun_workers(self.proc.pid)
 
     def kill_group(self) -> None:
         """SIGKILL the agent and its workers, as a node dying would. torchrun starts each worker

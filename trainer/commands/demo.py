@@ -143,6 +143,19 @@ def chaos_plan(steps: int) -> tuple[int, int] | None:
     return steps // 3, max(38, 2 * steps // 3)
 
 
+def torchrun_workers(agent_pid: int) -> list[int]:
+    """Pids of the processes a torchrun agent started. torchrun gives each worker a session of
+    its own, so a signal to the agent's process group does not reach them."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            if f"PPid:\t{agent_pid}\n" in status.read_text(errors="replace"):
+                found.append(int(status.parent.name))
+        except OSError:   # exited while listed
+            continue
+    return sorted(found)
+
+
 def kill_a_worker_after(agent: subprocess.Popen, jsonl: Path, step: int) -> float | None:
     """SIGKILL one of torchrun's workers once `step` is in the metrics; when (epoch seconds)."""
     import signal
@@ -151,8 +164,7 @@ def kill_a_worker_after(agent: subprocess.Popen, jsonl: Path, step: int) -> floa
         if jsonl.exists() and any(json.loads(line).get("step", 0) >= step and
                                   json.loads(line)["kind"] == "train"
                                   for line in jsonl.read_text().splitlines() if line.strip()):
-            workers = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/status")
-                       if f"PPid:\t{agent.pid}\n" in p.read_text(errors="replace")]
+            workers = torchrun_workers(agent.pid)
             if workers:
                 os.kill(max(workers), signal.SIGKILL)
                 return time.time()

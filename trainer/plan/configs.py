@@ -202,8 +202,8 @@ def _job_config(path: Path, doc: dict, gpus: int | None) -> Setup:
 def _ramped(setup: Setup, training) -> Setup:
     """With training.batchRamp, the steps the trainer takes (the ramp's are smaller, so there
     are more; warmup and decay count them), what they are worth in full-batch steps, and the
-    micro-batches a rank takes in them (a pipeline's memory depends on it). The ramp rounds to whole micro-batches on every data-parallel rank: an unknown world size
-    counts as one rank."""
+    micro-batches a rank takes in them (a pipeline's memory depends on it). The ramp rounds to
+    whole micro-batches on every data-parallel rank: an unknown world size counts as one rank."""
     ramp = training.batch_ramp
     unit = setup.model.seq_len * training.micro_batch * (setup.dp or 1) if setup.model else 0
     if ramp is None or not unit or training.global_batch_tokens % unit:
