@@ -197,6 +197,34 @@ def test_torchtitan_config(tmp_path):
     assert "no-checkpoints" in codes
 
 
+@pytest.mark.parametrize("degrees, gpus, words", [
+    ("tensor_parallel_degree = 8\npipeline_parallel_degree = 200", 512,
+     "512 GPUs do not form data parallel 0 × tensor 8 × pipeline 200"),
+    ("data_parallel_shard_degree = 8\ntensor_parallel_degree = 8", 128,
+     "128 GPUs do not form data parallel 8 × tensor 8 × pipeline 1 × context 1 (64 ranks)"),
+    ("tensor_parallel_degree = 4", 62, "62 GPUs do not form data parallel 15 × tensor 4"),
+    ("pipeline_parallel_degree = 64", 64, "64 pipeline stages (64 ranks × 1) for 32 layers"),
+])
+def test_degrees_the_gpus_cannot_take_are_an_error_not_a_memory_figure(tmp_path, degrees, gpus,
+                                                                      words):
+    """torch's DeviceMesh takes one rank per place, and a stage needs a layer: such a file
+    does not start, so its memory is not counted (an out-of-memory would be the wrong
+    reason)."""
+    text = TORCHTITAN.replace("data_parallel_shard_degree = -1\ntensor_parallel_degree = 1\n"
+                              "pipeline_parallel_degree = 1\n", "")
+    path = tmp_path / "misfit.toml"
+    path.write_text(text.replace("[parallelism]\n", f"[parallelism]\n{degrees}\n"))
+    setup = configs.load(path, gpus=gpus)
+    ctx = rv.Context(accelerator("h100"))
+    findings = {f.code: f for f in rv.review(setup, ctx)}
+    assert words in findings["layout-misfit"].message
+    assert findings["layout-misfit"].severity == "error"
+    assert "does-not-fit" not in findings and rv.memory_estimate(setup, ctx) is None
+    fitting = tmp_path / "fits.toml"
+    fitting.write_text(TORCHTITAN)
+    assert "layout-misfit" not in _codes(rv.review(configs.load(fitting, gpus=64), ctx))
+
+
 NANOGPT = """
 # config for training GPT-2 (124M) down to very nice loss of ~2.85 on 1 node of 8X A100 40GB
 wandb_log = True

@@ -295,7 +295,8 @@ def _torchtitan(path: Path, text: str, gpus: int | None) -> Setup:
             notes.append("data_parallel_shard_degree = -1 (all GPUs): pass --gpus for the world size")
     else:
         dp = shard * replicate
-    world = dp * tp * pp * cp if dp else gpus
+    # The world asked for, where given: review says when the degrees do not form it.
+    world = gpus or (dp * tp * pp * cp if dp else None)
     local = int(train.get("local_batch_size", train.get("batch_size", 8)))
     global_seqs = int(train.get("global_batch_size", -1))
     batch = (global_seqs if global_seqs > 0 else local * dp) * seq if dp else None

@@ -241,12 +241,25 @@ def _pipeline_microbatches(s: Setup, lay: par.Layout) -> int | None:
     return None
 
 
+def layout_misfit(s: Setup) -> str | None:
+    """Why the ranks cannot take the setup's layout, or None: the degrees must multiply to the
+    world (torch's DeviceMesh takes one rank per place), and a pipeline needs a layer a stage."""
+    if s.gpus and s.dp is not None and s.dp * s.tp * s.pp * s.cp != s.gpus:
+        return (f"{s.gpus} GPUs do not form data parallel {s.dp} × tensor {s.tp} × pipeline "
+                f"{s.pp} × context {s.cp} ({s.dp * s.tp * s.pp * s.cp} ranks)")
+    stages = s.pp * s.virtual_stages
+    if s.model and stages > s.model.layers:
+        return (f"{stages} pipeline stages ({s.pp} ranks × {s.virtual_stages}) for "
+                f"{s.model.layers} layers: a stage needs at least one")
+    return None
+
+
 def memory_estimate(s: Setup, ctx: Context) -> mem.MemoryEstimate | None:
     """What one GPU of `s` holds at its fullest, as the setup runs it; None without a model
-    shape and a micro-batch. Pipelined with a batch ramp, the fullest of the ramp's steps:
+    shape and a micro-batch, or when the ranks cannot take its layout. Pipelined with a batch ramp, the fullest of the ramp's steps:
     interleaved 1F1B keeps more micro-batches in flight at some counts below the full step's
     (one round of m forwards for m < 2p; `memory.pipeline_rank_ops`)."""
-    if not (s.model and s.micro_batch):
+    if not (s.model and s.micro_batch) or layout_misfit(s):
         return None
     lay = _layout(s, ctx)
 
@@ -312,6 +325,11 @@ def _memory(s: Setup, ctx: Context) -> list[Finding]:
 
 def _parallelism(s: Setup, ctx: Context) -> list[Finding]:
     out, g = [], ctx.gpu
+    if misfit := layout_misfit(s):
+        out.append(_f("error", "parallelism", "layout-misfit", misfit, "the run would not start "
+                      "(and its memory is not counted): set the degrees so that they multiply to "
+                      "the GPUs, with no more pipeline stages than layers",
+                      "torch.distributed.device_mesh.init_device_mesh"))
     if s.gpu_limit is not None and s.procs_per_node is not None and s.gpu_limit != s.procs_per_node:
         sev: Severity = "error" if s.gpu_limit < s.procs_per_node else "warning"
         out.append(_f(sev, "parallelism", "procs-vs-gpus", f"procsPerNode {s.procs_per_node} but "
